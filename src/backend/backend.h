@@ -1,0 +1,163 @@
+/*
+ * The backend: one ops table, two implementations (cuda/ and host/).
+ *
+ * All runtime logic above this layer (groups, chains, tickets, EP layout,
+ * quantization phases) is written once against this table. A backend owns
+ * its streams, events and communicators; the comm layer (src/comm) owns the
+ * public objects that wrap them and does argument checking, accounting and
+ * sequence numbering, so that a backend only executes.
+ *
+ * Errors: a backend function returns an etp_status_t and sets the thread's
+ * last error (etp__err) itself. A backend that hits a timeout, a mismatch or
+ * a communicator error calls etp__be_fail(), which aborts its communicators
+ * and makes every later call of the context return ETP_ERR_ABORTED.
+ */
+#ifndef ETP__BACKEND_H
+#define ETP__BACKEND_H
+
+#include <stdint.h>
+
+#include "etp/etp_config.h"
+#include "../core/core.h"
+#include "etp/comm.h"
+
+typedef struct etp__be etp__be_t;
+typedef struct etp__bstream etp__bstream_t; /* defined by each backend */
+typedef struct etp__bevent etp__bevent_t;
+typedef struct etp__bcomm etp__bcomm_t;
+
+typedef enum etp__coll_kind {
+    ETP__COLL_ALLGATHER = 1,
+    ETP__COLL_REDUCE_SCATTER = 2,
+    ETP__COLL_ALLREDUCE = 3,
+    ETP__COLL_ALLTOALLV = 4
+} etp__coll_kind_t;
+
+const char *etp__coll_name(etp__coll_kind_t kind);
+
+/* One collective, as the comm layer hands it down. The arrays of an
+ * all-to-all-v belong to the caller and are valid only during the call: a
+ * backend that runs it later copies them. */
+typedef struct etp__coll {
+    etp__coll_kind_t kind;
+    const void *send;
+    void *recv;
+    size_t count; /* allgather: per rank; reduce_scatter: recvcount; allreduce: total */
+    etp_dtype_t dtype;
+    etp_redop_t op;
+    const size_t *sendcounts, *sdispls, *recvcounts, *rdispls; /* alltoallv, elements */
+    /* for messages and fingerprints */
+    const char *group_name;
+    int role;
+    uint64_t seq; /* 1-based per (group, role) */
+} etp__coll_t;
+
+/* Kernels each backend provides (the host ones are the reference the CUDA
+ * ones are tested against). All enqueue on a stream. */
+typedef struct etp__kernels {
+    /* y[i] = fmaf(alpha, x[i], y[i]) for i < n: the main_grad accumulation. */
+    etp_status_t (*axpy_f32)(etp__be_t *be, etp__bstream_t *s, size_t n, float alpha,
+                             const float *x, float *y);
+} etp__kernels_t;
+
+typedef struct etp__backend_ops {
+    const char *name;
+    etp_backend_t kind;
+
+    /* Release everything; waits (bounded) for outstanding work. */
+    void (*destroy)(etp__be_t *be);
+
+    /* Default allocator: device memory (cuda) or aligned host memory. */
+    etp_status_t (*mem_alloc)(etp__be_t *be, size_t bytes, void **ptr);
+    void (*mem_free)(etp__be_t *be, void *ptr);
+    /* Wait for all enqueued work of the backend (before a free, at destroy). */
+    etp_status_t (*device_sync)(etp__be_t *be);
+
+    etp_status_t (*stream_create)(etp__be_t *be, int priority, etp__bstream_t **s);
+    /* native is a cudaStream_t on cuda; the host backend has none. */
+    etp_status_t (*stream_wrap)(etp__be_t *be, void *native, etp__bstream_t **s);
+    void *(*stream_native)(etp__be_t *be, etp__bstream_t *s);
+    etp_status_t (*stream_destroy)(etp__be_t *be, etp__bstream_t *s);
+    etp_status_t (*stream_sync)(etp__be_t *be, etp__bstream_t *s);
+
+    etp_status_t (*event_create)(etp__be_t *be, etp__bevent_t **e);
+    etp_status_t (*event_destroy)(etp__be_t *be, etp__bevent_t *e);
+    etp_status_t (*event_record)(etp__be_t *be, etp__bevent_t *e, etp__bstream_t *s);
+    etp_status_t (*stream_wait_event)(etp__be_t *be, etp__bstream_t *s, etp__bevent_t *e);
+    etp_status_t (*event_query)(etp__be_t *be, etp__bevent_t *e, int *done);
+    etp_status_t (*event_sync)(etp__be_t *be, etp__bevent_t *e);
+
+    etp_status_t (*memset_async)(etp__be_t *be, etp__bstream_t *s, void *ptr, int value,
+                                 size_t bytes);
+    etp_status_t (*memcpy_async)(etp__be_t *be, etp__bstream_t *s, void *dst, const void *src,
+                                 size_t bytes);
+
+    /* Split parent by (color, key); color ETP_GROUP_NO_COLOR gives *out = NULL.
+     * Collective over parent. cfg carries NCCL settings. */
+    etp_status_t (*comm_split)(etp__be_t *be, etp__bcomm_t *parent, int color, int key,
+                               const etp_group_config_t *cfg, etp__bcomm_t **out);
+    /* Completes (bounded) or abandons outstanding work, then frees. */
+    void (*comm_destroy)(etp__be_t *be, etp__bcomm_t *c);
+    int (*comm_rank)(const etp__bcomm_t *c);
+    int (*comm_size)(const etp__bcomm_t *c);
+
+    etp_status_t (*coll)(etp__be_t *be, etp__bcomm_t *c, const etp__coll_t *op,
+                         etp__bstream_t *s);
+    etp_status_t (*batch_begin)(etp__be_t *be);
+    etp_status_t (*batch_end)(etp__be_t *be);
+
+    const etp__kernels_t *kernels;
+} etp__backend_ops_t;
+
+/* Settings a backend gets from its context. */
+typedef struct etp__be_config {
+    int device;           /* cuda: -1 = pick from local rank */
+    int host_streams;     /* ETP_HOST_STREAMS_EAGER or _SHUFFLE */
+    int64_t shuffle_seed;
+    double timeout_s;     /* 0: none */
+    int check_collectives;
+} etp__be_config_t;
+
+/* The part of every backend instance the layers above may read. Each
+ * implementation embeds it as its first member. */
+struct etp__be {
+    const etp__backend_ops_t *ops;
+    etp__logger_t *log;   /* the context's logger */
+    etp__be_config_t cfg;
+    int rank, size;       /* in the world */
+    int failed;           /* set by etp__be_fail: the context is aborted */
+    etp_status_t fail_status;
+    char fail_msg[ETP__ERRMSG_MAX];
+};
+
+/* Record the first fatal failure (the message of this thread's last error),
+ * log it, and leave it for etp_context_check(). Returns `status`. The caller
+ * aborts its own communicators. */
+etp_status_t etp__be_fail(etp__be_t *be, etp_status_t status);
+
+/* ---- constructors (not in the table: each bootstraps differently) ---- */
+
+#if ETP_HAVE_MPI
+#include <mpi.h>
+etp_status_t etp__host_create_mpi(MPI_Comm comm, const etp__be_config_t *cfg,
+                                  etp__logger_t *log, etp__be_t **be, etp__bcomm_t **world);
+#if ETP_HAVE_CUDA
+etp_status_t etp__cuda_create_mpi(MPI_Comm comm, const etp__be_config_t *cfg,
+                                  etp__logger_t *log, etp__be_t **be, etp__bcomm_t **world);
+#endif
+#endif
+
+#if ETP_HAVE_CUDA
+/* id: the etp_unique_id_t internal bytes after the backend tag. */
+etp_status_t etp__cuda_get_unique_id(void *id, size_t id_bytes);
+etp_status_t etp__cuda_create_uid(const void *id, int rank, int size, const etp__be_config_t *cfg,
+                                  etp__logger_t *log, etp__be_t **be, etp__bcomm_t **world);
+/* comm is an ncclComm_t, borrowed. */
+etp_status_t etp__cuda_create_nccl(void *comm, const etp__be_config_t *cfg, etp__logger_t *log,
+                                   etp__be_t **be, etp__bcomm_t **world);
+/* Number of visible CUDA devices, 0 when none or no driver. */
+int etp__cuda_device_count(void);
+int etp__cuda_be_device(const etp__be_t *be);
+#endif
+
+#endif /* ETP__BACKEND_H */

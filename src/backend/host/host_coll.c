@@ -1,0 +1,378 @@
+/*
+ * Host collectives: MPI non-blocking collectives, each preceded by an
+ * exchange of fingerprints between every pair of ranks on a separate
+ * communicator. The fingerprints say who arrived (named in a timeout) and,
+ * under ETP_CHECK_COLLECTIVES, are compared before any data moves.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../../core/half.h"
+#include "host_internal.h"
+
+enum { FP_MAGIC = 0x6574706670LL, FP_TAG = 7 };
+enum { FP_W_MAGIC, FP_W_SEQ, FP_W_KIND, FP_W_COUNT, FP_W_DTYPE, FP_W_OP, FP_W_ROLE, FP_W_PAD };
+
+static MPI_Datatype mpi_type(etp_dtype_t t)
+{
+    switch (t) {
+    case ETP_DTYPE_U8: return MPI_UINT8_T;
+    case ETP_DTYPE_I32: return MPI_INT32_T;
+    case ETP_DTYPE_I64: return MPI_INT64_T;
+    case ETP_DTYPE_F16:
+    case ETP_DTYPE_BF16: return MPI_UINT16_T;
+    case ETP_DTYPE_F32: return MPI_FLOAT;
+    case ETP_DTYPE_F64: return MPI_DOUBLE;
+    default: return MPI_DATATYPE_NULL;
+    }
+}
+
+static MPI_Op mpi_op(const etp__host_t *h, etp_dtype_t t, etp_redop_t op)
+{
+    if (t == ETP_DTYPE_F16) return h->half_ops[0][op == ETP_REDOP_MAX];
+    if (t == ETP_DTYPE_BF16) return h->half_ops[1][op == ETP_REDOP_MAX];
+    return op == ETP_REDOP_MAX ? MPI_MAX : MPI_SUM;
+}
+
+/* MPI has no 16-bit floats: reduce them in FP32, one rounding per step. */
+#define HALF_OP(name, to_f, from_f, expr)                                           \
+    static void name(void *in, void *inout, int *len, MPI_Datatype *dt)            \
+    {                                                                               \
+        (void)dt;                                                                   \
+        const uint16_t *a = in;                                                     \
+        uint16_t *b = inout;                                                        \
+        for (int i = 0; i < *len; i++) {                                            \
+            float x = to_f(a[i]), y = to_f(b[i]);                                   \
+            b[i] = from_f(expr);                                                    \
+        }                                                                           \
+    }
+static float max_nan(float x, float y)
+{
+    if (x != x) return x;
+    if (y != y) return y;
+    return x > y ? x : y;
+}
+HALF_OP(f16_sum, etp__f16_to_f32, etp__f32_to_f16, x + y)
+HALF_OP(f16_max, etp__f16_to_f32, etp__f32_to_f16, max_nan(x, y))
+HALF_OP(bf16_sum, etp__bf16_to_f32, etp__f32_to_bf16, x + y)
+HALF_OP(bf16_max, etp__bf16_to_f32, etp__f32_to_bf16, max_nan(x, y))
+
+etp_status_t etp__hcoll_ops_create(etp__host_t *h)
+{
+    MPI_User_function *fns[2][2] = {{f16_sum, f16_max}, {bf16_sum, bf16_max}};
+    for (int i = 0; i < 2; i++)
+        for (int j = 0; j < 2; j++)
+            if (MPI_Op_create(fns[i][j], 1, &h->half_ops[i][j]) != MPI_SUCCESS)
+                return etp__err(ETP_ERR_BACKEND, "MPI_Op_create failed");
+    return ETP_SUCCESS;
+}
+
+void etp__hcoll_ops_free(etp__host_t *h)
+{
+    for (int i = 0; i < 2; i++)
+        for (int j = 0; j < 2; j++)
+            if (h->half_ops[i][j] != MPI_OP_NULL) MPI_Op_free(&h->half_ops[i][j]);
+}
+
+static size_t dsize(etp_dtype_t t)
+{
+    return etp_dtype_size(t);
+}
+
+etp_status_t etp__hcoll_new(etp__host_t *h, etp__bcomm_t *c, const etp__coll_t *d,
+                            etp__hcoll_t **out)
+{
+    int n = c->size;
+    etp__hcoll_t *hc = calloc(1, sizeof *hc);
+    if (!hc) return etp__err(ETP_ERR_OUT_OF_MEMORY, "host collective: out of memory");
+    hc->comm = c;
+    hc->d = *d;
+    snprintf(hc->group_name, sizeof hc->group_name, "%s", d->group_name ? d->group_name : "?");
+    hc->d.group_name = hc->group_name;
+    hc->data_req = MPI_REQUEST_NULL;
+    hc->fp_out = calloc((size_t)n * ETP__FP_WORDS, sizeof(int64_t));
+    hc->fp_in = calloc((size_t)n * ETP__FP_WORDS, sizeof(int64_t));
+    hc->reqs = malloc(2 * (size_t)n * sizeof(MPI_Request));
+    hc->arrived = calloc((size_t)n, sizeof(int));
+    if (!hc->fp_out || !hc->fp_in || !hc->reqs || !hc->arrived) goto oom;
+    for (int i = 0; i < 2 * n; i++) hc->reqs[i] = MPI_REQUEST_NULL;
+    if (d->kind == ETP__COLL_ALLTOALLV) {
+        hc->arrays = malloc(4 * (size_t)n * sizeof(size_t));
+        if (!hc->arrays) goto oom;
+        memcpy(hc->arrays, d->sendcounts, (size_t)n * sizeof(size_t));
+        memcpy(hc->arrays + n, d->sdispls, (size_t)n * sizeof(size_t));
+        memcpy(hc->arrays + 2 * n, d->recvcounts, (size_t)n * sizeof(size_t));
+        memcpy(hc->arrays + 3 * n, d->rdispls, (size_t)n * sizeof(size_t));
+        hc->d.sendcounts = hc->arrays;
+        hc->d.sdispls = hc->arrays + n;
+        hc->d.recvcounts = hc->arrays + 2 * n;
+        hc->d.rdispls = hc->arrays + 3 * n;
+    }
+    for (int p = 0; p < n; p++) {
+        int64_t *f = hc->fp_out + (size_t)p * ETP__FP_WORDS;
+        f[FP_W_MAGIC] = FP_MAGIC;
+        f[FP_W_SEQ] = (int64_t)d->seq;
+        f[FP_W_KIND] = d->kind;
+        f[FP_W_COUNT] = (int64_t)(d->kind == ETP__COLL_ALLTOALLV ? d->sendcounts[p] : d->count);
+        f[FP_W_DTYPE] = d->dtype;
+        f[FP_W_OP] = (d->kind == ETP__COLL_REDUCE_SCATTER || d->kind == ETP__COLL_ALLREDUCE) ? (int64_t)d->op : -1;
+        f[FP_W_ROLE] = d->role;
+    }
+    (void)h;
+    *out = hc;
+    return ETP_SUCCESS;
+oom:
+    etp__hcoll_free(hc);
+    return etp__err(ETP_ERR_OUT_OF_MEMORY, "host collective: out of memory");
+}
+
+void etp__hcoll_free(etp__hcoll_t *hc)
+{
+    if (!hc) return;
+    free(hc->fp_out);
+    free(hc->fp_in);
+    free(hc->reqs);
+    free(hc->arrived);
+    free(hc->arrays);
+    free(hc->tmp);
+    free(hc->mpi_counts);
+    free(hc);
+}
+
+static etp_status_t mpi_fail(const etp__hcoll_t *hc, const char *what, int rc)
+{
+    char msg[MPI_MAX_ERROR_STRING];
+    int len = 0;
+    if (MPI_Error_string(rc, msg, &len) != MPI_SUCCESS) snprintf(msg, sizeof msg, "code %d", rc);
+    return etp__err(ETP_ERR_BACKEND, "%s for %s seq %llu on group '%s' role %d: %s", what,
+                    etp__coll_name(hc->d.kind), (unsigned long long)hc->d.seq, hc->group_name,
+                    hc->d.role, msg);
+}
+
+static etp_status_t start_data(etp__host_t *h, etp__hcoll_t *hc)
+{
+    const etp__coll_t *d = &hc->d;
+    etp__bcomm_t *c = hc->comm;
+    MPI_Datatype t = mpi_type(d->dtype);
+    size_t es = dsize(d->dtype);
+    int rc = MPI_SUCCESS;
+    switch (d->kind) {
+    case ETP__COLL_ALLGATHER: {
+        const void *send = d->send;
+        if ((const char *)send == (const char *)d->recv + (size_t)c->rank * d->count * es)
+            send = MPI_IN_PLACE;
+        rc = MPI_Iallgather(send, (int)d->count, t, d->recv, (int)d->count, t, c->data,
+                            &hc->data_req);
+        break;
+    }
+    case ETP__COLL_REDUCE_SCATTER: {
+        const void *send = d->send;
+        size_t bytes = d->count * (size_t)c->size * es;
+        /* MPI's in-place form wants the input in recv; copying keeps it simple. */
+        if ((const char *)d->recv < (const char *)send + bytes &&
+            (const char *)send < (const char *)d->recv + d->count * es) {
+            hc->tmp = malloc(bytes ? bytes : 1);
+            if (!hc->tmp) return etp__err(ETP_ERR_OUT_OF_MEMORY, "reduce_scatter staging");
+            memcpy(hc->tmp, send, bytes);
+            send = hc->tmp;
+        }
+        rc = MPI_Ireduce_scatter_block(send, d->recv, (int)d->count, t,
+                                       mpi_op(h, d->dtype, d->op), c->data, &hc->data_req);
+        break;
+    }
+    case ETP__COLL_ALLREDUCE: {
+        const void *send = d->send == d->recv ? MPI_IN_PLACE : d->send;
+        rc = MPI_Iallreduce(send, d->recv, (int)d->count, t, mpi_op(h, d->dtype, d->op),
+                            c->data, &hc->data_req);
+        break;
+    }
+    case ETP__COLL_ALLTOALLV: {
+        int n = c->size;
+        /* MPI may read the int arrays until completion: they live in hc. */
+        int *ints = hc->mpi_counts = malloc(4 * (size_t)n * sizeof(int));
+        if (!ints) return etp__err(ETP_ERR_OUT_OF_MEMORY, "alltoallv counts");
+        for (int i = 0; i < 4 * n; i++) ints[i] = (int)hc->arrays[i];
+        rc = MPI_Ialltoallv(d->send, ints, ints + n, t, d->recv, ints + 2 * n, ints + 3 * n, t,
+                            c->data, &hc->data_req);
+        break;
+    }
+    }
+    if (rc != MPI_SUCCESS) return mpi_fail(hc, "starting the MPI collective", rc);
+    hc->data_started = 1;
+    return ETP_SUCCESS;
+}
+
+etp_status_t etp__hcoll_start(etp__host_t *h, etp__hcoll_t *hc)
+{
+    etp__bcomm_t *c = hc->comm;
+    int n = c->size;
+    hc->t_start = etp__now_s();
+    for (int p = 0; p < n; p++) {
+        if (p == c->rank) {
+            memcpy(hc->fp_in + (size_t)p * ETP__FP_WORDS, hc->fp_out + (size_t)p * ETP__FP_WORDS,
+                   ETP__FP_WORDS * sizeof(int64_t));
+            hc->arrived[p] = 1;
+            continue;
+        }
+        int rc = MPI_Irecv(hc->fp_in + (size_t)p * ETP__FP_WORDS, ETP__FP_WORDS, MPI_INT64_T, p,
+                           FP_TAG, c->ctrl, &hc->reqs[n + p]);
+        if (rc == MPI_SUCCESS)
+            rc = MPI_Isend(hc->fp_out + (size_t)p * ETP__FP_WORDS, ETP__FP_WORDS, MPI_INT64_T, p,
+                           FP_TAG, c->ctrl, &hc->reqs[p]);
+        if (rc != MPI_SUCCESS) return mpi_fail(hc, "posting the fingerprint exchange", rc);
+    }
+    ETP__LOG(h->base.log, ETP_LOG_TRACE, ETP_SUBSYS_COMM, "start %s seq %llu group '%s' role %d count %zu",
+             etp__coll_name(hc->d.kind), (unsigned long long)hc->d.seq, hc->group_name, hc->d.role,
+             hc->d.count);
+    /* Without the check, data moves at once; the fingerprints only tell who
+     * arrived. With it, data waits for the comparison. */
+    if (!h->base.cfg.check_collectives) return start_data(h, hc);
+    return ETP_SUCCESS;
+}
+
+static void describe(char *buf, size_t len, const int64_t *f)
+{
+    const char *op = f[FP_W_OP] == ETP_REDOP_SUM ? " sum" : f[FP_W_OP] == ETP_REDOP_MAX ? " max" : "";
+    snprintf(buf, len, "%s%s count %lld dtype %s (seq %lld, role %lld)",
+             etp__coll_name((etp__coll_kind_t)f[FP_W_KIND]), op, (long long)f[FP_W_COUNT],
+             etp_dtype_name((etp_dtype_t)f[FP_W_DTYPE]), (long long)f[FP_W_SEQ],
+             (long long)f[FP_W_ROLE]);
+}
+
+/* Compare each peer's fingerprint with what this rank expects of it. */
+static etp_status_t compare(const etp__hcoll_t *hc)
+{
+    const etp__bcomm_t *c = hc->comm;
+    for (int p = 0; p < c->size; p++) {
+        if (p == c->rank) continue;
+        const int64_t *in = hc->fp_in + (size_t)p * ETP__FP_WORDS;
+        int64_t expect[ETP__FP_WORDS];
+        memcpy(expect, hc->fp_out + (size_t)p * ETP__FP_WORDS, sizeof expect);
+        if (hc->d.kind == ETP__COLL_ALLTOALLV) expect[FP_W_COUNT] = (int64_t)hc->d.recvcounts[p];
+        if (memcmp(in, expect, sizeof expect) == 0) continue;
+        char mine[160], theirs[160];
+        describe(mine, sizeof mine, expect);
+        describe(theirs, sizeof theirs, in);
+        if (in[FP_W_MAGIC] != FP_MAGIC) snprintf(theirs, sizeof theirs, "an unreadable fingerprint");
+        return etp__err(ETP_ERR_COLLECTIVE_MISMATCH,
+                        "collective mismatch on group '%s' role %d seq %llu: rank %d issued %s, "
+                        "rank %d issued %s%s",
+                        hc->group_name, hc->d.role, (unsigned long long)hc->d.seq, c->rank, mine,
+                        p, theirs,
+                        hc->d.kind == ETP__COLL_ALLTOALLV ? " (for alltoallv, count is what rank "
+                                                            "sends to the other)" : "");
+    }
+    return ETP_SUCCESS;
+}
+
+static etp_status_t timeout_error(etp__host_t *h, const etp__hcoll_t *hc, double waited)
+{
+    const etp__bcomm_t *c = hc->comm;
+    char missing[256] = "";
+    size_t len = 0;
+    int nmissing = 0;
+    for (int p = 0; p < c->size && len < sizeof missing - 16; p++) {
+        if (hc->arrived[p]) continue;
+        len += (size_t)snprintf(missing + len, sizeof missing - len, "%s%d", nmissing ? ", " : "", p);
+        nmissing++;
+    }
+    if (nmissing)
+        return etp__err(ETP_ERR_TIMEOUT,
+                        "timeout after %.1f s in %s seq %llu on group '%s' role %d (rank %d of %d): "
+                        "rank%s %s of the group did not arrive; context aborted",
+                        waited, etp__coll_name(hc->d.kind), (unsigned long long)hc->d.seq,
+                        hc->group_name, hc->d.role, c->rank, c->size, nmissing > 1 ? "s" : "",
+                        missing);
+    return etp__err(ETP_ERR_TIMEOUT,
+                    "timeout after %.1f s in %s seq %llu on group '%s' role %d (rank %d of %d): "
+                    "all ranks arrived but the collective did not complete; context aborted",
+                    waited, etp__coll_name(hc->d.kind), (unsigned long long)hc->d.seq,
+                    hc->group_name, hc->d.role, c->rank, c->size);
+}
+
+etp_status_t etp__hcoll_progress(etp__host_t *h, etp__hcoll_t *hc, int *done)
+{
+    etp__bcomm_t *c = hc->comm;
+    int n = c->size;
+    *done = 0;
+    if (!hc->ctrl_done) {
+        int all = 1;
+        for (int i = 0; i < 2 * n; i++) {
+            if (hc->reqs[i] == MPI_REQUEST_NULL) continue;
+            int flag = 0;
+            int rc = MPI_Test(&hc->reqs[i], &flag, MPI_STATUS_IGNORE);
+            if (rc != MPI_SUCCESS) return mpi_fail(hc, "exchanging fingerprints", rc);
+            if (flag && i >= n) hc->arrived[i - n] = 1;
+            if (!flag) all = 0;
+        }
+        hc->ctrl_done = all;
+    }
+    if (hc->ctrl_done && !hc->checked) {
+        hc->checked = 1;
+        /* Compared in both modes: without the check the data may already be
+         * moving, but a mismatch is still better named than left to MPI. */
+        ETP__TRY(compare(hc));
+        if (!hc->data_started) ETP__TRY(start_data(h, hc));
+    }
+    if (hc->data_started && !hc->data_done) {
+        int flag = 0;
+        int rc = MPI_Test(&hc->data_req, &flag, MPI_STATUS_IGNORE);
+        if (rc != MPI_SUCCESS) return mpi_fail(hc, "completing the MPI collective", rc);
+        hc->data_done = flag;
+    }
+    if (hc->ctrl_done && hc->data_done) {
+        *done = 1;
+        return ETP_SUCCESS;
+    }
+    double waited = etp__now_s() - hc->t_start;
+    if (h->base.cfg.timeout_s > 0 && waited > h->base.cfg.timeout_s)
+        return timeout_error(h, hc, waited);
+    return ETP_SUCCESS;
+}
+
+void etp__hcoll_zombify(etp__hcoll_t *hc)
+{
+    hc->next = hc->comm->zombies;
+    hc->comm->zombies = hc;
+}
+
+static int zombie_live(etp__hcoll_t *z)
+{
+    int n = z->comm->size, live = 0;
+    for (int i = 0; i < 2 * n; i++) {
+        int flag = 1;
+        if (z->reqs[i] != MPI_REQUEST_NULL) MPI_Test(&z->reqs[i], &flag, MPI_STATUS_IGNORE);
+        live |= !flag;
+    }
+    if (z->data_started) {
+        int flag = 1;
+        if (z->data_req != MPI_REQUEST_NULL) MPI_Test(&z->data_req, &flag, MPI_STATUS_IGNORE);
+        live |= !flag;
+    }
+    return live;
+}
+
+void etp__hcomm_drain(etp__host_t *h, etp__bcomm_t *c)
+{
+    double t0 = etp__now_s();
+    double limit = h->base.cfg.timeout_s > 0 ? h->base.cfg.timeout_s : 10.0;
+    while (c->zombies) {
+        int live = 0;
+        for (etp__hcoll_t *z = c->zombies; z; z = z->next) live |= zombie_live(z);
+        if (!live) break;
+        if (etp__now_s() - t0 > limit) {
+            /* MPI cannot cancel a collective: its buffers must stay allocated. */
+            ETP__LOG(h->base.log, ETP_LOG_WARN, ETP_SUBSYS_COMM,
+                     "abandoning collectives that peers never joined; their requests leak");
+            c->zombies = NULL;
+            return;
+        }
+        etp__sleep_us(200);
+    }
+    while (c->zombies) {
+        etp__hcoll_t *z = c->zombies;
+        c->zombies = z->next;
+        etp__hcoll_free(z);
+    }
+}

@@ -1,0 +1,123 @@
+/* The collectives front end: argument checks, sequence numbers, dispatch. */
+#include "comm_internal.h"
+
+static etp_status_t check_common(etp_group_t *g, int role, etp_dtype_t dtype, etp_stream_t *s,
+                                 const char *fn)
+{
+    if (!g) return etp__err(ETP_ERR_INVALID_ARGUMENT, "%s: argument 'group' is NULL", fn);
+    if (!s) return etp__err(ETP_ERR_INVALID_ARGUMENT, "%s: argument 'stream' is NULL", fn);
+    if (role < 0 || role >= g->num_roles)
+        return etp__err(ETP_ERR_INVALID_ARGUMENT, "%s: role %d not in [0, %d) of group '%s'", fn,
+                        role, g->num_roles, g->name);
+    if (etp_dtype_size(dtype) == 0)
+        return etp__err(ETP_ERR_INVALID_ARGUMENT, "%s: dtype %d is not an etp_dtype_t", fn,
+                        (int)dtype);
+    if (s->ctx != g->ctx)
+        return etp__err(ETP_ERR_INVALID_ARGUMENT,
+                        "%s: the stream belongs to another context than group '%s'", fn, g->name);
+    return etp__ctx_usable(g->ctx, fn);
+}
+
+static etp_status_t check_redop(etp_redop_t op, const char *fn)
+{
+    if (op != ETP_REDOP_SUM && op != ETP_REDOP_MAX)
+        return etp__err(ETP_ERR_INVALID_ARGUMENT, "%s: op %d is not an etp_redop_t", fn, (int)op);
+    return ETP_SUCCESS;
+}
+
+static etp_status_t check_buffers(const void *send, const void *recv, size_t count, const char *fn)
+{
+    if (count > 0 && (!send || !recv))
+        return etp__err(ETP_ERR_INVALID_ARGUMENT, "%s: %s is NULL with count %zu", fn,
+                        send ? "recv" : "send", count);
+    return ETP_SUCCESS;
+}
+
+static etp_status_t issue(etp_group_t *g, int role, etp__coll_t *d, etp_stream_t *s)
+{
+    d->group_name = g->name;
+    d->role = role;
+    d->seq = ++g->seq[role];
+    etp__be_t *be = g->ctx->be;
+    ETP__LOG(&g->ctx->log, ETP_LOG_DEBUG, ETP_SUBSYS_COMM, "%s seq %llu group '%s' role %d count %zu %s",
+             etp__coll_name(d->kind), (unsigned long long)d->seq, g->name, role, d->count,
+             etp_dtype_name(d->dtype));
+    return be->ops->coll(be, g->comms[role], d, s->bs);
+}
+
+etp_status_t etp_allgather(etp_group_t *group, int role, const void *send, void *recv, size_t count,
+                           etp_dtype_t dtype, etp_stream_t *stream)
+{
+    ETP__TRY(check_common(group, role, dtype, stream, "etp_allgather"));
+    ETP__TRY(check_buffers(send, recv, count, "etp_allgather"));
+    etp__coll_t d = {.kind = ETP__COLL_ALLGATHER, .send = send, .recv = recv, .count = count,
+                     .dtype = dtype};
+    return issue(group, role, &d, stream);
+}
+
+etp_status_t etp_reduce_scatter(etp_group_t *group, int role, const void *send, void *recv,
+                                size_t recvcount, etp_dtype_t dtype, etp_redop_t op,
+                                etp_stream_t *stream)
+{
+    ETP__TRY(check_common(group, role, dtype, stream, "etp_reduce_scatter"));
+    ETP__TRY(check_redop(op, "etp_reduce_scatter"));
+    ETP__TRY(check_buffers(send, recv, recvcount, "etp_reduce_scatter"));
+    etp__coll_t d = {.kind = ETP__COLL_REDUCE_SCATTER, .send = send, .recv = recv,
+                     .count = recvcount, .dtype = dtype, .op = op};
+    return issue(group, role, &d, stream);
+}
+
+etp_status_t etp_allreduce(etp_group_t *group, int role, const void *send, void *recv, size_t count,
+                           etp_dtype_t dtype, etp_redop_t op, etp_stream_t *stream)
+{
+    ETP__TRY(check_common(group, role, dtype, stream, "etp_allreduce"));
+    ETP__TRY(check_redop(op, "etp_allreduce"));
+    ETP__TRY(check_buffers(send, recv, count, "etp_allreduce"));
+    etp__coll_t d = {.kind = ETP__COLL_ALLREDUCE, .send = send, .recv = recv, .count = count,
+                     .dtype = dtype, .op = op};
+    return issue(group, role, &d, stream);
+}
+
+etp_status_t etp_alltoallv(etp_group_t *group, int role, const void *send, const size_t *sendcounts,
+                           const size_t *sdispls, void *recv, const size_t *recvcounts,
+                           const size_t *rdispls, etp_dtype_t dtype, etp_stream_t *stream)
+{
+    const char *fn = "etp_alltoallv";
+    ETP__TRY(check_common(group, role, dtype, stream, fn));
+    ETP__CHECK_NULL(sendcounts, fn);
+    ETP__CHECK_NULL(sdispls, fn);
+    ETP__CHECK_NULL(recvcounts, fn);
+    ETP__CHECK_NULL(rdispls, fn);
+    size_t sent = 0, received = 0;
+    for (int p = 0; p < group->size; p++) {
+        sent += sendcounts[p];
+        received += recvcounts[p];
+    }
+    ETP__TRY(check_buffers(send, recv, sent > received ? sent : received, fn));
+    ETP__CHECK_ARG(sent == 0 || send != NULL, "%s: send is NULL with %zu elements to send", fn, sent);
+    ETP__CHECK_ARG(received == 0 || recv != NULL, "%s: recv is NULL with %zu elements to receive",
+                   fn, received);
+    etp__coll_t d = {.kind = ETP__COLL_ALLTOALLV, .send = send, .recv = recv, .count = sent,
+                     .dtype = dtype, .sendcounts = sendcounts, .sdispls = sdispls,
+                     .recvcounts = recvcounts, .rdispls = rdispls};
+    return issue(group, role, &d, stream);
+}
+
+etp_status_t etp_batch_begin(etp_context_t *ctx)
+{
+    ETP__CHECK_NULL(ctx, "etp_batch_begin");
+    ETP__TRY(etp__ctx_usable(ctx, "etp_batch_begin"));
+    ETP__TRY(ctx->be->ops->batch_begin(ctx->be));
+    ctx->batch_depth++;
+    return ETP_SUCCESS;
+}
+
+etp_status_t etp_batch_end(etp_context_t *ctx)
+{
+    ETP__CHECK_NULL(ctx, "etp_batch_end");
+    if (ctx->batch_depth == 0)
+        return etp__err(ETP_ERR_INVALID_STATE, "etp_batch_end: no etp_batch_begin is open");
+    ETP__TRY(etp__ctx_usable(ctx, "etp_batch_end"));
+    ctx->batch_depth--;
+    return ctx->be->ops->batch_end(ctx->be);
+}

@@ -1,0 +1,63 @@
+/*
+ * The public objects of contexts, streams, events and groups: thin wrappers
+ * over backend objects that add argument checking, ownership counts, memory
+ * accounting and per-(group, role) sequence numbers.
+ */
+#ifndef ETP__COMM_INTERNAL_H
+#define ETP__COMM_INTERNAL_H
+
+#include "../backend/backend.h"
+
+typedef struct etp__alloc_rec {
+    void *ptr;
+    size_t bytes;
+    etp_mem_owner_t owner;
+} etp__alloc_rec_t;
+
+struct etp_context {
+    etp__be_t *be;
+    etp__logger_t log;
+    etp__env_t env;
+    etp_allocator_t allocator;
+    etp_backend_t requested_backend; /* before the constructor resolves AUTO */
+    etp_group_t *world;
+    int num_streams, num_events, num_groups; /* live user-visible objects, world excluded */
+    int batch_depth;
+    /* memory accounting: a small open array, searched linearly (allocations
+     * are few and long-lived: shards, slots, rings) */
+    etp__alloc_rec_t *allocs;
+    size_t num_allocs, cap_allocs;
+    size_t bytes_by_owner[ETP_MEM_OWNER_COUNT];
+    size_t total_bytes, peak_bytes;
+};
+
+struct etp_stream {
+    etp_context_t *ctx;
+    etp__bstream_t *bs;
+};
+
+struct etp_event {
+    etp_context_t *ctx;
+    etp__bevent_t *be_ev;
+};
+
+struct etp_group {
+    etp_context_t *ctx;
+    etp_group_t *parent;
+    int children;
+    char name[64];
+    int rank, size, num_roles;
+    etp__bcomm_t *comms[ETP_GROUP_MAX_ROLES];
+    uint64_t seq[ETP_GROUP_MAX_ROLES];
+};
+
+/* ETP_SUCCESS, or ETP_ERR_ABORTED with the context's first failure. */
+etp_status_t etp__ctx_usable(const etp_context_t *ctx, const char *fn);
+/* Create a context around a backend that a constructor made. */
+etp_status_t etp__ctx_finish(etp_context_t *ctx, etp__bcomm_t *world_comm);
+/* Resolve config + environment into a fresh (zeroed) context. */
+etp_status_t etp__ctx_init(const etp_context_config_t *config, etp_context_t **out,
+                           etp__be_config_t *becfg);
+void etp__ctx_free(etp_context_t *ctx);
+
+#endif /* ETP__COMM_INTERNAL_H */

@@ -1,0 +1,84 @@
+/* Memory through the context allocator, accounted by owner. */
+#include <stdlib.h>
+
+#include "comm_internal.h"
+
+const char *etp_mem_owner_name(etp_mem_owner_t owner)
+{
+    static const char *const names[ETP_MEM_OWNER_COUNT] = {
+        "user", "shards", "main_grad", "gather_slots", "wgrad_ring", "ep_buffers", "workspace"};
+    if ((int)owner < 0 || owner >= ETP_MEM_OWNER_COUNT) return "invalid";
+    return names[owner];
+}
+
+etp_status_t etp_mem_alloc(etp_context_t *ctx, size_t bytes, etp_mem_owner_t owner, void **ptr)
+{
+    ETP__CHECK_NULL(ctx, "etp_mem_alloc");
+    ETP__CHECK_NULL(ptr, "etp_mem_alloc");
+    ETP__CHECK_ARG(bytes > 0, "etp_mem_alloc: bytes is 0");
+    ETP__CHECK_ARG((int)owner >= 0 && owner < ETP_MEM_OWNER_COUNT,
+                   "etp_mem_alloc: owner %d is not an etp_mem_owner_t", (int)owner);
+    ETP__TRY(etp__ctx_usable(ctx, "etp_mem_alloc"));
+    if (ctx->num_allocs == ctx->cap_allocs) {
+        size_t cap = ctx->cap_allocs ? 2 * ctx->cap_allocs : 16;
+        etp__alloc_rec_t *a = realloc(ctx->allocs, cap * sizeof *a);
+        if (!a) return etp__err(ETP_ERR_OUT_OF_MEMORY, "etp_mem_alloc: out of host memory");
+        ctx->allocs = a;
+        ctx->cap_allocs = cap;
+    }
+    void *p = NULL;
+    if (ctx->allocator.alloc) {
+        p = ctx->allocator.alloc(ctx->allocator.user, bytes, owner);
+        if (!p)
+            return etp__err(ETP_ERR_OUT_OF_MEMORY,
+                            "etp_mem_alloc: the user allocator returned NULL for %zu bytes (%s)",
+                            bytes, etp_mem_owner_name(owner));
+    } else {
+        ETP__TRY(ctx->be->ops->mem_alloc(ctx->be, bytes, &p));
+    }
+    ctx->allocs[ctx->num_allocs++] = (etp__alloc_rec_t){p, bytes, owner};
+    ctx->bytes_by_owner[owner] += bytes;
+    ctx->total_bytes += bytes;
+    if (ctx->total_bytes > ctx->peak_bytes) ctx->peak_bytes = ctx->total_bytes;
+    ETP__LOG(&ctx->log, ETP_LOG_DEBUG, ETP_SUBSYS_CORE, "alloc %zu bytes for %s at %p", bytes,
+             etp_mem_owner_name(owner), p);
+    *ptr = p;
+    return ETP_SUCCESS;
+}
+
+etp_status_t etp_mem_free(etp_context_t *ctx, void *ptr)
+{
+    ETP__CHECK_NULL(ctx, "etp_mem_free");
+    if (!ptr) return ETP_SUCCESS;
+    size_t i = 0;
+    while (i < ctx->num_allocs && ctx->allocs[i].ptr != ptr) i++;
+    if (i == ctx->num_allocs)
+        return etp__err(ETP_ERR_INVALID_ARGUMENT,
+                        "etp_mem_free: %p was not allocated by this context (or was freed already)",
+                        ptr);
+    /* Like cudaFree: nothing enqueued may still use it. */
+    if (!ctx->be->failed) ETP__TRY(ctx->be->ops->device_sync(ctx->be));
+    etp__alloc_rec_t r = ctx->allocs[i];
+    ctx->allocs[i] = ctx->allocs[--ctx->num_allocs];
+    if (ctx->allocator.free)
+        ctx->allocator.free(ctx->allocator.user, r.ptr, r.bytes);
+    else
+        ctx->be->ops->mem_free(ctx->be, r.ptr);
+    ctx->bytes_by_owner[r.owner] -= r.bytes;
+    ctx->total_bytes -= r.bytes;
+    return ETP_SUCCESS;
+}
+
+etp_status_t etp_memory_report(const etp_context_t *ctx, etp_memory_report_t *report)
+{
+    ETP__CHECK_NULL(ctx, "etp_memory_report");
+    ETP__CHECK_NULL(report, "etp_memory_report");
+    ETP__CHECK_ARG(report->size == sizeof *report,
+                   "etp_memory_report: report->size %zu (expected %zu; use ETP_MEMORY_REPORT_INIT)",
+                   report->size, sizeof *report);
+    for (int i = 0; i < ETP_MEM_OWNER_COUNT; i++) report->bytes[i] = ctx->bytes_by_owner[i];
+    report->total_bytes = ctx->total_bytes;
+    report->peak_bytes = ctx->peak_bytes;
+    report->live_allocations = ctx->num_allocs;
+    return ETP_SUCCESS;
+}

@@ -1,0 +1,175 @@
+/* Streams, events and the asynchronous memory operations. */
+#include <stdlib.h>
+
+#include "comm_internal.h"
+#if ETP_HAVE_CUDA
+#include "etp/cuda.h"
+#endif
+
+etp_status_t etp_stream_create(etp_context_t *ctx, int priority, etp_stream_t **stream)
+{
+    ETP__CHECK_NULL(ctx, "etp_stream_create");
+    ETP__CHECK_NULL(stream, "etp_stream_create");
+    ETP__CHECK_ARG(priority == ETP_STREAM_PRIORITY_NORMAL || priority == ETP_STREAM_PRIORITY_HIGH,
+                   "etp_stream_create: priority %d (expected ETP_STREAM_PRIORITY_NORMAL or _HIGH)",
+                   priority);
+    ETP__TRY(etp__ctx_usable(ctx, "etp_stream_create"));
+    etp_stream_t *s = calloc(1, sizeof *s);
+    if (!s) return etp__err(ETP_ERR_OUT_OF_MEMORY, "etp_stream_create: out of memory");
+    etp_status_t st = ctx->be->ops->stream_create(ctx->be, priority, &s->bs);
+    if (st != ETP_SUCCESS) {
+        free(s);
+        return st;
+    }
+    s->ctx = ctx;
+    ctx->num_streams++;
+    *stream = s;
+    return ETP_SUCCESS;
+}
+
+etp_status_t etp_stream_destroy(etp_stream_t *stream)
+{
+    if (!stream) return ETP_SUCCESS;
+    etp_context_t *ctx = stream->ctx;
+    etp_status_t st = ctx->be->ops->stream_destroy(ctx->be, stream->bs);
+    if (st != ETP_SUCCESS && !ctx->be->failed) return st;
+    ctx->num_streams--;
+    free(stream);
+    return st == ETP_SUCCESS ? ETP_SUCCESS : st;
+}
+
+etp_status_t etp_stream_synchronize(etp_stream_t *stream)
+{
+    ETP__CHECK_NULL(stream, "etp_stream_synchronize");
+    ETP__TRY(etp__ctx_usable(stream->ctx, "etp_stream_synchronize"));
+    return stream->ctx->be->ops->stream_sync(stream->ctx->be, stream->bs);
+}
+
+#if ETP_HAVE_CUDA
+etp_status_t etp_stream_wrap_cuda(etp_context_t *ctx, cudaStream_t native, etp_stream_t **stream)
+{
+    ETP__CHECK_NULL(ctx, "etp_stream_wrap_cuda");
+    ETP__CHECK_NULL(stream, "etp_stream_wrap_cuda");
+    ETP__CHECK_ARG(native != NULL && native != cudaStreamPerThread && native != cudaStreamLegacy,
+                   "etp_stream_wrap_cuda: native stream is the default stream; pass a created "
+                   "cudaStream_t");
+    if (ctx->be->ops->kind != ETP_BACKEND_CUDA)
+        return etp__err(ETP_ERR_INVALID_ARGUMENT,
+                        "etp_stream_wrap_cuda: the context is not on the CUDA backend");
+    ETP__TRY(etp__ctx_usable(ctx, "etp_stream_wrap_cuda"));
+    etp_stream_t *s = calloc(1, sizeof *s);
+    if (!s) return etp__err(ETP_ERR_OUT_OF_MEMORY, "etp_stream_wrap_cuda: out of memory");
+    etp_status_t st = ctx->be->ops->stream_wrap(ctx->be, (void *)native, &s->bs);
+    if (st != ETP_SUCCESS) {
+        free(s);
+        return st;
+    }
+    s->ctx = ctx;
+    ctx->num_streams++;
+    *stream = s;
+    return ETP_SUCCESS;
+}
+
+etp_status_t etp_stream_get_cuda(const etp_stream_t *stream, cudaStream_t *native)
+{
+    ETP__CHECK_NULL(stream, "etp_stream_get_cuda");
+    ETP__CHECK_NULL(native, "etp_stream_get_cuda");
+    if (stream->ctx->be->ops->kind != ETP_BACKEND_CUDA)
+        return etp__err(ETP_ERR_INVALID_ARGUMENT, "etp_stream_get_cuda: not a CUDA stream");
+    *native = (cudaStream_t)stream->ctx->be->ops->stream_native(stream->ctx->be, stream->bs);
+    return ETP_SUCCESS;
+}
+#endif
+
+etp_status_t etp_event_create(etp_context_t *ctx, etp_event_t **event)
+{
+    ETP__CHECK_NULL(ctx, "etp_event_create");
+    ETP__CHECK_NULL(event, "etp_event_create");
+    ETP__TRY(etp__ctx_usable(ctx, "etp_event_create"));
+    etp_event_t *e = calloc(1, sizeof *e);
+    if (!e) return etp__err(ETP_ERR_OUT_OF_MEMORY, "etp_event_create: out of memory");
+    etp_status_t st = ctx->be->ops->event_create(ctx->be, &e->be_ev);
+    if (st != ETP_SUCCESS) {
+        free(e);
+        return st;
+    }
+    e->ctx = ctx;
+    ctx->num_events++;
+    *event = e;
+    return ETP_SUCCESS;
+}
+
+etp_status_t etp_event_destroy(etp_event_t *event)
+{
+    if (!event) return ETP_SUCCESS;
+    etp_context_t *ctx = event->ctx;
+    etp_status_t st = ctx->be->ops->event_destroy(ctx->be, event->be_ev);
+    ctx->num_events--;
+    free(event);
+    return st;
+}
+
+static etp_status_t same_ctx(const etp_event_t *e, const etp_stream_t *s, const char *fn)
+{
+    if (e->ctx != s->ctx)
+        return etp__err(ETP_ERR_INVALID_ARGUMENT, "%s: the event and the stream belong to different "
+                        "contexts", fn);
+    return etp__ctx_usable(s->ctx, fn);
+}
+
+etp_status_t etp_event_record(etp_event_t *event, etp_stream_t *stream)
+{
+    ETP__CHECK_NULL(event, "etp_event_record");
+    ETP__CHECK_NULL(stream, "etp_event_record");
+    ETP__TRY(same_ctx(event, stream, "etp_event_record"));
+    return stream->ctx->be->ops->event_record(stream->ctx->be, event->be_ev, stream->bs);
+}
+
+etp_status_t etp_stream_wait_event(etp_stream_t *stream, etp_event_t *event)
+{
+    ETP__CHECK_NULL(stream, "etp_stream_wait_event");
+    ETP__CHECK_NULL(event, "etp_stream_wait_event");
+    ETP__TRY(same_ctx(event, stream, "etp_stream_wait_event"));
+    return stream->ctx->be->ops->stream_wait_event(stream->ctx->be, stream->bs, event->be_ev);
+}
+
+etp_status_t etp_event_query(etp_event_t *event, int *done)
+{
+    ETP__CHECK_NULL(event, "etp_event_query");
+    ETP__CHECK_NULL(done, "etp_event_query");
+    ETP__TRY(etp__ctx_usable(event->ctx, "etp_event_query"));
+    int d = 0;
+    ETP__TRY(event->ctx->be->ops->event_query(event->ctx->be, event->be_ev, &d));
+    *done = d;
+    return ETP_SUCCESS;
+}
+
+etp_status_t etp_event_synchronize(etp_event_t *event)
+{
+    ETP__CHECK_NULL(event, "etp_event_synchronize");
+    ETP__TRY(etp__ctx_usable(event->ctx, "etp_event_synchronize"));
+    return event->ctx->be->ops->event_sync(event->ctx->be, event->be_ev);
+}
+
+etp_status_t etp_memset_async(etp_stream_t *stream, void *ptr, int value, size_t bytes)
+{
+    ETP__CHECK_NULL(stream, "etp_memset_async");
+    ETP__CHECK_ARG(ptr != NULL || bytes == 0, "etp_memset_async: ptr is NULL for %zu bytes", bytes);
+    ETP__CHECK_ARG(value >= 0 && value <= 255, "etp_memset_async: value %d is not a byte", value);
+    ETP__TRY(etp__ctx_usable(stream->ctx, "etp_memset_async"));
+    if (bytes == 0) return ETP_SUCCESS;
+    return stream->ctx->be->ops->memset_async(stream->ctx->be, stream->bs, ptr, value, bytes);
+}
+
+etp_status_t etp_memcpy_async(etp_stream_t *stream, void *dst, const void *src, size_t bytes)
+{
+    ETP__CHECK_NULL(stream, "etp_memcpy_async");
+    ETP__CHECK_ARG((dst != NULL && src != NULL) || bytes == 0,
+                   "etp_memcpy_async: dst or src is NULL for %zu bytes", bytes);
+    ETP__CHECK_ARG(bytes == 0 || (const char *)dst + bytes <= (const char *)src ||
+                       (const char *)src + bytes <= (const char *)dst,
+                   "etp_memcpy_async: source and destination overlap");
+    ETP__TRY(etp__ctx_usable(stream->ctx, "etp_memcpy_async"));
+    if (bytes == 0) return ETP_SUCCESS;
+    return stream->ctx->be->ops->memcpy_async(stream->ctx->be, stream->bs, dst, src, bytes);
+}

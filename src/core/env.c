@@ -1,0 +1,115 @@
+/* Every environment setting of etp, read here and nowhere else. */
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <time.h>
+
+#include "core.h"
+
+static const etp__env_doc_t env_docs[] = {
+    {"ETP_LOG_LEVEL", "none",
+     "log verbosity: none, error, warn, info, debug or trace (or 0-5)"},
+    {"ETP_LOG_SUBSYS", "all",
+     "comma list of subsystems to log: core, backend, comm, quant, shard, ep, or all"},
+    {"ETP_TIMEOUT_S", "300",
+     "seconds a collective or wait may take before it fails with a timeout; 0 disables"},
+    {"ETP_CHECK_COLLECTIVES", "0",
+     "1: exchange a fingerprint before each collective and report mismatches between ranks"},
+    {"ETP_HOST_STREAMS", "eager",
+     "host backend streams: eager (run when enqueued) or shuffle (adversarial order)"},
+    {"ETP_HOST_SHUFFLE_SEED", "0",
+     "seed of the shuffle-mode scheduler; 0 runs producers as late as allowed, 1 in "
+     "program order, others a seeded random order"},
+    {NULL, NULL, NULL},
+};
+
+const etp__env_doc_t *etp__env_docs(void)
+{
+    return env_docs;
+}
+
+static const char *get(const char *name)
+{
+    const char *v = getenv(name);
+    return (v && *v) ? v : NULL;
+}
+
+static etp_status_t parse_int64(const char *name, const char *v, int64_t *out)
+{
+    char *end;
+    errno = 0;
+    long long x = strtoll(v, &end, 10);
+    if (errno || *end != '\0')
+        return etp__err(ETP_ERR_INVALID_ARGUMENT, "environment %s='%s' is not an integer", name, v);
+    *out = (int64_t)x;
+    return ETP_SUCCESS;
+}
+
+etp_status_t etp__env_load(etp__env_t *env)
+{
+    etp__env_t e = {ETP_LOG_NONE, ETP_SUBSYS_ALL, 300.0, 0, 0, 0};
+    const char *v;
+
+    if ((v = get("ETP_LOG_LEVEL"))) {
+        e.log_level = etp__log_level_parse(v);
+        if (e.log_level < 0)
+            return etp__err(ETP_ERR_INVALID_ARGUMENT,
+                            "environment ETP_LOG_LEVEL='%s': expected none, error, warn, info, "
+                            "debug or trace", v);
+    }
+    if ((v = get("ETP_LOG_SUBSYS"))) {
+        e.log_subsys = etp__log_subsys_parse(v);
+        if (e.log_subsys == 0)
+            return etp__err(ETP_ERR_INVALID_ARGUMENT,
+                            "environment ETP_LOG_SUBSYS='%s': no known subsystem named", v);
+    }
+    if ((v = get("ETP_TIMEOUT_S"))) {
+        char *end;
+        errno = 0;
+        double t = strtod(v, &end);
+        if (errno || *end != '\0' || !isfinite(t) || t < 0)
+            return etp__err(ETP_ERR_INVALID_ARGUMENT,
+                            "environment ETP_TIMEOUT_S='%s': expected seconds >= 0", v);
+        e.timeout_s = t;
+    }
+    if ((v = get("ETP_CHECK_COLLECTIVES"))) {
+        int64_t x;
+        ETP__TRY(parse_int64("ETP_CHECK_COLLECTIVES", v, &x));
+        if (x != 0 && x != 1)
+            return etp__err(ETP_ERR_INVALID_ARGUMENT,
+                            "environment ETP_CHECK_COLLECTIVES='%s': expected 0 or 1", v);
+        e.check_collectives = (int)x;
+    }
+    if ((v = get("ETP_HOST_STREAMS"))) {
+        if (strcasecmp(v, "eager") == 0)
+            e.host_streams = ETP_HOST_STREAMS_EAGER;
+        else if (strcasecmp(v, "shuffle") == 0)
+            e.host_streams = ETP_HOST_STREAMS_SHUFFLE;
+        else
+            return etp__err(ETP_ERR_INVALID_ARGUMENT,
+                            "environment ETP_HOST_STREAMS='%s': expected eager or shuffle", v);
+    }
+    if ((v = get("ETP_HOST_SHUFFLE_SEED"))) {
+        ETP__TRY(parse_int64("ETP_HOST_SHUFFLE_SEED", v, &e.shuffle_seed));
+        if (e.shuffle_seed < 0)
+            return etp__err(ETP_ERR_INVALID_ARGUMENT,
+                            "environment ETP_HOST_SHUFFLE_SEED='%s': expected >= 0", v);
+    }
+    *env = e;
+    return ETP_SUCCESS;
+}
+
+double etp__now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+void etp__sleep_us(unsigned us)
+{
+    struct timespec ts = {us / 1000000u, (long)(us % 1000000u) * 1000L};
+    nanosleep(&ts, NULL);
+}
