@@ -58,12 +58,15 @@ extern "C" cudaError_t etp__cuda_axpy_f32(cudaStream_t s, size_t n, float alpha,
                                           float *y)
 {
     if (n == 0) return cudaSuccess;
+    /* cudaLaunchKernel reports this launch's own status, not an error left
+     * behind by an earlier, unrelated runtime call of this thread. */
     const bool aligned = (((uintptr_t)x | (uintptr_t)y) & 15u) == 0;
     if (aligned && n >= 4) {
-        axpy_f32_vec4<<<grid_for(n / 4), kThreads, 0, s>>>(
-            n, alpha, reinterpret_cast<const float4 *>(x), reinterpret_cast<float4 *>(y));
-    } else {
-        axpy_f32_scalar<<<grid_for(n), kThreads, 0, s>>>(n, alpha, x, y);
+        const float4 *x4 = reinterpret_cast<const float4 *>(x);
+        float4 *y4 = reinterpret_cast<float4 *>(y);
+        void *args[] = {&n, &alpha, &x4, &y4};
+        return cudaLaunchKernel(axpy_f32_vec4, dim3(grid_for(n / 4)), dim3(kThreads), args, 0, s);
     }
-    return cudaGetLastError();
+    void *args[] = {&n, &alpha, &x, &y};
+    return cudaLaunchKernel(axpy_f32_scalar, dim3(grid_for(n)), dim3(kThreads), args, 0, s);
 }

@@ -11,7 +11,8 @@
 #include "../../core/half.h"
 #include "host_internal.h"
 
-enum { FP_MAGIC = 0x6574706670LL, FP_TAG = 7 };
+enum { FP_TAG = 7, VERDICT_TAG = 8 };
+#define FP_MAGIC 0x6574706670LL
 enum { FP_W_MAGIC, FP_W_SEQ, FP_W_KIND, FP_W_COUNT, FP_W_DTYPE, FP_W_OP, FP_W_ROLE, FP_W_PAD };
 
 static MPI_Datatype mpi_type(etp_dtype_t t)
@@ -95,8 +96,11 @@ etp_status_t etp__hcoll_new(etp__host_t *h, etp__bcomm_t *c, const etp__coll_t *
     hc->fp_in = calloc((size_t)n * ETP__FP_WORDS, sizeof(int64_t));
     hc->reqs = malloc(2 * (size_t)n * sizeof(MPI_Request));
     hc->arrived = calloc((size_t)n, sizeof(int));
-    if (!hc->fp_out || !hc->fp_in || !hc->reqs || !hc->arrived) goto oom;
-    for (int i = 0; i < 2 * n; i++) hc->reqs[i] = MPI_REQUEST_NULL;
+    hc->verdict_in = calloc((size_t)n, sizeof(int64_t));
+    hc->vreqs = malloc(2 * (size_t)n * sizeof(MPI_Request));
+    if (!hc->fp_out || !hc->fp_in || !hc->reqs || !hc->arrived || !hc->verdict_in || !hc->vreqs)
+        goto oom;
+    for (int i = 0; i < 2 * n; i++) hc->reqs[i] = hc->vreqs[i] = MPI_REQUEST_NULL;
     if (d->kind == ETP__COLL_ALLTOALLV) {
         hc->arrays = malloc(4 * (size_t)n * sizeof(size_t));
         if (!hc->arrays) goto oom;
@@ -134,6 +138,8 @@ void etp__hcoll_free(etp__hcoll_t *hc)
     free(hc->fp_in);
     free(hc->reqs);
     free(hc->arrived);
+    free(hc->verdict_in);
+    free(hc->vreqs);
     free(hc->arrays);
     free(hc->tmp);
     free(hc->mpi_counts);
@@ -241,7 +247,7 @@ static void describe(char *buf, size_t len, const int64_t *f)
 }
 
 /* Compare each peer's fingerprint with what this rank expects of it. */
-static etp_status_t compare(const etp__hcoll_t *hc)
+static etp_status_t compare(const etp__hcoll_t *hc, int *bad_peer)
 {
     const etp__bcomm_t *c = hc->comm;
     for (int p = 0; p < c->size; p++) {
@@ -251,6 +257,7 @@ static etp_status_t compare(const etp__hcoll_t *hc)
         memcpy(expect, hc->fp_out + (size_t)p * ETP__FP_WORDS, sizeof expect);
         if (hc->d.kind == ETP__COLL_ALLTOALLV) expect[FP_W_COUNT] = (int64_t)hc->d.recvcounts[p];
         if (memcmp(in, expect, sizeof expect) == 0) continue;
+        *bad_peer = p;
         char mine[160], theirs[160];
         describe(mine, sizeof mine, expect);
         describe(theirs, sizeof theirs, in);
@@ -291,6 +298,54 @@ static etp_status_t timeout_error(etp__host_t *h, const etp__hcoll_t *hc, double
                     hc->group_name, hc->d.role, c->rank, c->size);
 }
 
+static etp_status_t test_all(etp__hcoll_t *hc, MPI_Request *reqs, int *all_done, const char *what)
+{
+    int n = hc->comm->size, all = 1;
+    for (int i = 0; i < 2 * n; i++) {
+        if (reqs[i] == MPI_REQUEST_NULL) continue;
+        int flag = 0;
+        int rc = MPI_Test(&reqs[i], &flag, MPI_STATUS_IGNORE);
+        if (rc != MPI_SUCCESS) return mpi_fail(hc, what, rc);
+        all &= flag;
+    }
+    *all_done = all;
+    return ETP_SUCCESS;
+}
+
+static etp_status_t post_verdicts(etp__hcoll_t *hc, int bad_peer)
+{
+    etp__bcomm_t *c = hc->comm;
+    int n = c->size;
+    hc->verdict_out = bad_peer;
+    for (int p = 0; p < n; p++) {
+        if (p == c->rank) {
+            hc->verdict_in[p] = bad_peer;
+            continue;
+        }
+        int rc = MPI_Irecv(&hc->verdict_in[p], 1, MPI_INT64_T, p, VERDICT_TAG, c->ctrl,
+                           &hc->vreqs[n + p]);
+        if (rc == MPI_SUCCESS)
+            rc = MPI_Isend(&hc->verdict_out, 1, MPI_INT64_T, p, VERDICT_TAG, c->ctrl, &hc->vreqs[p]);
+        if (rc != MPI_SUCCESS) return mpi_fail(hc, "posting the verdict exchange", rc);
+    }
+    hc->verdict_posted = 1;
+    return ETP_SUCCESS;
+}
+
+/* Every verdict is in: this rank's own mismatch first, else a peer's. */
+static etp_status_t judge(const etp__hcoll_t *hc)
+{
+    if (hc->mismatch != ETP_SUCCESS) return etp__err(hc->mismatch, "%s", hc->mismatch_msg);
+    for (int p = 0; p < hc->comm->size; p++)
+        if (hc->verdict_in[p] >= 0)
+            return etp__err(ETP_ERR_COLLECTIVE_MISMATCH,
+                            "collective mismatch on group '%s' role %d seq %llu (%s): rank %d found "
+                            "that rank %lld issued a different collective (see rank %d's error)",
+                            hc->group_name, hc->d.role, (unsigned long long)hc->d.seq,
+                            etp__coll_name(hc->d.kind), p, (long long)hc->verdict_in[p], p);
+    return ETP_SUCCESS;
+}
+
 etp_status_t etp__hcoll_progress(etp__host_t *h, etp__hcoll_t *hc, int *done)
 {
     etp__bcomm_t *c = hc->comm;
@@ -310,10 +365,19 @@ etp_status_t etp__hcoll_progress(etp__host_t *h, etp__hcoll_t *hc, int *done)
     }
     if (hc->ctrl_done && !hc->checked) {
         hc->checked = 1;
-        /* Compared in both modes: without the check the data may already be
-         * moving, but a mismatch is still better named than left to MPI. */
-        ETP__TRY(compare(hc));
-        if (!hc->data_started) ETP__TRY(start_data(h, hc));
+        int bad_peer = -1;
+        hc->mismatch = compare(hc, &bad_peer);
+        if (hc->mismatch != ETP_SUCCESS)
+            snprintf(hc->mismatch_msg, sizeof hc->mismatch_msg, "%s", etp_last_error());
+        /* Without the check the data may already be moving: a mismatch is
+         * still better named than left to MPI. */
+        if (!h->base.cfg.check_collectives && hc->mismatch != ETP_SUCCESS) return hc->mismatch;
+        if (h->base.cfg.check_collectives) ETP__TRY(post_verdicts(hc, bad_peer));
+    }
+    if (hc->verdict_posted && !hc->verdict_done) {
+        ETP__TRY(test_all(hc, hc->vreqs, &hc->verdict_done, "exchanging verdicts"));
+        if (hc->verdict_done) ETP__TRY(judge(hc));
+        if (hc->verdict_done && !hc->data_started) ETP__TRY(start_data(h, hc));
     }
     if (hc->data_started && !hc->data_done) {
         int flag = 0;
@@ -343,6 +407,11 @@ static int zombie_live(etp__hcoll_t *z)
     for (int i = 0; i < 2 * n; i++) {
         int flag = 1;
         if (z->reqs[i] != MPI_REQUEST_NULL) MPI_Test(&z->reqs[i], &flag, MPI_STATUS_IGNORE);
+        live |= !flag;
+    }
+    for (int i = 0; i < 2 * n; i++) {
+        int flag = 1;
+        if (z->vreqs[i] != MPI_REQUEST_NULL) MPI_Test(&z->vreqs[i], &flag, MPI_STATUS_IGNORE);
         live |= !flag;
     }
     if (z->data_started) {

@@ -103,6 +103,14 @@ struct etp__hcoll {
     int64_t *fp_out, *fp_in; /* size x ETP__FP_WORDS */
     MPI_Request *reqs;  /* 2 x size: sends then receives of the fingerprints */
     int *arrived;       /* per peer: its fingerprint came */
+    /* ETP_CHECK_COLLECTIVES: after comparing, every rank tells every other
+     * its verdict, so a mismatch only some pairs see stops all ranks. */
+    int64_t *verdict_in;   /* size: the peer that peer p found mismatched, or -1 */
+    int64_t verdict_out;
+    MPI_Request *vreqs;    /* 2 x size */
+    int verdict_posted, verdict_done;
+    etp_status_t mismatch; /* this rank's own comparison */
+    char mismatch_msg[ETP__ERRMSG_MAX];
     MPI_Request data_req;
     int data_started, data_done, ctrl_done, checked;
     double t_start;

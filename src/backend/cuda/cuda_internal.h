@@ -1,0 +1,162 @@
+/*
+ * The CUDA backend: CUDA runtime streams, events and memory; NCCL
+ * communicators for the collectives; the kernels of kernels/.
+ *
+ * Files: cuda_backend.c (lifecycle, streams, events, memory, host waits,
+ * communicator creation, split and destruction) and cuda_coll.c (the
+ * collectives, fingerprints, batches, and the per-communicator ring of
+ * issued collectives that timeouts are reported from).
+ *
+ * Every NCCL communicator etp owns is non-blocking (ncclConfig_t.blocking =
+ * 0): an NCCL call may return ncclInProgress and finish in an NCCL thread, so
+ * every such call is followed by a bounded poll of ncclCommGetAsyncError.
+ * That keeps every wait of etp under the context's timeout, and lets a hung
+ * communicator be aborted from the thread that noticed.
+ *
+ * There is no watchdog or progress thread: timeouts and asynchronous NCCL
+ * errors are noticed by the waiting caller (stream/event/device waits poll
+ * the stream and every communicator's async error). So no CUDA call of etp
+ * ever runs on another thread while the caller captures a CUDA graph.
+ *
+ * Every entry point that touches CUDA first calls cudaSetDevice(device): one
+ * thread may drive two contexts on two GPUs.
+ */
+#ifndef ETP__CUDA_INTERNAL_H
+#define ETP__CUDA_INTERNAL_H
+
+#include <stdint.h>
+
+#include <cuda_runtime_api.h>
+/* nccl.h declares ncclGroupStart() without (void); keep -Wstrict-prototypes
+ * for our code even where NCCL's directory is not a system include path. */
+#if defined(__GNUC__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wstrict-prototypes"
+#endif
+#include <nccl.h>
+#if defined(__GNUC__)
+#pragma GCC diagnostic pop
+#endif
+
+#include "../backend.h"
+
+#if !defined(NCCL_VERSION_CODE) || NCCL_VERSION_CODE < NCCL_VERSION(2, 18, 0)
+#error "the etp CUDA backend needs NCCL >= 2.18 (ncclCommSplit, non-blocking communicators)"
+#endif
+
+enum {
+    ETP__CUDA_RING = 32,     /* issued collectives remembered per communicator */
+    ETP__CUDA_NAME_MAX = 64, /* group names, as etp_group_t keeps them */
+    ETP__CUDA_FP_WORDS = 8   /* int64 words of one collective fingerprint */
+};
+
+/* "etpfp1" in ASCII: marks a fingerprint, so a stray message is not read as one. */
+#define ETP__CUDA_FP_MAGIC INT64_C(0x657470667031)
+
+/* One collective issued on a communicator: what a timeout message names. */
+typedef struct etp__cuda_issued {
+    cudaEvent_t ev;  /* recorded on the stream right after the collective; created lazily */
+    uint64_t order;  /* backend-wide issue number; 0: slot empty or known complete */
+    uint64_t seq;
+    etp__coll_kind_t kind;
+    int role;
+    char group[ETP__CUDA_NAME_MAX];
+} etp__cuda_issued_t;
+
+typedef struct etp__cuda etp__cuda_t;
+
+struct etp__bcomm {
+    etp__cuda_t *cb;
+    ncclComm_t nccl;     /* NULL once aborted or destroyed */
+    int rank, size;
+    int role;            /* role of the last collective issued (-1: none yet) */
+    int in_batch;        /* issued work in the open batch */
+    char name[ETP__CUDA_NAME_MAX]; /* group name; NCCL's commName points here */
+    int64_t *fp_dev;     /* fingerprint scratch, 2 x size x FP_WORDS: sends, receives */
+    int64_t *fp_host;    /* pinned staging of the same layout */
+    etp__cuda_issued_t ring[ETP__CUDA_RING];
+    unsigned ring_next;
+    etp__bcomm_t *next;  /* the backend's live communicators, in creation order */
+};
+
+struct etp__bstream {
+    cudaStream_t s;
+    int borrowed;        /* wrapped: the caller owns s */
+    etp__bstream_t *next;
+};
+
+struct etp__bevent {
+    cudaEvent_t e;
+    int recorded_in_capture; /* its last record was captured into a graph */
+};
+
+/* A collective of the open batch, whose ring entry is made at batch end
+ * (only then is it on its stream). */
+typedef struct etp__cuda_batch_rec {
+    etp__bcomm_t *comm;
+    cudaStream_t stream;
+    etp__coll_kind_t kind;
+    uint64_t seq;
+    int role;
+    char group[ETP__CUDA_NAME_MAX];
+} etp__cuda_batch_rec_t;
+
+struct etp__cuda {
+    etp__be_t base;
+    int device;
+    int prio_greatest;         /* numerically lowest stream priority of the device */
+    etp__bcomm_t *comms;
+    etp__bstream_t *streams;
+    uint64_t next_order;
+    int batch_depth;
+    int group_open;            /* an ncclGroupStart of a batch is not yet ended */
+    etp__cuda_batch_rec_t *batch;
+    size_t num_batch, cap_batch;
+    int warned_check_capture;  /* fingerprints skipped under capture: said once */
+    int warned_check_batch;    /* fingerprints skipped inside a batch: said once */
+};
+
+static inline etp__cuda_t *etp__cuda_of(etp__be_t *be)
+{
+    return (etp__cuda_t *)be;
+}
+
+/* ---- cuda_backend.c ---------------------------------------------------- */
+
+/* cudaSetDevice(cb->device), as an etp status. */
+etp_status_t etp__cuda_set_device(etp__cuda_t *cb);
+
+/* Record the first fatal failure (this thread's last error), close an open
+ * batch group and abort every communicator. Returns status. */
+etp_status_t etp__cuda_fail(etp__cuda_t *cb, etp_status_t status);
+
+/* Poll until no communicator of comms[0..n) reports ncclInProgress. Bounded
+ * by the timeout; `what` names the operation in messages. Sets the last
+ * error but does not fail the backend (the caller decides). */
+etp_status_t etp__cuda_nccl_wait(etp__cuda_t *cb, ncclComm_t *comms, int n, const char *what);
+
+/* Block until `s` is idle, watching every communicator for asynchronous
+ * errors; bounded by the timeout. `pending` (may be NULL) names what is
+ * awaited in a timeout message; NULL: the oldest incomplete collective.
+ * A timeout or error fails the backend. */
+etp_status_t etp__cuda_wait_stream(etp__cuda_t *cb, cudaStream_t s, const char *what,
+                                   const char *pending);
+
+/* ---- cuda_coll.c ------------------------------------------------------- */
+
+etp_status_t etp__cuda_coll(etp__be_t *be, etp__bcomm_t *c, const etp__coll_t *op,
+                            etp__bstream_t *s);
+etp_status_t etp__cuda_batch_begin(etp__be_t *be);
+etp_status_t etp__cuda_batch_end(etp__be_t *be);
+
+/* Describe the oldest collective (over all communicators) that has not
+ * completed, or say that none is known; for timeout messages. */
+void etp__cuda_describe_pending(etp__cuda_t *cb, char *buf, size_t n);
+
+/* Free a communicator's scratch and ring events (not the NCCL comm). */
+void etp__cuda_comm_free_scratch(etp__bcomm_t *c);
+
+/* Short strings for messages. */
+const char *etp__cuda_redop_name(int op);
+
+#endif /* ETP__CUDA_INTERNAL_H */

@@ -1,0 +1,48 @@
+/* MPI test scaffolding: init, a seed every rank shares, contexts. */
+#ifndef ETP_TEST_MPI_UTIL_H
+#define ETP_TEST_MPI_UTIL_H
+
+#include "etp/mpi.h"
+#include "test_util.h"
+
+static int g_rank, g_size;
+static uint64_t g_seed;
+
+static inline void tu_mpi_init(int *argc, char ***argv, const char *name)
+{
+    MPI_Init(argc, argv);
+    MPI_Comm_rank(MPI_COMM_WORLD, &g_rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &g_size);
+    unsigned long long seed = tu_pick_seed();
+    MPI_Bcast(&seed, 1, MPI_UNSIGNED_LONG_LONG, 0, MPI_COMM_WORLD);
+    g_seed = seed;
+    if (g_rank == 0)
+        printf("%s: %d rank(s), seed %llu (rerun with ETP_TEST_SEED=%llu)\n", name, g_size, seed,
+               seed);
+    fflush(stdout);
+}
+
+/* Combine every rank's cmocka result, so all ranks exit alike. */
+static inline int tu_mpi_finish(int failed)
+{
+    int any = 0;
+    MPI_Allreduce(&failed, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+    MPI_Finalize();
+    return any ? 1 : 0;
+}
+
+static inline etp_context_t *tu_host_ctx(MPI_Comm comm, int mode, int64_t seed, double timeout,
+                                         int check)
+{
+    etp_context_config_t cfg = ETP_CONTEXT_CONFIG_INIT;
+    cfg.backend = ETP_BACKEND_HOST;
+    cfg.host_stream_mode = (etp_host_stream_mode_t)mode;
+    cfg.shuffle_seed = seed;
+    cfg.timeout_s = timeout;
+    cfg.check_collectives = check;
+    etp_context_t *ctx = NULL;
+    ETP_OK(etp_context_create_mpi(comm, &cfg, &ctx));
+    return ctx;
+}
+
+#endif

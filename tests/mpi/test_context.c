@@ -1,0 +1,190 @@
+/*
+ * Contexts, memory and streams on the host backend: the memory report, the
+ * allocator hook, event semantics, and what each wrong-state call returns.
+ */
+#include "mpi_util.h"
+
+typedef struct {
+    int allocs, frees;
+    size_t live;
+} counting_t;
+
+static void *count_alloc(void *user, size_t bytes, etp_mem_owner_t owner)
+{
+    counting_t *c = user;
+    c->allocs++;
+    c->live += bytes;
+    (void)owner;
+    return malloc(bytes);
+}
+
+static void count_free(void *user, void *ptr, size_t bytes)
+{
+    counting_t *c = user;
+    c->frees++;
+    c->live -= bytes;
+    free(ptr);
+}
+
+static void test_memory_report_and_allocator(void **state)
+{
+    (void)state;
+    counting_t cnt = {0};
+    etp_context_config_t cfg = ETP_CONTEXT_CONFIG_INIT;
+    cfg.backend = ETP_BACKEND_HOST;
+    cfg.allocator.alloc = count_alloc;
+    cfg.allocator.free = count_free;
+    cfg.allocator.user = &cnt;
+    etp_context_t *ctx = NULL;
+    ETP_OK(etp_context_create_mpi(MPI_COMM_WORLD, &cfg, &ctx));
+    size_t sizes[ETP_MEM_OWNER_COUNT];
+    void *ptrs[ETP_MEM_OWNER_COUNT];
+    size_t total = 0;
+    for (int o = 0; o < ETP_MEM_OWNER_COUNT; o++) {
+        sizes[o] = 1 + (size_t)(tu_rand(g_seed, 11, (uint64_t)o, 0) % 5000);
+        total += sizes[o];
+        ETP_OK(etp_mem_alloc(ctx, sizes[o], (etp_mem_owner_t)o, &ptrs[o]));
+        memset(ptrs[o], o, sizes[o]); /* the memory is really there */
+    }
+    assert_int_equal(cnt.allocs, ETP_MEM_OWNER_COUNT);
+    etp_memory_report_t rep = ETP_MEMORY_REPORT_INIT;
+    ETP_OK(etp_memory_report(ctx, &rep));
+    for (int o = 0; o < ETP_MEM_OWNER_COUNT; o++) assert_int_equal(rep.bytes[o], sizes[o]);
+    assert_int_equal(rep.total_bytes, total);
+    assert_int_equal(rep.peak_bytes, total);
+    assert_int_equal(rep.live_allocations, ETP_MEM_OWNER_COUNT);
+    ETP_OK(etp_mem_free(ctx, ptrs[ETP_MEM_MAIN_GRAD]));
+    ETP_OK(etp_memory_report(ctx, &rep));
+    assert_int_equal(rep.bytes[ETP_MEM_MAIN_GRAD], 0);
+    assert_int_equal(rep.total_bytes, total - sizes[ETP_MEM_MAIN_GRAD]);
+    assert_int_equal(rep.peak_bytes, total);
+    ETP_EXPECT_MSG(etp_mem_free(ctx, ptrs[ETP_MEM_MAIN_GRAD]), ETP_ERR_INVALID_ARGUMENT,
+                   "not allocated by this context");
+    /* the rest is left for destroy, which frees it through the hook */
+    ETP_OK(etp_context_destroy(ctx));
+    assert_int_equal(cnt.frees, ETP_MEM_OWNER_COUNT);
+    assert_int_equal(cnt.live, 0);
+}
+
+static void *failing_alloc(void *user, size_t bytes, etp_mem_owner_t owner)
+{
+    (void)user; (void)bytes; (void)owner;
+    return NULL;
+}
+
+static void test_allocator_failure_is_reported(void **state)
+{
+    (void)state;
+    etp_context_config_t cfg = ETP_CONTEXT_CONFIG_INIT;
+    cfg.backend = ETP_BACKEND_HOST;
+    cfg.allocator.alloc = failing_alloc;
+    cfg.allocator.free = count_free;
+    etp_context_t *ctx = NULL;
+    ETP_OK(etp_context_create_mpi(MPI_COMM_WORLD, &cfg, &ctx));
+    void *p = (void *)0x1;
+    ETP_EXPECT_MSG(etp_mem_alloc(ctx, 64, ETP_MEM_SHARDS, &p), ETP_ERR_OUT_OF_MEMORY, "shards");
+    assert_true(p == (void *)0x1); /* outputs only on success */
+    etp_memory_report_t rep = ETP_MEMORY_REPORT_INIT;
+    ETP_OK(etp_memory_report(ctx, &rep));
+    assert_int_equal(rep.total_bytes, 0);
+    ETP_OK(etp_context_destroy(ctx));
+}
+
+static void test_context_queries(void **state)
+{
+    (void)state;
+    etp_context_t *ctx = tu_host_ctx(MPI_COMM_WORLD, ETP_HOST_STREAMS_EAGER, 0, -1, -1);
+    int rank = -1, size = -1;
+    etp_backend_t be = ETP_BACKEND_AUTO;
+    ETP_OK(etp_context_rank(ctx, &rank));
+    ETP_OK(etp_context_size(ctx, &size));
+    ETP_OK(etp_context_backend(ctx, &be));
+    assert_int_equal(rank, g_rank);
+    assert_int_equal(size, g_size);
+    assert_int_equal(be, ETP_BACKEND_HOST);
+    etp_group_t *w = NULL;
+    ETP_OK(etp_context_world(ctx, &w));
+    assert_string_equal(etp_group_name(w), "world");
+    ETP_OK(etp_context_check(ctx));
+    ETP_OK(etp_context_destroy(ctx));
+}
+
+/* Objects must go before what they were made from. */
+static void test_destroy_order(void **state)
+{
+    (void)state;
+    etp_context_t *ctx = tu_host_ctx(MPI_COMM_WORLD, ETP_HOST_STREAMS_SHUFFLE, 2, -1, -1);
+    etp_group_t *w, *a, *b;
+    etp_stream_t *s;
+    etp_event_t *e;
+    ETP_OK(etp_context_world(ctx, &w));
+    ETP_OK(etp_group_split(w, 0, g_rank, NULL, &a));
+    ETP_OK(etp_group_split(a, 0, g_rank, NULL, &b));
+    ETP_OK(etp_stream_create(ctx, ETP_STREAM_PRIORITY_NORMAL, &s));
+    ETP_OK(etp_event_create(ctx, &e));
+    ETP_EXPECT_MSG(etp_group_destroy(w), ETP_ERR_INVALID_ARGUMENT, "world");
+    ETP_EXPECT_MSG(etp_group_destroy(a), ETP_ERR_BUSY, "split from it");
+    ETP_EXPECT_MSG(etp_context_destroy(ctx), ETP_ERR_BUSY, "1 stream(s), 1 event(s) and 2 group(s)");
+    /* and nothing was harmed: the group still works */
+    int x = g_rank + 1;
+    ETP_OK(etp_allreduce(b, 0, &x, &x, 1, ETP_DTYPE_I32, ETP_REDOP_SUM, s));
+    ETP_OK(etp_stream_synchronize(s));
+    assert_int_equal(x, g_size * (g_size + 1) / 2);
+    ETP_OK(etp_group_destroy(b));
+    ETP_OK(etp_group_destroy(a));
+    ETP_OK(etp_event_destroy(e));
+    ETP_OK(etp_stream_destroy(s));
+    ETP_OK(etp_context_destroy(ctx));
+}
+
+/* A stream destroyed with work queued finishes that work first (shuffle
+ * mode queues everything). */
+static void test_stream_destroy_drains(void **state)
+{
+    (void)state;
+    etp_context_t *ctx = tu_host_ctx(MPI_COMM_WORLD, ETP_HOST_STREAMS_SHUFFLE, 0, -1, -1);
+    etp_stream_t *s;
+    ETP_OK(etp_stream_create(ctx, ETP_STREAM_PRIORITY_NORMAL, &s));
+    unsigned char b[16];
+    memset(b, 0, sizeof b);
+    ETP_OK(etp_memset_async(s, b, 3, sizeof b));
+    assert_int_equal(b[0], 0);
+    ETP_OK(etp_stream_destroy(s));
+    assert_int_equal(b[15], 3);
+    ETP_OK(etp_context_destroy(ctx));
+}
+
+/* No-color ranks get no group; the others a group of their own. */
+static void test_split_no_color(void **state)
+{
+    (void)state;
+    etp_context_t *ctx = tu_host_ctx(MPI_COMM_WORLD, ETP_HOST_STREAMS_EAGER, 0, -1, -1);
+    etp_group_t *w, *g = (etp_group_t *)0x1;
+    ETP_OK(etp_context_world(ctx, &w));
+    int color = g_rank == 0 ? ETP_GROUP_NO_COLOR : 5;
+    ETP_OK(etp_group_split(w, color, 0, NULL, &g));
+    if (g_rank == 0) {
+        assert_null(g);
+    } else {
+        int size = 0;
+        ETP_OK(etp_group_size(g, &size));
+        assert_int_equal(size, g_size - 1);
+        assert_string_equal(etp_group_name(g), "group5");
+        ETP_OK(etp_group_destroy(g));
+    }
+    ETP_OK(etp_context_destroy(ctx));
+}
+
+int main(int argc, char **argv)
+{
+    tu_mpi_init(&argc, &argv, "test_context");
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_memory_report_and_allocator),
+        cmocka_unit_test(test_allocator_failure_is_reported),
+        cmocka_unit_test(test_context_queries),
+        cmocka_unit_test(test_destroy_order),
+        cmocka_unit_test(test_stream_destroy_drains),
+        cmocka_unit_test(test_split_no_color),
+    };
+    return tu_mpi_finish(cmocka_run_group_tests(tests, NULL, NULL));
+}
