@@ -76,6 +76,12 @@ ETP_API size_t etp_dtype_size(etp_dtype_t dtype);
 /* A static short name ("bf16"), or "invalid". */
 ETP_API const char *etp_dtype_name(etp_dtype_t dtype);
 
+/* The environment settings etp reads (when a context is created), one per
+ * index from 0: *name, *default_value and *doc are static strings. Returns
+ * ETP_ERR_INVALID_ARGUMENT past the last one (or for NULL pointers). */
+ETP_API etp_status_t etp_env_setting(int index, const char **name, const char **default_value,
+                                     const char **doc);
+
 #ifdef __cplusplus
 }
 #endif

@@ -113,3 +113,17 @@ void etp__sleep_us(unsigned us)
     struct timespec ts = {us / 1000000u, (long)(us % 1000000u) * 1000L};
     nanosleep(&ts, NULL);
 }
+
+etp_status_t etp_env_setting(int index, const char **name, const char **default_value,
+                             const char **doc)
+{
+    ETP__CHECK_NULL(name, "etp_env_setting");
+    ETP__CHECK_NULL(default_value, "etp_env_setting");
+    ETP__CHECK_NULL(doc, "etp_env_setting");
+    int n = (int)(sizeof env_docs / sizeof env_docs[0]) - 1;
+    ETP__CHECK_ARG(index >= 0 && index < n, "etp_env_setting: index %d not in [0, %d)", index, n);
+    *name = env_docs[index].name;
+    *default_value = env_docs[index].default_value;
+    *doc = env_docs[index].doc;
+    return ETP_SUCCESS;
+}

@@ -66,35 +66,28 @@ static int launcher_local_rank(void)
 
 /* ---- communicator bookkeeping ---------------------------------------- */
 
+/* Non-blocking, named after the group, with the group's CTA settings
+ * (negative: NCCL's default). cuda_internal.h requires NCCL >= 2.18, which
+ * has every field here but CTAPolicy (2.27). */
 static void fill_nccl_config(etp__cuda_t *cb, ncclConfig_t *conf, const etp_group_config_t *g,
                              const char *name)
 {
     ncclConfig_t init = NCCL_CONFIG_INITIALIZER;
     *conf = init;
     conf->blocking = 0;
-#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 17, 0)
     conf->commName = name;
-#else
-    (void)name;
-#endif
     if (g == NULL) return;
     if (g->cga_cluster_size >= 0) conf->cgaClusterSize = g->cga_cluster_size;
-#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 17, 0)
     if (g->min_ctas >= 0) conf->minCTAs = g->min_ctas;
     if (g->max_ctas >= 0) conf->maxCTAs = g->max_ctas;
-#else
-    if (g->min_ctas >= 0 || g->max_ctas >= 0)
-        ETP__LOG(cb->base.log, ETP_LOG_WARN, ETP_SUBSYS_BACKEND,
-                 "group '%s': min_ctas/max_ctas need NCCL >= 2.17; ignored", name);
-#endif
 #if NCCL_VERSION_CODE >= NCCL_VERSION(2, 27, 0)
     if (g->cta_policy >= 0) conf->CTAPolicy = g->cta_policy;
+    (void)cb;
 #else
     if (g->cta_policy >= 0)
         ETP__LOG(cb->base.log, ETP_LOG_WARN, ETP_SUBSYS_BACKEND,
                  "group '%s': cta_policy needs NCCL >= 2.27; ignored", name);
 #endif
-    (void)cb;
 }
 
 static etp__bcomm_t *comm_new(etp__cuda_t *cb, const char *name)
@@ -158,10 +151,12 @@ etp_status_t etp__cuda_fail(etp__cuda_t *cb, etp_status_t status)
     return status;
 }
 
-etp_status_t etp__cuda_nccl_wait(etp__cuda_t *cb, ncclComm_t *comms, int n, const char *what)
+etp_status_t etp__cuda_nccl_wait(etp__cuda_t *cb, ncclComm_t *comms, int n, const char *what,
+                                 double min_limit_s)
 {
     const double t0 = etp__now_s();
-    const double limit = cb->base.cfg.timeout_s;
+    double limit = cb->base.cfg.timeout_s;
+    if (limit > 0 && limit < min_limit_s) limit = min_limit_s;
     unsigned nap = 20;
     for (;;) {
         int busy = 0;
@@ -186,7 +181,7 @@ etp_status_t etp__cuda_nccl_wait(etp__cuda_t *cb, ncclComm_t *comms, int n, cons
                             "communicator must take part)",
                             elapsed, what);
         etp__sleep_us(nap);
-        if (nap < 200) nap *= 2;
+        nap = nap < 100 ? 2 * nap : 200;
     }
 }
 
@@ -232,7 +227,11 @@ static etp_status_t wait_work(etp__cuda_t *cb, const char *what, const cudaStrea
         }
         if (e != cudaSuccess && e != cudaErrorNotReady) {
             if (!report) return ETP_ERR_BACKEND;
-            cuda_error(what, e);
+            /* Most likely a kernel fault, which is sticky: the context is lost. */
+            char where[160];
+            snprintf(where, sizeof where, "waiting for %s: %s", what,
+                     done_streams < ns ? "cudaStreamQuery" : "cudaEventQuery");
+            cuda_error(where, e);
             return etp__cuda_fail(cb, ETP_ERR_BACKEND);
         }
         if (done_streams == ns && ev_done) return ETP_SUCCESS;
@@ -250,7 +249,7 @@ static etp_status_t wait_work(etp__cuda_t *cb, const char *what, const cudaStrea
             return etp__cuda_fail(cb, ETP_ERR_TIMEOUT);
         }
         etp__sleep_us(nap);
-        if (nap < 200) nap *= 2;
+        nap = nap < 100 ? 2 * nap : 200;
     }
 }
 
@@ -326,7 +325,7 @@ static void release_comms(etp__cuda_t *cb, etp__bcomm_t **cs, size_t n)
         /* etp__cuda_nccl_wait sets the thread's last error; a teardown keeps it. */
         char saved[ETP__ERRMSG_MAX];
         snprintf(saved, sizeof saved, "%s", etp_last_error());
-        etp_status_t st = etp__cuda_nccl_wait(cb, pending, (int)n, "finalizing communicators");
+        etp_status_t st = etp__cuda_nccl_wait(cb, pending, (int)n, "finalizing communicators", 0);
         if (st != ETP_SUCCESS) {
             ETP__LOG(cb->base.log, ETP_LOG_WARN, ETP_SUBSYS_BACKEND,
                      "%s; aborting the communicators instead", etp_last_error());
@@ -668,8 +667,9 @@ static etp_status_t split_into(etp__cuda_t *cb, ncclComm_t parent_nccl, int colo
     char what[160];
     snprintf(what, sizeof what, "ncclCommSplit of group '%s' (color %d, key %d)", c->name, color,
              key);
-    etp_status_t st = etp__cuda_nccl_wait(cb, &parent_nccl, 1, what);
-    if (st == ETP_SUCCESS && c->nccl != NULL) st = etp__cuda_nccl_wait(cb, &c->nccl, 1, what);
+    etp_status_t st = etp__cuda_nccl_wait(cb, &parent_nccl, 1, what, ETP__CUDA_SETUP_MIN_S);
+    if (st == ETP_SUCCESS && c->nccl != NULL)
+        st = etp__cuda_nccl_wait(cb, &c->nccl, 1, what, ETP__CUDA_SETUP_MIN_S);
     if (st == ETP_ERR_TIMEOUT) *leak = 1;
     return st;
 }
@@ -893,7 +893,7 @@ static etp_status_t create_from_uid(const ncclUniqueId *uid, int rank, int size,
         char what[128];
         snprintf(what, sizeof what, "creating the NCCL communicator (rank %d of %d, device %d)",
                  rank, size, device);
-        st = etp__cuda_nccl_wait(cb, &c->nccl, 1, what);
+        st = etp__cuda_nccl_wait(cb, &c->nccl, 1, what, ETP__CUDA_SETUP_MIN_S);
     }
     if (st != ETP_SUCCESS) {
         if (c->nccl != NULL) (void)ncclCommAbort(c->nccl);

@@ -262,7 +262,7 @@ static etp_status_t fp_check(etp__cuda_t *cb, etp__bcomm_t *c, const etp__coll_t
     if (r == ncclInProgress) {
         char what[256];
         snprintf(what, sizeof what, "the fingerprint exchange before %s", desc);
-        etp_status_t st = etp__cuda_nccl_wait(cb, &c->nccl, 1, what);
+        etp_status_t st = etp__cuda_nccl_wait(cb, &c->nccl, 1, what, 0);
         if (st != ETP_SUCCESS) return etp__cuda_fail(cb, st);
     } else if (r != ncclSuccess) {
         etp__err(ETP_ERR_BACKEND, "fingerprint exchange before %s: %s (%s)", desc,
@@ -424,7 +424,7 @@ etp_status_t etp__cuda_coll(etp__be_t *be, etp__bcomm_t *c, const etp__coll_t *o
     if (r == ncclInProgress) {
         char what[256];
         snprintf(what, sizeof what, "NCCL issuing %s", desc);
-        etp_status_t st = etp__cuda_nccl_wait(cb, &c->nccl, 1, what);
+        etp_status_t st = etp__cuda_nccl_wait(cb, &c->nccl, 1, what, 0);
         if (st != ETP_SUCCESS) {
             char msg[ETP__ERRMSG_MAX];
             snprintf(msg, sizeof msg, "%s", etp_last_error());
@@ -485,7 +485,7 @@ etp_status_t etp__cuda_batch_end(etp__be_t *be)
         if (n > 0 && used == NULL)
             st = etp__err(ETP_ERR_OUT_OF_MEMORY, "batch end: out of host memory");
         else
-            st = etp__cuda_nccl_wait(cb, used, (int)k, "NCCL issuing a batch of collectives");
+            st = etp__cuda_nccl_wait(cb, used, (int)k, "NCCL issuing a batch of collectives", 0);
     } else if (r != ncclSuccess) {
         st = etp__err(ETP_ERR_BACKEND, "ncclGroupEnd of a batch: %s (%s)", ncclGetErrorString(r),
                       ncclGetLastError(NULL));

@@ -50,6 +50,11 @@ enum {
     ETP__CUDA_FP_WORDS = 8   /* int64 words of one collective fingerprint */
 };
 
+/* Communicator creation and split (topology discovery, bootstrap of every
+ * rank) legitimately take longer than a collective at scale; a timeout set
+ * for collectives (2 s in tests) is not applied below this to them. */
+#define ETP__CUDA_SETUP_MIN_S 60.0
+
 /* "etpfp1" in ASCII: marks a fingerprint, so a stray message is not read as one. */
 #define ETP__CUDA_FP_MAGIC INT64_C(0x657470667031)
 
@@ -131,9 +136,12 @@ etp_status_t etp__cuda_set_device(etp__cuda_t *cb);
 etp_status_t etp__cuda_fail(etp__cuda_t *cb, etp_status_t status);
 
 /* Poll until no communicator of comms[0..n) reports ncclInProgress. Bounded
- * by the timeout; `what` names the operation in messages. Sets the last
- * error but does not fail the backend (the caller decides). */
-etp_status_t etp__cuda_nccl_wait(etp__cuda_t *cb, ncclComm_t *comms, int n, const char *what);
+ * by the timeout, but never below min_limit_s when a timeout is set (0 for
+ * collectives; ETP__CUDA_SETUP_MIN_S for communicator creation and split);
+ * `what` names the operation in messages. Sets the last error but does not
+ * fail the backend (the caller decides). */
+etp_status_t etp__cuda_nccl_wait(etp__cuda_t *cb, ncclComm_t *comms, int n, const char *what,
+                                 double min_limit_s);
 
 /* Block until `s` is idle, watching every communicator for asynchronous
  * errors; bounded by the timeout. `pending` (may be NULL) names what is
