@@ -1,16 +1,30 @@
 # Sourced by quickstart.sh and test.sh: install the Debian packages etp needs,
 # and only those that are missing (so a machine that has them all, or has no
 # network, is left alone).
+# A package counts as there when dpkg has it, or (CMocka) when a prefix on
+# CMAKE_PREFIX_PATH carries it, as on GPU machines given an unpacked copy.
+etp_have() {
+    dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q "ok installed" && return 0
+    if [ "$1" = libcmocka-dev ]; then
+        local d
+        IFS=: read -ra dirs <<< "${CMAKE_PREFIX_PATH:-}"
+        for d in "${dirs[@]}"; do
+            ls "$d"/lib/*/cmake/cmocka/cmocka-config.cmake >/dev/null 2>&1 && return 0
+        done
+    fi
+    return 1
+}
+
 etp_install_missing() {
     local want=(cmake make gcc pkg-config openmpi-bin libopenmpi-dev "$@") missing=() p
     for p in "${want[@]}"; do
-        dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p")
+        etp_have "$p" || missing+=("$p")
     done
     [ ${#missing[@]} -eq 0 ] && return 0
     echo "etp: installing missing packages: ${missing[*]}"
     local sudo=""
     [ "$(id -u)" -ne 0 ] && sudo="sudo"
-    if ! { $sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}" >/dev/null; }; then
+    if ! { timeout 300 $sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}" >/dev/null; }; then
         # No network (a GPU machine with carried dependencies, say): go on,
         # and let CMake say precisely what it cannot find.
         echo "etp: could not install ${missing[*]}; continuing with what is here" >&2

@@ -653,17 +653,21 @@ static int cuda_comm_size(const etp__bcomm_t *c)
  * only when it completes. On a timeout that thread may still write c->nccl
  * later, so *leak is set and the caller must not free c. */
 static etp_status_t split_into(etp__cuda_t *cb, ncclComm_t parent_nccl, int color, int key,
-                               const etp_group_config_t *g, etp__bcomm_t *c, int *leak)
+                               const etp_group_config_t *g, etp__bcomm_t *c, int *leak,
+                               int *started)
 {
     ncclConfig_t conf;
     fill_nccl_config(cb, &conf, g, c->name);
     *leak = 0;
+    *started = 0;
     c->nccl = NULL;
     ncclResult_t r = ncclCommSplit(parent_nccl, color < 0 ? NCCL_SPLIT_NOCOLOR : color, key,
                                    &c->nccl, &conf);
     if (r != ncclSuccess && r != ncclInProgress)
-        return etp__err(ETP_ERR_BACKEND, "ncclCommSplit of group '%s' (color %d, key %d): %s (%s)",
-                        c->name, color, key, ncclGetErrorString(r), ncclGetLastError(parent_nccl));
+        return etp__err(r == ncclInvalidArgument ? ETP_ERR_INVALID_ARGUMENT : ETP_ERR_BACKEND,
+                        "ncclCommSplit of group '%s' (color %d, key %d): %s (%s)", c->name, color,
+                        key, ncclGetErrorString(r), ncclGetLastError(parent_nccl));
+    *started = 1;
     char what[160];
     snprintf(what, sizeof what, "ncclCommSplit of group '%s' (color %d, key %d)", c->name, color,
              key);
@@ -684,16 +688,17 @@ static etp_status_t cuda_comm_split(etp__be_t *be, etp__bcomm_t *parent, int col
     ETP__TRY(etp__cuda_set_device(cb));
     etp__bcomm_t *c = comm_new(cb, cfg && cfg->name ? cfg->name : NULL);
     if (c == NULL) return etp__err(ETP_ERR_OUT_OF_MEMORY, "group split: out of host memory");
-    int leak = 0;
-    etp_status_t st = split_into(cb, parent->nccl, color, key, cfg, c, &leak);
+    int leak = 0, started = 0;
+    etp_status_t st = split_into(cb, parent->nccl, color, key, cfg, c, &leak, &started);
     if (st != ETP_SUCCESS) {
         if (c->nccl != NULL && !leak) {
             (void)ncclCommAbort(c->nccl);
             c->nccl = NULL;
         }
-        /* The other ranks are stuck in, or past, the same split: the
-         * communicators of this context are no longer consistent. */
-        etp__cuda_fail(cb, st);
+        /* Refused at the call (a bad setting): nothing happened. Failed
+         * once under way: the other ranks are stuck in, or past, the same
+         * split, so the context's communicators are no longer consistent. */
+        if (started) etp__cuda_fail(cb, st);
         if (!leak) free(c);
         return st;
     }
@@ -966,8 +971,8 @@ etp_status_t etp__cuda_create_nccl(void *comm, const etp__be_config_t *cfg, etp_
     }
     /* The caller's communicator is borrowed: etp only splits its own
      * non-blocking communicator from it, and never issues work on it. */
-    int leak = 0;
-    etp_status_t st = split_into(cb, user, 0, rank, NULL, c, &leak);
+    int leak = 0, started = 0;
+    etp_status_t st = split_into(cb, user, 0, rank, NULL, c, &leak, &started);
     if (st == ETP_SUCCESS && c->nccl == NULL)
         st = etp__err(ETP_ERR_INTERNAL, "ncclCommSplit of the user communicator returned none");
     if (st != ETP_SUCCESS) {

@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# One call on a GPU machine (see docs/TESTING.md): the README's two commands,
+# then compute-sanitizer on etp's own kernels. Logs go to $OUT when set.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+out=${OUT:-/tmp/etp-gpu}
+mkdir -p "$out"
+{
+    date -u; nvidia-smi -L; nvcc --version | tail -2
+    grep -h NCCL_VERSION_CODE /usr/include/nccl.h 2>/dev/null | head -1
+} 2>&1 | tee "$out/machine.txt"
+echo "== quickstart"
+bash tools/quickstart.sh 2>&1 | tee "$out/quickstart.log"
+echo "== test suite"
+bash tools/test.sh > "$out/test.log" 2>&1
+rc=$?
+grep -E "tests passed|Passed|Failed|SKIPPED|consumer|\*\*\*" "$out/test.log" | tail -60
+echo "test.sh exit $rc"
+echo "== compute-sanitizer on etp kernels"
+for tool in memcheck racecheck synccheck; do
+    compute-sanitizer --tool $tool --error-exitcode 9 mpirun -np 1 --allow-run-as-root build-test/tests/test_gpu_kernels > "$out/sanitizer-$tool.log" 2>&1
+    echo "$tool: exit $? ($(grep -c 'ERROR SUMMARY: 0 errors' "$out/sanitizer-$tool.log") clean summaries)"
+done
+exit $rc
