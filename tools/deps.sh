@@ -4,6 +4,11 @@
 # A package counts as there when dpkg has it, or (CMocka) when a prefix on
 # CMAKE_PREFIX_PATH carries it, as on GPU machines given an unpacked copy.
 etp_have() {
+    case "$1" in  # a tool on PATH will do, however it was installed
+        cmake|make|gcc|pkg-config) command -v "$1" >/dev/null 2>&1 && return 0 ;;
+        openmpi-bin) command -v mpirun >/dev/null 2>&1 && return 0 ;;
+        libopenmpi-dev) command -v mpicc >/dev/null 2>&1 && return 0 ;;
+    esac
     dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q "ok installed" && return 0
     if [ "$1" = libcmocka-dev ]; then
         local d

@@ -18,7 +18,8 @@ grep -E "tests passed|Passed|Failed|SKIPPED|consumer|\*\*\*" "$out/test.log" | t
 echo "test.sh exit $rc"
 echo "== compute-sanitizer on etp kernels"
 for tool in memcheck racecheck synccheck; do
-    compute-sanitizer --tool $tool --error-exitcode 9 mpirun -np 1 --allow-run-as-root build-test/tests/test_gpu_kernels > "$out/sanitizer-$tool.log" 2>&1
-    echo "$tool: exit $? ($(grep -c 'ERROR SUMMARY: 0 errors' "$out/sanitizer-$tool.log") clean summaries)"
+    # NCCL probes kernels of other architectures: API errors are its, not ours.
+    compute-sanitizer --tool $tool --report-api-errors no --target-processes all --error-exitcode 9 mpirun -np 1 --allow-run-as-root build-test/tests/test_gpu_kernels > "$out/sanitizer-$tool.log" 2>&1
+    echo "$tool: exit $?: $(grep -E 'SUMMARY' "$out/sanitizer-$tool.log" | tr '\n' ' ')"
 done
 exit $rc

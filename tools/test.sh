@@ -12,7 +12,7 @@ gpu_flag=OFF
 [ "$gpus" -gt 0 ] && gpu_flag=ON
 
 echo "== build (GPU tests: $gpu_flag)"
-cmake -S . -B build-test -DCMAKE_BUILD_TYPE=RelWithDebInfo -DETP_GPU_TESTS=$gpu_flag \
+cmake -S . -B build-test -DCMAKE_BUILD_TYPE=RelWithDebInfo -DETP_GPU_TESTS=$gpu_flag -DETP_WARNINGS_AS_ERRORS=ON \
       -DCMAKE_INSTALL_PREFIX="$PWD/build-test/_install" >/dev/null
 cmake --build build-test -j"$jobs"
 
@@ -35,7 +35,7 @@ fi
 echo "(none)"
 
 echo "== unit and MPI tests under ASan+UBSan (host backend)"
-cmake -S . -B build-asan -DETP_SANITIZE=ON -DETP_WITH_CUDA=OFF -DETP_BUILD_TOOLS=OFF >/dev/null
+cmake -S . -B build-asan -DETP_WARNINGS_AS_ERRORS=ON -DETP_SANITIZE=ON -DETP_WITH_CUDA=OFF -DETP_BUILD_TOOLS=OFF >/dev/null
 cmake --build build-asan -j"$jobs"
 (cd build-asan && ctest -L 'unit|mpi' -LE soak --output-on-failure -j"$jobs")
 

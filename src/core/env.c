@@ -75,7 +75,7 @@ etp_status_t etp__env_load(etp__env_t *env)
         e.timeout_s = t;
     }
     if ((v = get("ETP_CHECK_COLLECTIVES"))) {
-        int64_t x;
+        int64_t x = 0;
         ETP__TRY(parse_int64("ETP_CHECK_COLLECTIVES", v, &x));
         if (x != 0 && x != 1)
             return etp__err(ETP_ERR_INVALID_ARGUMENT,

@@ -411,6 +411,8 @@ static void a2a_free(a2a_t *a)
 
 static void test_allgather(void **state)
 {
+    /* every rank starts each test at the same tag, whatever ran before */
+    g.tag = (uint64_t)__LINE__ << 32;
     fixture_t *f = fx(state);
     static const size_t counts[] = {0, 1, 7, 1000, 65537};
     for (size_t d = 0; d < NUM_DTYPES; d++) {
@@ -434,6 +436,8 @@ static void test_allgather(void **state)
 
 static void test_allgather_large(void **state)
 {
+    /* every rank starts each test at the same tag, whatever ran before */
+    g.tag = (uint64_t)__LINE__ << 32;
     fixture_t *f = fx(state);
     /* More than 64 MiB gathered in total, and not a round size. */
     size_t count = ((size_t)64 << 20) / sizeof(float) / (size_t)f->gsize + 1031;
@@ -450,6 +454,8 @@ static void test_allgather_large(void **state)
 
 static void test_reduce_scatter_sum(void **state)
 {
+    /* every rank starts each test at the same tag, whatever ran before */
+    g.tag = (uint64_t)__LINE__ << 32;
     fixture_t *f = fx(state);
     static const size_t counts[] = {0, 1, 33, 4097};
     for (size_t d = 0; d < NUM_DTYPES; d++) {
@@ -474,6 +480,8 @@ static void test_reduce_scatter_sum(void **state)
 
 static void test_allreduce(void **state)
 {
+    /* every rank starts each test at the same tag, whatever ran before */
+    g.tag = (uint64_t)__LINE__ << 32;
     fixture_t *f = fx(state);
     static const size_t counts[] = {1, 1000, ((size_t)1 << 20) + 3};
     static const etp_redop_t ops[] = {ETP_REDOP_SUM, ETP_REDOP_MAX};
@@ -501,6 +509,8 @@ static void test_allreduce(void **state)
 
 static void test_alltoallv(void **state)
 {
+    /* every rank starts each test at the same tag, whatever ran before */
+    g.tag = (uint64_t)__LINE__ << 32;
     fixture_t *f = fx(state);
     for (int round = 0; round < 2; round++) {
         for (size_t d = 0; d < NUM_DTYPES; d++) {
@@ -526,6 +536,8 @@ static void test_alltoallv(void **state)
 
 static void test_in_place(void **state)
 {
+    /* every rank starts each test at the same tag, whatever ran before */
+    g.tag = (uint64_t)__LINE__ << 32;
     fixture_t *f = fx(state);
     const size_t count = 1000, es = sizeof(float);
     /* allgather: send is this rank's block of recv */
@@ -552,6 +564,8 @@ static void test_in_place(void **state)
 
 static void test_batch(void **state)
 {
+    /* every rank starts each test at the same tag, whatever ran before */
+    g.tag = (uint64_t)__LINE__ << 32;
     fixture_t *f = fx(state);
     job_t ar, ag, rs;
     build_allreduce(&ar, f->ctx, ETP_DTYPE_BF16, 4099, ETP_REDOP_SUM, f->grank, f->gsize);
@@ -589,6 +603,8 @@ static void test_batch(void **state)
 
 static void test_wrapped_stream(void **state)
 {
+    /* every rank starts each test at the same tag, whatever ran before */
+    g.tag = (uint64_t)__LINE__ << 32;
     fixture_t *f = fx(state);
     int dev = -1;
     CHECK_OK(etp_context_cuda_device(f->ctx, &dev));
@@ -644,6 +660,8 @@ static void allreduce_once(etp_context_t *ctx, const char *what)
 
 static void test_unique_id(void **state)
 {
+    /* every rank starts each test at the same tag, whatever ran before */
+    g.tag = (uint64_t)__LINE__ << 32;
     (void)state;
     if (!g.have_gpu) skip();
     /* The caller's own launcher: rank 0 makes the id, MPI carries it. */
@@ -675,6 +693,8 @@ static int local_rank(void)
 
 static void test_user_nccl_comm(void **state)
 {
+    /* every rank starts each test at the same tag, whatever ran before */
+    g.tag = (uint64_t)__LINE__ << 32;
     (void)state;
     if (!g.have_gpu) skip();
     int ndev = 0;
@@ -727,6 +747,8 @@ static void test_user_nccl_comm(void **state)
 
 static void test_split_no_color(void **state)
 {
+    /* every rank starts each test at the same tag, whatever ran before */
+    g.tag = (uint64_t)__LINE__ << 32;
     fixture_t *f = fx(state);
     /* Odd world ranks join nothing but still take part in the split. */
     int color = g.rank % 2 ? ETP_GROUP_NO_COLOR : 0;
@@ -760,6 +782,8 @@ static void test_split_no_color(void **state)
 
 static void test_checked_collectives(void **state)
 {
+    /* every rank starts each test at the same tag, whatever ran before */
+    g.tag = (uint64_t)__LINE__ << 32;
     /* With fingerprints on, matching collectives (alltoallv included, whose
      * counts differ per peer) still run and give the right numbers. */
     fixture_t *f = fx(state);
@@ -786,6 +810,8 @@ static void test_checked_collectives(void **state)
 
 static void test_mismatch(void **state)
 {
+    /* every rank starts each test at the same tag, whatever ran before */
+    g.tag = (uint64_t)__LINE__ << 32;
     fixture_t *f = fx(state);
     if (g.size < 2) skip();
     /* World rank r gathers 4 + r elements: every rank sees a mismatch with
@@ -810,6 +836,8 @@ static void test_mismatch(void **state)
 
 static void test_timeout(void **state)
 {
+    /* every rank starts each test at the same tag, whatever ran before */
+    g.tag = (uint64_t)__LINE__ << 32;
     (void)state;
     if (!g.have_gpu || g.size < 2) skip();
     etp_context_config_t cfg = cuda_config(2.0, 0);
