@@ -52,12 +52,22 @@ typedef struct etp__coll {
     uint64_t seq; /* 1-based per (group, role) */
 } etp__coll_t;
 
+/* Each module's kernels, one table per module, declared in
+ * src/backend/kernels_<module>.h and implemented by each backend in
+ * host/host_<module>.c and cuda/cuda_<module>.c. */
+typedef struct etp__quant_kernels etp__quant_kernels_t;
+typedef struct etp__ep_kernels etp__ep_kernels_t;
+typedef struct etp__shard_kernels etp__shard_kernels_t;
+
 /* Kernels each backend provides (the host ones are the reference the CUDA
  * ones are tested against). All enqueue on a stream. */
 typedef struct etp__kernels {
     /* y[i] = fmaf(alpha, x[i], y[i]) for i < n: the main_grad accumulation. */
     etp_status_t (*axpy_f32)(etp__be_t *be, etp__bstream_t *s, size_t n, float alpha,
                              const float *x, float *y);
+    const etp__quant_kernels_t *quant;
+    const etp__ep_kernels_t *ep;
+    const etp__shard_kernels_t *shard;
 } etp__kernels_t;
 
 typedef struct etp__backend_ops {

@@ -632,8 +632,18 @@ static etp_status_t cuda_axpy_f32(etp__be_t *be, etp__bstream_t *s, size_t n, fl
     return ETP_SUCCESS;
 }
 
+etp_status_t etp__cuda_stream_for_launch(etp__be_t *be, etp__bstream_t *s, cudaStream_t *out)
+{
+    ETP__TRY(etp__cuda_set_device(etp__cuda_of(be)));
+    *out = s->s;
+    return ETP_SUCCESS;
+}
+
 static const etp__kernels_t cuda_kernels = {
     .axpy_f32 = cuda_axpy_f32,
+    .quant = &etp__cuda_quant_kernels,
+    .ep = &etp__cuda_ep_kernels,
+    .shard = &etp__cuda_shard_kernels,
 };
 
 /* ---- ops: communicators ------------------------------------------------- */

@@ -167,4 +167,13 @@ void etp__cuda_comm_free_scratch(etp__bcomm_t *c);
 /* Short strings for messages. */
 const char *etp__cuda_redop_name(int op);
 
+/* Each module's CUDA kernel table (cuda_<module>.c). */
+extern const etp__quant_kernels_t etp__cuda_quant_kernels;
+extern const etp__ep_kernels_t etp__cuda_ep_kernels;
+extern const etp__shard_kernels_t etp__cuda_shard_kernels;
+
+/* For module launchers: make the context's device current and give the
+ * native stream of s. */
+etp_status_t etp__cuda_stream_for_launch(etp__be_t *be, etp__bstream_t *s, cudaStream_t *out);
+
 #endif /* ETP__CUDA_INTERNAL_H */

@@ -276,20 +276,6 @@ static etp_status_t host_batch_end(etp__be_t *be)
     return etp__hsched_run(h, NULL, 0, 1);
 }
 
-static etp_status_t host_axpy(etp__be_t *be, etp__bstream_t *s, size_t n, float alpha,
-                              const float *x, float *y)
-{
-    etp__hop_t *op = etp__hop_new(ETP__HOP_AXPY);
-    if (!op) return etp__err(ETP_ERR_OUT_OF_MEMORY, "axpy: out of memory");
-    op->u.axpy.n = n;
-    op->u.axpy.alpha = alpha;
-    op->u.axpy.x = x;
-    op->u.axpy.y = y;
-    return etp__hsched_enqueue(HOST(be), s, op);
-}
-
-const etp__kernels_t etp__host_kernels = {host_axpy};
-
 static void host_destroy(etp__be_t *be)
 {
     etp__host_t *h = HOST(be);

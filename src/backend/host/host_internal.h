@@ -30,7 +30,7 @@ typedef enum etp__hop_kind {
     ETP__HOP_MEMCPY,
     ETP__HOP_WAIT,
     ETP__HOP_COLL,
-    ETP__HOP_AXPY
+    ETP__HOP_FN
 } etp__hop_kind_t;
 
 typedef struct etp__hop {
@@ -56,11 +56,9 @@ typedef struct etp__hop {
             etp__hcoll_t *hc;
         } coll;
         struct {
-            size_t n;
-            float alpha;
-            const float *x;
-            float *y;
-        } axpy;
+            void (*fn)(void *args);
+            void *args; /* a copy, owned by the operation */
+        } fn;
     } u;
 } etp__hop_t;
 
@@ -156,5 +154,14 @@ void etp__hcoll_ops_free(etp__host_t *h);
 /* host_kernels.c */
 extern const etp__kernels_t etp__host_kernels;
 void etp__host_axpy_f32_ref(size_t n, float alpha, const float *x, float *y);
+
+/* Enqueue fn(copy of args) on a host stream: how every host kernel runs. */
+etp_status_t etp__host_launch(etp__be_t *be, etp__bstream_t *s, void (*fn)(void *args),
+                              const void *args, size_t args_bytes);
+
+/* Each module's host kernel table (host_<module>.c). */
+extern const etp__quant_kernels_t etp__host_quant_kernels;
+extern const etp__ep_kernels_t etp__host_ep_kernels;
+extern const etp__shard_kernels_t etp__host_shard_kernels;
 
 #endif /* ETP__HOST_INTERNAL_H */

@@ -14,6 +14,7 @@ etp__hop_t *etp__hop_new(etp__hop_kind_t kind)
 static void hop_free(etp__hop_t *op)
 {
     if (op->kind == ETP__HOP_COLL && op->u.coll.hc) etp__hcoll_free(op->u.coll.hc);
+    if (op->kind == ETP__HOP_FN) free(op->u.fn.args);
     free(op);
 }
 
@@ -114,8 +115,8 @@ static etp_status_t exec_head(etp__host_t *h, etp__bstream_t *s)
         break;
     case ETP__HOP_WAIT:
         break;
-    case ETP__HOP_AXPY:
-        etp__host_axpy_f32_ref(op->u.axpy.n, op->u.axpy.alpha, op->u.axpy.x, op->u.axpy.y);
+    case ETP__HOP_FN:
+        op->u.fn.fn(op->u.fn.args);
         break;
     case ETP__HOP_COLL: {
         s->inflight = op;
