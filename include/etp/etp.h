@@ -9,5 +9,6 @@
 #include "etp/core.h"
 #include "etp/context.h"
 #include "etp/comm.h"
+#include "etp/param.h"
 
 #endif /* ETP_ETP_H */

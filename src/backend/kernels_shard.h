@@ -1,12 +1,33 @@
 /* The shard module's kernels: one table, implemented by each backend in
- * host/host_shard.c and cuda/cuda_shard.c. Owned by the shard module. */
+ * host/host_shard.c (the reference) and cuda/cuda_shard.c. */
 #ifndef ETP__KERNELS_SHARD_H
 #define ETP__KERNELS_SHARD_H
 
 #include "backend.h"
 
+/* A batch of `experts` matrices of [rows, cols], expert e starting at
+ * e * stride elements; only the first `valid_rows` rows of each count. */
+typedef struct etp__shard_geom {
+    int64_t experts, rows, cols, valid_rows, stride;
+} etp__shard_geom_t;
+
 struct etp__shard_kernels {
-    int placeholder; /* replaced by the module's kernels */
+    /* dst[e][i][c] = fmaf(scale, float(src[e][i][c]), dst[e][i][c]) for the
+     * valid rows: the main_grad accumulation (src F32 or BF16). */
+    etp_status_t (*accumulate)(etp__be_t *be, etp__bstream_t *s, float *dst, const void *src,
+                               etp_dtype_t src_dtype, etp__shard_geom_t g, float scale);
+    /* dst[i] = float(src[i]) for BF16 src: the wgrad upcast. */
+    etp_status_t (*bf16_to_f32)(etp__be_t *be, etp__bstream_t *s, float *dst, const uint16_t *src,
+                                size_t n);
+    /* dst (dtype) from src (F32 or BF16) over the valid rows, converting;
+     * rows past valid are zeroed: shard loads and the master copy. */
+    etp_status_t (*convert_rows)(etp__be_t *be, etp__bstream_t *s, void *dst, etp_dtype_t dst_dtype,
+                                 int64_t dst_stride, const void *src, etp_dtype_t src_dtype,
+                                 int64_t src_stride, int64_t src_ld, etp__shard_geom_t g);
+    /* out[0] += sum of x^2 over finite valid elements (in FP64), out[1] +=
+     * count of NaN/Inf valid elements. */
+    etp_status_t (*grad_stats)(etp__be_t *be, etp__bstream_t *s, const float *x,
+                               etp__shard_geom_t g, double *out);
 };
 
 #endif

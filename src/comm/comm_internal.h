@@ -23,6 +23,7 @@ struct etp_context {
     etp_group_t *world;
     int num_streams, num_events, num_groups; /* live user-visible objects, world excluded */
     int batch_depth;
+    struct etp_chain *recording; /* src/shard: the chain recording its order, if any */
     /* memory accounting: a small open array, searched linearly (allocations
      * are few and long-lived: shards, slots, rings) */
     etp__alloc_rec_t *allocs;

@@ -1,0 +1,232 @@
+/*
+ * etp/param.h - sharded parameters, prefetch chains, the gather cache and
+ * weight-gradient reduction: extended tensor parallelism.
+ *
+ * A parameter is a weight [rows, cols] (or a grouped expert weight
+ * [experts][rows, cols]) sharded along rows across an ETP group. Rows are
+ * padded at the end to a multiple of group_size * alignment (each expert on
+ * its own), so only the last rank or ranks hold padding; rank r holds padded
+ * rows [r * shard_rows, (r + 1) * shard_rows). Each rank keeps its shard, an
+ * FP32 main_grad shard of the same shape, and optionally an FP32 master shard.
+ *
+ * A chain is an ordered list of parameters in forward order; the backward
+ * pass walks it in reverse. Finalizing a chain plans a fixed slot of the
+ * gather cache for every (parameter, pass) - a ticket - so that no two
+ * gathers alive at the same time share one: addresses are the same every
+ * step (a CUDA graph can replay them) and no memory is allocated after
+ * finalize.
+ *
+ * Usage per step (the contract the plan relies on): gather(p, pass) returns
+ * the full weight, ordered on the caller's stream, and prefetches the next
+ * `depth` tickets on the chain's all-gather stream; the caller releases each
+ * gathered weight (on the stream that read it) before gathering the next
+ * ticket. A prefetch that would overwrite a weight not yet released is an
+ * error, never a silent overwrite. Prefetches never cross the end of the
+ * step; a graphed chain's prefetches also never cross from forward to
+ * backward, so forward and backward may be captured as separate graphs.
+ *
+ * Ordering is by events only, both ways: the all-gather stream waits for the
+ * shard's writer (etp_param_mark_updated) and for the release of a slot's
+ * previous reader; the caller's stream waits for the gather. Gradients:
+ * etp_wgrad_buffer hands out a buffer of a fixed ring, the caller writes the
+ * weight gradient into it on its stream, etp_reduce_grad reduce-scatters it
+ * on the chain's reduce-scatter stream and accumulates scale * result into
+ * main_grad (padding stripped). etp_wait_grads joins that stream back.
+ *
+ * Thread safety: a parameter and a chain are used by one thread at a time,
+ * the thread that uses their context.
+ */
+#ifndef ETP_PARAM_H
+#define ETP_PARAM_H
+
+#include "etp/comm.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct etp_param etp_param_t;
+typedef struct etp_chain etp_chain_t;
+
+typedef enum etp_pass {
+    ETP_PASS_FORWARD = 0,  /* rowwise data in quantized modes */
+    ETP_PASS_BACKWARD = 1  /* columnwise data in quantized modes */
+} etp_pass_t;
+
+typedef enum etp_param_quant {
+    ETP_PARAM_QUANT_NONE = 0,
+    ETP_PARAM_QUANT_MXFP8 = 1, /* needs alignment a multiple of 32 */
+    ETP_PARAM_QUANT_NVFP4 = 2  /* needs alignment a multiple of 16 */
+} etp_param_quant_t;
+
+typedef struct etp_param_config {
+    size_t size;            /* sizeof(etp_param_config_t) */
+    const char *name;       /* copied; used in messages */
+    etp_group_t *group;     /* the ETP group the rows are sharded over */
+    int64_t experts;        /* 0 or 1: one weight; > 1: a grouped expert weight */
+    int64_t rows, cols;     /* per expert; both > 0 */
+    etp_dtype_t dtype;      /* weights: ETP_DTYPE_BF16 or ETP_DTYPE_F32 */
+    etp_dtype_t wgrad_dtype; /* -1: same as dtype; else BF16 or F32 */
+    int upcast_wgrad;       /* 1: reduce-scatter a BF16 wgrad in FP32 (converted first) */
+    int alignment;          /* rows pad to group_size * alignment; 0 or 1: group_size */
+    int master;             /* 1: keep an FP32 master shard */
+    etp_param_quant_t quant;
+} etp_param_config_t;
+
+#define ETP_PARAM_CONFIG_INIT \
+    {sizeof(etp_param_config_t), NULL, NULL, 1, 0, 0, ETP_DTYPE_BF16, (etp_dtype_t)-1, 0, 0, 0, ETP_PARAM_QUANT_NONE}
+
+/* Create a parameter: allocates the shard, main_grad (zeroed) and master
+ * shards through the context allocator. Not collective.
+ * Errors: ETP_ERR_INVALID_ARGUMENT (shape <= 0, a dtype other than BF16/F32,
+ * an alignment the quantization mode cannot use, no group),
+ * ETP_ERR_UNSUPPORTED (quantized modes until the quantization module is in),
+ * ETP_ERR_OUT_OF_MEMORY. */
+ETP_API etp_status_t etp_param_create(etp_context_t *ctx, const etp_param_config_t *config,
+                                      etp_param_t **param);
+/* Errors: ETP_ERR_BUSY while the parameter is in a chain. NULL is a no-op. */
+ETP_API etp_status_t etp_param_destroy(etp_param_t *param);
+
+typedef struct etp_param_info {
+    size_t size;               /* sizeof(etp_param_info_t) */
+    const char *name;
+    int64_t experts, rows, cols;
+    int64_t padded_rows;       /* per expert, a multiple of group_size * alignment */
+    int64_t shard_rows;        /* padded_rows / group_size */
+    int64_t shard_row_begin;   /* first (padded) row this rank holds */
+    int64_t valid_shard_rows;  /* rows of this rank's shard that are not padding (may be 0) */
+    etp_dtype_t dtype, wgrad_dtype;
+    void *shard;               /* [experts][shard_rows][cols] dtype, device memory */
+    float *main_grad;          /* [experts][shard_rows][cols] FP32; padding rows stay 0 */
+    float *master;             /* same shape, FP32, or NULL */
+} etp_param_info_t;
+
+#define ETP_PARAM_INFO_INIT {sizeof(etp_param_info_t), NULL, 0, 0, 0, 0, 0, 0, 0, ETP_DTYPE_BF16, ETP_DTYPE_BF16, NULL, NULL, NULL}
+
+ETP_API etp_status_t etp_param_info(const etp_param_t *param, etp_param_info_t *info);
+
+/* Load this rank's shard, on `stream`, from the full tensor
+ * [experts][rows][cols] (dtype of the parameter, host or device memory),
+ * or from this rank's own shard [experts][shard_rows][cols] (padding rows
+ * are zeroed either way). Fills the master shard too. Marks the parameter
+ * updated on `stream`. `src` must stay valid until the stream reaches it. */
+ETP_API etp_status_t etp_param_load_full(etp_param_t *param, const void *src, etp_stream_t *stream);
+ETP_API etp_status_t etp_param_load_shard(etp_param_t *param, const void *src, etp_stream_t *stream);
+
+/* Gather the full tensor into dst [experts][rows][cols] (no padding), on
+ * `stream`. Collective over the parameter's group. Allocates a staging
+ * buffer for the call (not for use under capture). */
+ETP_API etp_status_t etp_param_export_full(etp_param_t *param, void *dst, etp_stream_t *stream);
+
+/* Tell etp that the shard was written on `stream` (after an optimizer step):
+ * later gathers wait for it. */
+ETP_API etp_status_t etp_param_mark_updated(etp_param_t *param, etp_stream_t *stream);
+
+/* Called on the calling thread as soon as a step's final reduce-scatter of
+ * the parameter (its num_microbatches-th etp_reduce_grad) is enqueued;
+ * `final_stream` is where main_grad becomes final (enqueue a data-parallel
+ * all-reduce there). */
+typedef void (*etp_grad_ready_fn_t)(void *user, etp_param_t *param, etp_stream_t *final_stream);
+ETP_API etp_status_t etp_param_set_grad_callback(etp_param_t *param, etp_grad_ready_fn_t fn,
+                                                 void *user);
+
+/* ---- chains ----------------------------------------------------------- */
+
+typedef struct etp_chain_config {
+    size_t size;            /* sizeof(etp_chain_config_t) */
+    const char *name;
+    etp_group_t *group;     /* every parameter of the chain uses this group */
+    int depth;              /* prefetch depth, >= 0 (default 1) */
+    int graphed;            /* 1: prefetches never cross forward -> backward */
+    int ag_role, rs_role;   /* communicator roles of the group (default 0 and 1) */
+    int wgrad_ring;         /* wgrad buffers in the ring, >= 1 (default 2) */
+    int num_microbatches;   /* reduce_grad calls per parameter per step (default 1) */
+} etp_chain_config_t;
+
+#define ETP_CHAIN_CONFIG_INIT {sizeof(etp_chain_config_t), NULL, NULL, 1, 0, 0, 1, 2, 1}
+
+/* Create a chain with its own all-gather and reduce-scatter streams. */
+ETP_API etp_status_t etp_chain_create(etp_context_t *ctx, const etp_chain_config_t *config,
+                                      etp_chain_t **chain);
+/* Errors: ETP_ERR_BUSY while its communication is in flight (call
+ * etp_wait_grads and synchronize first) or a gathered weight is not
+ * released. Parameters are detached, not destroyed. */
+ETP_API etp_status_t etp_chain_destroy(etp_chain_t *chain);
+
+/* Append a parameter (forward order). A parameter belongs to one chain. */
+ETP_API etp_status_t etp_chain_add(etp_chain_t *chain, etp_param_t *param);
+/* Plan the tickets over the explicit order (forward, then backward in
+ * reverse) and allocate the gather slots and wgrad ring. */
+ETP_API etp_status_t etp_chain_finalize(etp_chain_t *chain);
+/* Or record the order during one eager step: between begin and end, gathers
+ * of parameters not in any chain add them, in call order (each (parameter,
+ * pass) once); end plans and finalizes. */
+ETP_API etp_status_t etp_chain_begin_record(etp_chain_t *chain);
+ETP_API etp_status_t etp_chain_end_record(etp_chain_t *chain);
+
+/* The all-gather and reduce-scatter streams (owned by the chain). */
+ETP_API etp_status_t etp_chain_streams(etp_chain_t *chain, etp_stream_t **ag, etp_stream_t **rs);
+
+typedef struct etp_cache_report {
+    size_t size;               /* sizeof(etp_cache_report_t) */
+    int tickets;               /* (parameter, pass) pairs planned */
+    int slots;                 /* gather buffers */
+    size_t slot_bytes;         /* their total size */
+    size_t lower_bound_bytes;  /* the most bytes alive at once under the plan's model */
+    size_t wgrad_ring_bytes;
+} etp_cache_report_t;
+
+#define ETP_CACHE_REPORT_INIT {sizeof(etp_cache_report_t), 0, 0, 0, 0, 0}
+
+ETP_API etp_status_t etp_chain_cache_report(const etp_chain_t *chain, etp_cache_report_t *report);
+
+/* ---- gathers ---------------------------------------------------------- */
+
+typedef struct etp_weight_view {
+    size_t size;               /* sizeof(etp_weight_view_t) */
+    void *data;                /* expert e row i at data + (e * expert_stride + i * ld) elements */
+    etp_dtype_t dtype;
+    int64_t experts, rows, cols;
+    int64_t ld;                /* elements between rows */
+    int64_t expert_stride;     /* elements between experts (padding rows lie between) */
+} etp_weight_view_t;
+
+#define ETP_WEIGHT_VIEW_INIT {sizeof(etp_weight_view_t), NULL, ETP_DTYPE_BF16, 0, 0, 0, 0, 0}
+
+/* The full weight for `pass`, ready for work enqueued on `stream` after this
+ * call. Waits (on the device) for the prefetch, or gathers now on a cold
+ * start; then prefetches the next `depth` tickets. Valid until
+ * etp_release(param, pass, stream'). */
+ETP_API etp_status_t etp_gather(etp_param_t *param, etp_pass_t pass, etp_stream_t *stream,
+                                etp_weight_view_t *view);
+/* The reader on `stream` is done with the gathered weight. */
+ETP_API etp_status_t etp_release(etp_param_t *param, etp_pass_t pass, etp_stream_t *stream);
+
+/* ---- gradients -------------------------------------------------------- */
+
+/* A wgrad buffer [experts][rows][cols] of the parameter's wgrad dtype (view
+ * strides as in a gather) from the chain's ring, writable by work enqueued
+ * on `stream` after this call (the previous reader of the ring entry is
+ * waited for). Write the gradient, then call etp_reduce_grad. */
+ETP_API etp_status_t etp_wgrad_buffer(etp_param_t *param, etp_stream_t *stream,
+                                      etp_weight_view_t *view);
+/* Reduce-scatter the parameter's last wgrad buffer (written on `stream`) on
+ * the chain's reduce-scatter stream and accumulate scale * result into
+ * main_grad. Micro-batches accumulate until etp_zero_grad. */
+ETP_API etp_status_t etp_reduce_grad(etp_param_t *param, etp_stream_t *stream, float scale);
+/* Zero every main_grad of the chain, ordered after `stream` and before later
+ * reductions. Starts a new step's micro-batch count. */
+ETP_API etp_status_t etp_zero_grad(etp_chain_t *chain, etp_stream_t *stream);
+/* Make `stream` wait for all gradient work enqueued so far (a stream join). */
+ETP_API etp_status_t etp_wait_grads(etp_chain_t *chain, etp_stream_t *stream);
+/* Sum of squares of every main_grad element of the chain's parameters
+ * (padding excluded) over the group, and the count of NaN/Inf elements.
+ * Collective over the group; blocks the calling thread. */
+ETP_API etp_status_t etp_chain_grad_stats(etp_chain_t *chain, double *sum_squares,
+                                          int64_t *nonfinite);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* ETP_PARAM_H */

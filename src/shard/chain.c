@@ -1,0 +1,457 @@
+/* Chains: building, planning, the gather cache, gathers and releases. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "shard_internal.h"
+
+static const char *pass_name(etp_pass_t pass)
+{
+    return pass == ETP_PASS_FORWARD ? "forward" : "backward";
+}
+
+etp_status_t etp_chain_create(etp_context_t *ctx, const etp_chain_config_t *cfg, etp_chain_t **out)
+{
+    const char *fn = "etp_chain_create";
+    ETP__CHECK_NULL(ctx, fn);
+    ETP__CHECK_NULL(cfg, fn);
+    ETP__CHECK_NULL(out, fn);
+    ETP__CHECK_ARG(cfg->size == sizeof *cfg, "%s: config->size %zu (expected %zu; use ETP_CHAIN_CONFIG_INIT)",
+                   fn, cfg->size, sizeof *cfg);
+    ETP__CHECK_ARG(cfg->group != NULL, "%s: config->group is NULL", fn);
+    ETP__CHECK_ARG(cfg->group->ctx == ctx, "%s: the group belongs to another context", fn);
+    ETP__CHECK_ARG(cfg->depth >= 0, "%s: depth %d (expected >= 0)", fn, cfg->depth);
+    ETP__CHECK_ARG(cfg->wgrad_ring >= 1, "%s: wgrad_ring %d (expected >= 1)", fn, cfg->wgrad_ring);
+    ETP__CHECK_ARG(cfg->num_microbatches >= 1, "%s: num_microbatches %d (expected >= 1)", fn,
+                   cfg->num_microbatches);
+    int roles = cfg->group->num_roles;
+    ETP__CHECK_ARG(cfg->ag_role >= 0 && cfg->ag_role < roles && cfg->rs_role >= 0 && cfg->rs_role < roles,
+                   "%s: roles ag %d, rs %d not in [0, %d) of group '%s'", fn, cfg->ag_role,
+                   cfg->rs_role, roles, cfg->group->name);
+    ETP__CHECK_ARG(cfg->ag_role != cfg->rs_role,
+                   "%s: ag_role and rs_role are both %d: all-gathers and reduce-scatters on one "
+                   "communicator cannot overlap (give the group two roles)", fn, cfg->ag_role);
+    ETP__CHECK_ARG(cfg->name == NULL || strlen(cfg->name) < 64, "%s: name longer than 63 characters", fn);
+    ETP__TRY(etp__ctx_usable(ctx, fn));
+
+    etp_chain_t *c = calloc(1, sizeof *c);
+    if (!c) return etp__err(ETP_ERR_OUT_OF_MEMORY, "%s: out of memory", fn);
+    c->ctx = ctx;
+    c->group = cfg->group;
+    snprintf(c->name, sizeof c->name, "%s", cfg->name ? cfg->name : "chain");
+    c->depth = cfg->depth;
+    c->graphed = cfg->graphed != 0;
+    c->ag_role = cfg->ag_role;
+    c->rs_role = cfg->rs_role;
+    c->ring_n = cfg->wgrad_ring;
+    c->num_micro = cfg->num_microbatches;
+    etp_status_t st = etp_stream_create(ctx, ETP_STREAM_PRIORITY_HIGH, &c->ag);
+    if (st == ETP_SUCCESS) st = etp_stream_create(ctx, ETP_STREAM_PRIORITY_HIGH, &c->rs);
+    if (st == ETP_SUCCESS) st = etp_event_create(ctx, &c->scratch);
+    if (st == ETP_SUCCESS) {
+        c->ring = calloc((size_t)c->ring_n, sizeof *c->ring);
+        c->ring_done = calloc((size_t)c->ring_n, sizeof *c->ring_done);
+        c->ring_done_recorded = calloc((size_t)c->ring_n, sizeof *c->ring_done_recorded);
+        if (!c->ring || !c->ring_done || !c->ring_done_recorded)
+            st = etp__err(ETP_ERR_OUT_OF_MEMORY, "%s: out of memory", fn);
+    }
+    for (int k = 0; k < c->ring_n && st == ETP_SUCCESS; k++) st = etp_event_create(ctx, &c->ring_done[k]);
+    if (st != ETP_SUCCESS) {
+        etp_chain_destroy(c);
+        return st;
+    }
+    *out = c;
+    return ETP_SUCCESS;
+}
+
+static void free_slots(etp_chain_t *c)
+{
+    for (int s = 0; s < c->nslots; s++) {
+        if (c->slots[s].ptr) etp_mem_free(c->ctx, c->slots[s].ptr);
+        if (c->slots[s].ready) etp_event_destroy(c->slots[s].ready);
+        if (c->slots[s].released) etp_event_destroy(c->slots[s].released);
+    }
+    free(c->slots);
+    c->slots = NULL;
+    c->nslots = 0;
+}
+
+static int work_pending(etp_chain_t *c)
+{
+    int done_ag = 1, done_rs = 1;
+    if (etp_event_record(c->scratch, c->ag) == ETP_SUCCESS) etp_event_query(c->scratch, &done_ag);
+    if (etp_event_record(c->scratch, c->rs) == ETP_SUCCESS) etp_event_query(c->scratch, &done_rs);
+    return !done_ag || !done_rs;
+}
+
+etp_status_t etp_chain_destroy(etp_chain_t *c)
+{
+    if (!c) return ETP_SUCCESS;
+    if (!c->ctx->be->failed) {
+        for (int t = 0; t < c->ntickets; t++)
+            if (c->tickets[t].state == ETP__TICKET_HELD)
+                return etp__err(ETP_ERR_BUSY,
+                                "etp_chain_destroy: '%s' %s of chain '%s' is gathered and not released",
+                                c->tickets[t].param->name, pass_name(c->tickets[t].pass), c->name);
+        if (c->ag && c->rs && work_pending(c))
+            return etp__err(ETP_ERR_BUSY,
+                            "etp_chain_destroy: chain '%s' has communication in flight; call "
+                            "etp_wait_grads and synchronize first", c->name);
+    }
+    if (c->ctx->recording == c) c->ctx->recording = NULL;
+    for (int i = 0; i < c->nparams; i++) {
+        c->params[i]->chain = NULL;
+        c->params[i]->ticket[0] = c->params[i]->ticket[1] = -1;
+    }
+    free_slots(c);
+    for (int k = 0; k < c->ring_n; k++) {
+        if (c->ring && c->ring[k]) etp_mem_free(c->ctx, c->ring[k]);
+        if (c->ring_done && c->ring_done[k]) etp_event_destroy(c->ring_done[k]);
+    }
+    if (c->up_stage) etp_mem_free(c->ctx, c->up_stage);
+    if (c->rs_stage) etp_mem_free(c->ctx, c->rs_stage);
+    if (c->stats) etp_mem_free(c->ctx, c->stats);
+    if (c->scratch) etp_event_destroy(c->scratch);
+    if (c->ag) etp_stream_destroy(c->ag);
+    if (c->rs) etp_stream_destroy(c->rs);
+    free(c->ring);
+    free(c->ring_done);
+    free(c->ring_done_recorded);
+    free(c->params);
+    free(c->tickets);
+    free(c);
+    return ETP_SUCCESS;
+}
+
+static etp_status_t attach(etp_chain_t *c, etp_param_t *p, const char *fn)
+{
+    if (p->chain)
+        return etp__err(ETP_ERR_INVALID_STATE, "%s: '%s' is already in chain '%s'", fn, p->name,
+                        p->chain->name);
+    if (p->ctx != c->ctx)
+        return etp__err(ETP_ERR_INVALID_ARGUMENT, "%s: '%s' belongs to another context", fn, p->name);
+    if (p->group != c->group)
+        return etp__err(ETP_ERR_INVALID_ARGUMENT,
+                        "%s: '%s' is sharded over group '%s', chain '%s' over group '%s'", fn,
+                        p->name, p->group->name, c->name, c->group->name);
+    if (c->nparams == c->cap_params) {
+        int cap = c->cap_params ? 2 * c->cap_params : 16;
+        etp_param_t **a = realloc(c->params, (size_t)cap * sizeof *a);
+        if (!a) return etp__err(ETP_ERR_OUT_OF_MEMORY, "%s: out of memory", fn);
+        c->params = a;
+        c->cap_params = cap;
+    }
+    c->params[c->nparams++] = p;
+    p->chain = c;
+    return ETP_SUCCESS;
+}
+
+etp_status_t etp_chain_add(etp_chain_t *c, etp_param_t *p)
+{
+    ETP__CHECK_NULL(c, "etp_chain_add");
+    ETP__CHECK_NULL(p, "etp_chain_add");
+    if (c->state != ETP__CHAIN_BUILDING)
+        return etp__err(ETP_ERR_INVALID_STATE, "etp_chain_add: chain '%s' is %s", c->name,
+                        c->state == ETP__CHAIN_RECORDING ? "recording (its gathers add parameters)"
+                                                         : "finalized");
+    return attach(c, p, "etp_chain_add");
+}
+
+static etp_status_t push_ticket(etp_chain_t *c, etp_param_t *p, etp_pass_t pass)
+{
+    if (c->ntickets == c->cap_tickets) {
+        int cap = c->cap_tickets ? 2 * c->cap_tickets : 32;
+        etp__ticket_t *a = realloc(c->tickets, (size_t)cap * sizeof *a);
+        if (!a) return etp__err(ETP_ERR_OUT_OF_MEMORY, "chain '%s': out of memory", c->name);
+        c->tickets = a;
+        c->cap_tickets = cap;
+    }
+    etp__ticket_t t = {p, pass, etp__param_gather_bytes(p, pass), -1, ETP__TICKET_IDLE};
+    p->ticket[pass] = c->ntickets;
+    c->tickets[c->ntickets++] = t;
+    return ETP_SUCCESS;
+}
+
+/* Plan the tickets and allocate the slots (replacing any a recording used). */
+static etp_status_t plan(etp_chain_t *c)
+{
+    int n = c->ntickets;
+    size_t *bytes = malloc((size_t)(n ? n : 1) * sizeof *bytes);
+    size_t *slot_bytes = malloc((size_t)(n ? n : 1) * sizeof *slot_bytes);
+    int *slot = malloc((size_t)(n ? n : 1) * sizeof *slot);
+    etp_status_t st = ETP_SUCCESS;
+    int nslots = -1;
+    if (bytes && slot_bytes && slot) {
+        for (int i = 0; i < n; i++) bytes[i] = c->tickets[i].bytes;
+        nslots = etp__plan_tickets(bytes, n, c->depth, slot, slot_bytes, &c->lower_bound);
+    }
+    if (nslots < 0) st = etp__err(ETP_ERR_OUT_OF_MEMORY, "chain '%s': out of memory", c->name);
+    free_slots(c);
+    if (st == ETP_SUCCESS && nslots > 0) {
+        c->slots = calloc((size_t)nslots, sizeof *c->slots);
+        if (!c->slots) st = etp__err(ETP_ERR_OUT_OF_MEMORY, "chain '%s': out of memory", c->name);
+        else c->nslots = nslots;
+    }
+    for (int s = 0; s < c->nslots && st == ETP_SUCCESS; s++) {
+        c->slots[s].tenant = -1;
+        c->slots[s].bytes = slot_bytes[s];
+        st = etp_mem_alloc(c->ctx, slot_bytes[s], ETP_MEM_GATHER_SLOTS, &c->slots[s].ptr);
+        if (st == ETP_SUCCESS) st = etp_event_create(c->ctx, &c->slots[s].ready);
+        if (st == ETP_SUCCESS) st = etp_event_create(c->ctx, &c->slots[s].released);
+    }
+    for (int i = 0; i < n && st == ETP_SUCCESS; i++) {
+        c->tickets[i].slot = slot[i];
+        c->tickets[i].state = ETP__TICKET_IDLE;
+    }
+    free(bytes);
+    free(slot_bytes);
+    free(slot);
+    if (st == ETP_SUCCESS) st = etp__chain_ensure_workspace(c);
+    if (st != ETP_SUCCESS) {
+        free_slots(c);
+        return st;
+    }
+    c->state = ETP__CHAIN_FINALIZED;
+    ETP__LOG(&c->ctx->log, ETP_LOG_INFO, ETP_SUBSYS_SHARD,
+             "chain '%s': %d parameters, %d tickets in %d slots (depth %d), lower bound %zu bytes",
+             c->name, c->nparams, c->ntickets, c->nslots, c->depth, c->lower_bound);
+    return ETP_SUCCESS;
+}
+
+etp_status_t etp_chain_finalize(etp_chain_t *c)
+{
+    ETP__CHECK_NULL(c, "etp_chain_finalize");
+    if (c->state != ETP__CHAIN_BUILDING)
+        return etp__err(ETP_ERR_INVALID_STATE, "etp_chain_finalize: chain '%s' is %s", c->name,
+                        c->state == ETP__CHAIN_RECORDING ? "recording (end it with etp_chain_end_record)"
+                                                         : "finalized already");
+    ETP__CHECK_ARG(c->nparams > 0, "etp_chain_finalize: chain '%s' has no parameters", c->name);
+    ETP__TRY(etp__ctx_usable(c->ctx, "etp_chain_finalize"));
+    c->ntickets = 0;
+    for (int i = 0; i < c->nparams; i++) ETP__TRY(push_ticket(c, c->params[i], ETP_PASS_FORWARD));
+    for (int i = c->nparams - 1; i >= 0; i--) ETP__TRY(push_ticket(c, c->params[i], ETP_PASS_BACKWARD));
+    return plan(c);
+}
+
+etp_status_t etp_chain_begin_record(etp_chain_t *c)
+{
+    ETP__CHECK_NULL(c, "etp_chain_begin_record");
+    if (c->state != ETP__CHAIN_BUILDING || c->nparams > 0)
+        return etp__err(ETP_ERR_INVALID_STATE,
+                        "etp_chain_begin_record: chain '%s' must be new and empty to record", c->name);
+    if (c->ctx->recording)
+        return etp__err(ETP_ERR_INVALID_STATE,
+                        "etp_chain_begin_record: chain '%s' is recording on this context already",
+                        c->ctx->recording->name);
+    c->state = ETP__CHAIN_RECORDING;
+    c->ctx->recording = c;
+    return ETP_SUCCESS;
+}
+
+etp_status_t etp_chain_end_record(etp_chain_t *c)
+{
+    ETP__CHECK_NULL(c, "etp_chain_end_record");
+    if (c->state != ETP__CHAIN_RECORDING)
+        return etp__err(ETP_ERR_INVALID_STATE, "etp_chain_end_record: chain '%s' is not recording",
+                        c->name);
+    ETP__CHECK_ARG(c->ntickets > 0, "etp_chain_end_record: chain '%s' recorded no gather", c->name);
+    for (int t = 0; t < c->ntickets; t++)
+        if (c->tickets[t].state == ETP__TICKET_HELD)
+            return etp__err(ETP_ERR_INVALID_STATE,
+                            "etp_chain_end_record: '%s' %s is gathered and not released",
+                            c->tickets[t].param->name, pass_name(c->tickets[t].pass));
+    /* The recording slots may still be read or written: finish first. */
+    ETP__TRY(etp_stream_synchronize(c->ag));
+    ETP__TRY(etp_stream_synchronize(c->rs));
+    c->ctx->recording = NULL;
+    return plan(c);
+}
+
+/* A gather during recording: a cold gather into a slot of the recording,
+ * reusing one whose tenant was released and that is large enough. */
+etp_status_t etp__chain_record_ticket(etp_chain_t *c, etp_param_t *p, etp_pass_t pass)
+{
+    if (!p->chain) ETP__TRY(attach(c, p, "etp_gather"));
+    if (p->ticket[pass] >= 0)
+        return etp__err(ETP_ERR_INVALID_STATE,
+                        "etp_gather: '%s' %s was gathered already while chain '%s' recorded; a "
+                        "(parameter, pass) appears once in a chain", p->name, pass_name(pass), c->name);
+    ETP__TRY(push_ticket(c, p, pass));
+    etp__ticket_t *t = &c->tickets[c->ntickets - 1];
+    for (int s = 0; s < c->nslots; s++) {
+        int ten = c->slots[s].tenant;
+        if (c->slots[s].bytes >= t->bytes && (ten < 0 || c->tickets[ten].state != ETP__TICKET_HELD)) {
+            t->slot = s;
+            return ETP_SUCCESS;
+        }
+    }
+    etp__slot_t *a = realloc(c->slots, (size_t)(c->nslots + 1) * sizeof *a);
+    if (!a) return etp__err(ETP_ERR_OUT_OF_MEMORY, "chain '%s': out of memory", c->name);
+    c->slots = a;
+    etp__slot_t *s = &c->slots[c->nslots];
+    memset(s, 0, sizeof *s);
+    s->tenant = -1;
+    s->bytes = t->bytes;
+    etp_status_t st = etp_mem_alloc(c->ctx, t->bytes, ETP_MEM_GATHER_SLOTS, &s->ptr);
+    if (st == ETP_SUCCESS) st = etp_event_create(c->ctx, &s->ready);
+    if (st == ETP_SUCCESS) st = etp_event_create(c->ctx, &s->released);
+    if (st != ETP_SUCCESS) {
+        if (s->ptr) etp_mem_free(c->ctx, s->ptr);
+        if (s->ready) etp_event_destroy(s->ready);
+        return st;
+    }
+    t->slot = c->nslots++;
+    return etp__chain_ensure_workspace(c);
+}
+
+etp_status_t etp_chain_streams(etp_chain_t *c, etp_stream_t **ag, etp_stream_t **rs)
+{
+    ETP__CHECK_NULL(c, "etp_chain_streams");
+    if (ag) *ag = c->ag;
+    if (rs) *rs = c->rs;
+    return ETP_SUCCESS;
+}
+
+etp_status_t etp_chain_cache_report(const etp_chain_t *c, etp_cache_report_t *r)
+{
+    ETP__CHECK_NULL(c, "etp_chain_cache_report");
+    ETP__CHECK_NULL(r, "etp_chain_cache_report");
+    ETP__CHECK_ARG(r->size == sizeof *r,
+                   "etp_chain_cache_report: report->size %zu (expected %zu; use ETP_CACHE_REPORT_INIT)",
+                   r->size, sizeof *r);
+    etp_cache_report_t out = {sizeof out, c->ntickets, c->nslots, 0, c->lower_bound,
+                              c->ring_bytes * (size_t)c->ring_n};
+    for (int s = 0; s < c->nslots; s++) out.slot_bytes += c->slots[s].bytes;
+    *r = out;
+    return ETP_SUCCESS;
+}
+
+void etp__chain_test_skip_edges(etp_chain_t *c, unsigned edges)
+{
+    c->skip_edges = edges;
+}
+
+/* ---- gathers ---------------------------------------------------------- */
+
+/* Issue ticket u into its slot on the AG stream. */
+static etp_status_t issue(etp_chain_t *c, int u)
+{
+    etp__ticket_t *t = &c->tickets[u];
+    etp__slot_t *s = &c->slots[t->slot];
+    etp_param_t *p = t->param;
+    if (s->tenant >= 0 && s->tenant != u && c->tickets[s->tenant].state == ETP__TICKET_HELD) {
+        const etp__ticket_t *prev = &c->tickets[s->tenant];
+        return etp__err(ETP_ERR_INVALID_STATE,
+                        "chain '%s': gathering '%s' %s would overwrite slot %d, which holds '%s' %s "
+                        "not yet released (release each gathered weight before the next gather, "
+                        "or lower the prefetch depth)",
+                        c->name, p->name, pass_name(t->pass), t->slot, prev->param->name,
+                        pass_name(prev->pass));
+    }
+    if (s->release_recorded && !(c->skip_edges & ETP__EDGE_SLOT_RELEASE))
+        ETP__TRY(etp_stream_wait_event(c->ag, s->released));
+    if (p->updated_recorded && !(c->skip_edges & ETP__EDGE_SHARD_WRITER))
+        ETP__TRY(etp_stream_wait_event(c->ag, p->updated));
+    size_t es = etp_dtype_size(p->dtype);
+    size_t shard_elems = (size_t)(p->shard_rows * p->cols);
+    ETP__TRY(etp__grouped_allgather(c->group, c->ag_role, p->shard, shard_elems * es, s->ptr,
+                                    (size_t)(p->padded_rows * p->cols) * es, shard_elems, p->dtype,
+                                    p->experts, c->ag));
+    ETP__TRY(etp_event_record(s->ready, c->ag));
+    s->tenant = u;
+    s->release_recorded = 0;
+    t->state = ETP__TICKET_ISSUED;
+    return ETP_SUCCESS;
+}
+
+static etp_status_t check_use(const etp_param_t *p, etp_pass_t pass, const etp_stream_t *s,
+                              const char *fn)
+{
+    ETP__CHECK_NULL(p, fn);
+    ETP__CHECK_NULL(s, fn);
+    ETP__CHECK_ARG(pass == ETP_PASS_FORWARD || pass == ETP_PASS_BACKWARD, "%s: pass %d is unknown",
+                   fn, (int)pass);
+    ETP__CHECK_ARG(s->ctx == p->ctx, "%s: the stream belongs to another context than '%s'", fn,
+                   p->name);
+    return etp__ctx_usable(p->ctx, fn);
+}
+
+etp_status_t etp_gather(etp_param_t *p, etp_pass_t pass, etp_stream_t *stream, etp_weight_view_t *view)
+{
+    const char *fn = "etp_gather";
+    ETP__TRY(check_use(p, pass, stream, fn));
+    ETP__CHECK_NULL(view, fn);
+    ETP__CHECK_ARG(view->size == sizeof *view, "%s: view->size %zu (expected %zu; use ETP_WEIGHT_VIEW_INIT)",
+                   fn, view->size, sizeof *view);
+    /* A parameter in no chain joins the one recording on its context. */
+    etp_chain_t *c = p->chain ? p->chain : p->ctx->recording;
+    if (c && c->state == ETP__CHAIN_RECORDING && p->ticket[pass] < 0) {
+        ETP__TRY(etp__chain_record_ticket(c, p, pass));
+    } else if (!c || c->state == ETP__CHAIN_BUILDING || p->ticket[pass] < 0) {
+        return etp__err(ETP_ERR_INVALID_STATE,
+                        "%s: '%s' %s is not in a finalized or recording chain", fn, p->name,
+                        pass_name(pass));
+    }
+    int t = p->ticket[pass];
+    etp__ticket_t *tk = &c->tickets[t];
+    if (tk->state == ETP__TICKET_HELD)
+        return etp__err(ETP_ERR_INVALID_STATE, "%s: '%s' %s is gathered already and not released",
+                        fn, p->name, pass_name(pass));
+    if (tk->state == ETP__TICKET_RELEASED) {
+        /* A new step (or micro-batch): every ticket of the last must be released. */
+        for (int i = 0; i < c->ntickets; i++)
+            if (c->tickets[i].state == ETP__TICKET_HELD)
+                return etp__err(ETP_ERR_INVALID_STATE,
+                                "%s: '%s' %s starts a new step of chain '%s' while '%s' %s is not "
+                                "released", fn, p->name, pass_name(pass), c->name,
+                                c->tickets[i].param->name, pass_name(c->tickets[i].pass));
+        for (int i = 0; i < c->ntickets; i++) c->tickets[i].state = ETP__TICKET_IDLE;
+    }
+    /* Check every gather this call will issue before changing anything, so
+     * a refused call leaves the chain as it was. */
+    int last = t;
+    if (c->state == ETP__CHAIN_FINALIZED)
+        for (int k = 1; k <= c->depth && t + k < c->ntickets; k++) {
+            if (c->graphed && c->tickets[t + k].pass != tk->pass) break;
+            last = t + k;
+        }
+    for (int u = t; u <= last; u++) {
+        if (c->tickets[u].state != ETP__TICKET_IDLE) continue;
+        const etp__slot_t *sl = &c->slots[c->tickets[u].slot];
+        int ten = sl->tenant;
+        if (ten >= 0 && ten != u && (c->tickets[ten].state == ETP__TICKET_HELD || (u != t && ten == t)))
+            return etp__err(ETP_ERR_INVALID_STATE,
+                            "%s: chain '%s': gathering '%s' %s would overwrite slot %d, which holds "
+                            "'%s' %s not yet released (release each gathered weight before the "
+                            "next gather, or lower the prefetch depth)",
+                            fn, c->name, c->tickets[u].param->name, pass_name(c->tickets[u].pass),
+                            c->tickets[u].slot, c->tickets[ten].param->name,
+                            pass_name(c->tickets[ten].pass));
+    }
+    if (tk->state == ETP__TICKET_IDLE) ETP__TRY(issue(c, t)); /* a cold start */
+    etp__slot_t *s = &c->slots[tk->slot];
+    if (!(c->skip_edges & ETP__EDGE_GATHER_READY)) ETP__TRY(etp_stream_wait_event(stream, s->ready));
+    tk->state = ETP__TICKET_HELD;
+    for (int u = t + 1; u <= last; u++)
+        if (c->tickets[u].state == ETP__TICKET_IDLE) ETP__TRY(issue(c, u));
+    etp_weight_view_t v = {sizeof v, s->ptr, p->dtype, p->experts, p->rows, p->cols, p->cols,
+                           p->padded_rows * p->cols};
+    *view = v;
+    return ETP_SUCCESS;
+}
+
+etp_status_t etp_release(etp_param_t *p, etp_pass_t pass, etp_stream_t *stream)
+{
+    const char *fn = "etp_release";
+    ETP__TRY(check_use(p, pass, stream, fn));
+    etp_chain_t *c = p->chain;
+    int t = c ? p->ticket[pass] : -1;
+    if (t < 0 || c->tickets[t].state != ETP__TICKET_HELD)
+        return etp__err(ETP_ERR_INVALID_STATE, "%s: '%s' %s was not gathered (release without gather)",
+                        fn, p->name, pass_name(pass));
+    etp__slot_t *s = &c->slots[c->tickets[t].slot];
+    ETP__TRY(etp_event_record(s->released, stream));
+    s->release_recorded = 1;
+    c->tickets[t].state = ETP__TICKET_RELEASED;
+    return ETP_SUCCESS;
+}

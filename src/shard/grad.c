@@ -1,0 +1,194 @@
+/* Weight gradients: the wgrad ring, reduce-scatter into main_grad, stats. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "shard_internal.h"
+
+static size_t full_elems(const etp_param_t *p)
+{
+    return (size_t)(p->experts * p->padded_rows * p->cols);
+}
+
+/* Size the ring and staging for every parameter of the chain. Only before
+ * the chain is finalized (at finalize, or while recording, when it may
+ * grow); afterwards nothing is allocated. */
+etp_status_t etp__chain_ensure_workspace(etp_chain_t *c)
+{
+    size_t ring = 0, up = 0, rs = 0;
+    for (int i = 0; i < c->nparams; i++) {
+        const etp_param_t *p = c->params[i];
+        size_t n = full_elems(p);
+        if (n * etp_dtype_size(p->wgrad_dtype) > ring) ring = n * etp_dtype_size(p->wgrad_dtype);
+        if (p->upcast && n * sizeof(float) > up) up = n * sizeof(float);
+        size_t rs_dtype = p->upcast ? sizeof(float) : etp_dtype_size(p->wgrad_dtype);
+        size_t shard = (size_t)(p->experts * p->shard_rows * p->cols) * rs_dtype;
+        if (shard > rs) rs = shard;
+    }
+    if (ring > c->ring_bytes) {
+        /* Only while recording can a ring entry in use be replaced. */
+        ETP__TRY(etp_stream_synchronize(c->rs));
+        for (int k = 0; k < c->ring_n; k++) {
+            if (c->ring[k]) etp_mem_free(c->ctx, c->ring[k]);
+            c->ring[k] = NULL;
+        }
+        c->ring_bytes = 0;
+        for (int k = 0; k < c->ring_n; k++)
+            ETP__TRY(etp_mem_alloc(c->ctx, ring, ETP_MEM_WGRAD_RING, &c->ring[k]));
+        c->ring_bytes = ring;
+    }
+    if (up > c->up_bytes) {
+        ETP__TRY(etp_stream_synchronize(c->rs));
+        if (c->up_stage) etp_mem_free(c->ctx, c->up_stage);
+        c->up_stage = NULL;
+        c->up_bytes = 0;
+        ETP__TRY(etp_mem_alloc(c->ctx, up, ETP_MEM_WORKSPACE, &c->up_stage));
+        c->up_bytes = up;
+    }
+    if (rs > c->rs_bytes) {
+        ETP__TRY(etp_stream_synchronize(c->rs));
+        if (c->rs_stage) etp_mem_free(c->ctx, c->rs_stage);
+        c->rs_stage = NULL;
+        c->rs_bytes = 0;
+        ETP__TRY(etp_mem_alloc(c->ctx, rs, ETP_MEM_WORKSPACE, &c->rs_stage));
+        c->rs_bytes = rs;
+    }
+    if (!c->stats) ETP__TRY(etp_mem_alloc(c->ctx, 2 * sizeof(double), ETP_MEM_WORKSPACE, (void **)&c->stats));
+    return ETP_SUCCESS;
+}
+
+static etp_status_t chain_of(const etp_param_t *p, const etp_stream_t *s, const char *fn,
+                             etp_chain_t **out)
+{
+    ETP__CHECK_NULL(p, fn);
+    ETP__CHECK_NULL(s, fn);
+    ETP__CHECK_ARG(s->ctx == p->ctx, "%s: the stream belongs to another context than '%s'", fn,
+                   p->name);
+    ETP__TRY(etp__ctx_usable(p->ctx, fn));
+    etp_chain_t *c = p->chain;
+    if (!c || c->state == ETP__CHAIN_BUILDING)
+        return etp__err(ETP_ERR_INVALID_STATE, "%s: '%s' is not in a finalized or recording chain",
+                        fn, p->name);
+    *out = c;
+    return ETP_SUCCESS;
+}
+
+etp_status_t etp_wgrad_buffer(etp_param_t *p, etp_stream_t *stream, etp_weight_view_t *view)
+{
+    const char *fn = "etp_wgrad_buffer";
+    etp_chain_t *c;
+    ETP__TRY(chain_of(p, stream, fn, &c));
+    ETP__CHECK_NULL(view, fn);
+    ETP__CHECK_ARG(view->size == sizeof *view, "%s: view->size %zu (expected %zu; use ETP_WEIGHT_VIEW_INIT)",
+                   fn, view->size, sizeof *view);
+    if (p->wgrad_entry >= 0)
+        return etp__err(ETP_ERR_INVALID_STATE,
+                        "%s: '%s' already has a wgrad buffer that was not reduced (call "
+                        "etp_reduce_grad first)", fn, p->name);
+    if (c->state == ETP__CHAIN_RECORDING) ETP__TRY(etp__chain_ensure_workspace(c));
+    int k = c->ring_next;
+    /* Its last reduction must have read the entry before the caller writes. */
+    if (c->ring_done_recorded[k] && !(c->skip_edges & ETP__EDGE_RING_REUSE))
+        ETP__TRY(etp_stream_wait_event(stream, c->ring_done[k]));
+    c->ring_next = (k + 1) % c->ring_n;
+    p->wgrad_entry = k;
+    etp_weight_view_t v = {sizeof v, c->ring[k], p->wgrad_dtype, p->experts, p->rows, p->cols,
+                           p->cols, p->padded_rows * p->cols};
+    *view = v;
+    return ETP_SUCCESS;
+}
+
+etp_status_t etp_reduce_grad(etp_param_t *p, etp_stream_t *stream, float scale)
+{
+    const char *fn = "etp_reduce_grad";
+    etp_chain_t *c;
+    ETP__TRY(chain_of(p, stream, fn, &c));
+    ETP__CHECK_ARG(isfinite(scale), "%s: scale is not finite", fn);
+    if (p->wgrad_entry < 0)
+        return etp__err(ETP_ERR_INVALID_STATE,
+                        "%s: '%s' has no wgrad buffer to reduce (call etp_wgrad_buffer first)", fn,
+                        p->name);
+    etp__be_t *be = p->ctx->be;
+    const etp__shard_kernels_t *k = be->ops->kernels->shard;
+    int e = p->wgrad_entry;
+    if (!(c->skip_edges & ETP__EDGE_WGRAD_WRITER)) {
+        ETP__TRY(etp_event_record(c->scratch, stream));
+        ETP__TRY(etp_stream_wait_event(c->rs, c->scratch));
+    }
+    const void *src = c->ring[e];
+    etp_dtype_t dt = p->wgrad_dtype;
+    if (p->upcast) {
+        ETP__TRY(k->bf16_to_f32(be, c->rs->bs, c->up_stage, src, full_elems(p)));
+        src = c->up_stage;
+        dt = ETP_DTYPE_F32;
+    }
+    size_t es = etp_dtype_size(dt), shard_elems = (size_t)(p->shard_rows * p->cols);
+    ETP__TRY(etp__grouped_reduce_scatter(c->group, c->rs_role, src,
+                                         (size_t)(p->padded_rows * p->cols) * es, c->rs_stage,
+                                         shard_elems * es, shard_elems, dt, p->experts, c->rs));
+    etp__shard_geom_t g = {p->experts, p->shard_rows, p->cols, p->valid_rows, (int64_t)shard_elems};
+    ETP__TRY(k->accumulate(be, c->rs->bs, p->main_grad, c->rs_stage, dt, g, scale));
+    ETP__TRY(etp_event_record(c->ring_done[e], c->rs));
+    c->ring_done_recorded[e] = 1;
+    p->wgrad_entry = -1;
+    if (++p->micro == c->num_micro) {
+        p->micro = 0;
+        if (p->cb) p->cb(p->cb_user, p, c->rs);
+    }
+    return ETP_SUCCESS;
+}
+
+etp_status_t etp_zero_grad(etp_chain_t *c, etp_stream_t *stream)
+{
+    ETP__CHECK_NULL(c, "etp_zero_grad");
+    ETP__CHECK_NULL(stream, "etp_zero_grad");
+    ETP__CHECK_ARG(stream->ctx == c->ctx, "etp_zero_grad: the stream belongs to another context");
+    ETP__TRY(etp__ctx_usable(c->ctx, "etp_zero_grad"));
+    ETP__TRY(etp_event_record(c->scratch, stream));
+    ETP__TRY(etp_stream_wait_event(c->rs, c->scratch));
+    for (int i = 0; i < c->nparams; i++) {
+        etp_param_t *p = c->params[i];
+        ETP__TRY(etp_memset_async(c->rs, p->main_grad, 0,
+                                  (size_t)(p->experts * p->shard_rows * p->cols) * sizeof(float)));
+        p->micro = 0;
+    }
+    return ETP_SUCCESS;
+}
+
+etp_status_t etp_wait_grads(etp_chain_t *c, etp_stream_t *stream)
+{
+    ETP__CHECK_NULL(c, "etp_wait_grads");
+    ETP__CHECK_NULL(stream, "etp_wait_grads");
+    ETP__CHECK_ARG(stream->ctx == c->ctx, "etp_wait_grads: the stream belongs to another context");
+    ETP__TRY(etp__ctx_usable(c->ctx, "etp_wait_grads"));
+    if (c->skip_edges & ETP__EDGE_GRADS_JOIN) return ETP_SUCCESS;
+    ETP__TRY(etp_event_record(c->scratch, c->rs));
+    return etp_stream_wait_event(stream, c->scratch);
+}
+
+etp_status_t etp_chain_grad_stats(etp_chain_t *c, double *sum_squares, int64_t *nonfinite)
+{
+    const char *fn = "etp_chain_grad_stats";
+    ETP__CHECK_NULL(c, fn);
+    ETP__CHECK_NULL(sum_squares, fn);
+    ETP__CHECK_NULL(nonfinite, fn);
+    ETP__TRY(etp__ctx_usable(c->ctx, fn));
+    if (!c->stats)
+        return etp__err(ETP_ERR_INVALID_STATE, "%s: chain '%s' is not finalized", fn, c->name);
+    etp__be_t *be = c->ctx->be;
+    ETP__TRY(etp_memset_async(c->rs, c->stats, 0, 2 * sizeof(double)));
+    for (int i = 0; i < c->nparams; i++) {
+        const etp_param_t *p = c->params[i];
+        etp__shard_geom_t g = {p->experts, p->shard_rows, p->cols, p->valid_rows,
+                               p->shard_rows * p->cols};
+        ETP__TRY(be->ops->kernels->shard->grad_stats(be, c->rs->bs, p->main_grad, g, c->stats));
+    }
+    ETP__TRY(etp_allreduce(c->group, c->rs_role, c->stats, c->stats, 2, ETP_DTYPE_F64,
+                           ETP_REDOP_SUM, c->rs));
+    double host[2];
+    ETP__TRY(etp_memcpy_async(c->rs, host, c->stats, sizeof host));
+    ETP__TRY(etp_stream_synchronize(c->rs));
+    *sum_squares = host[0];
+    *nonfinite = (int64_t)host[1];
+    return ETP_SUCCESS;
+}

@@ -1,0 +1,240 @@
+/* Sharded parameters: shapes and padding, shards, loads and exports. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "shard_internal.h"
+
+static size_t esize(etp_dtype_t t)
+{
+    return etp_dtype_size(t);
+}
+
+size_t etp__param_gather_bytes(const etp_param_t *p, etp_pass_t pass)
+{
+    (void)pass; /* both passes gather the same bytes until quantized modes */
+    return (size_t)(p->experts * p->padded_rows * p->cols) * esize(p->dtype);
+}
+
+static etp_status_t check_config(const etp_param_config_t *c, const char *fn)
+{
+    ETP__CHECK_ARG(c->size == sizeof *c, "%s: config->size %zu (expected %zu; use ETP_PARAM_CONFIG_INIT)",
+                   fn, c->size, sizeof *c);
+    ETP__CHECK_ARG(c->group != NULL, "%s: config->group is NULL", fn);
+    ETP__CHECK_ARG(c->experts >= 0, "%s: experts %lld (expected >= 0)", fn, (long long)c->experts);
+    ETP__CHECK_ARG(c->rows > 0 && c->cols > 0, "%s: shape [%lld, %lld] (expected both > 0)", fn,
+                   (long long)c->rows, (long long)c->cols);
+    ETP__CHECK_ARG(c->dtype == ETP_DTYPE_BF16 || c->dtype == ETP_DTYPE_F32,
+                   "%s: dtype %s (expected bf16 or f32)", fn, etp_dtype_name(c->dtype));
+    ETP__CHECK_ARG((int)c->wgrad_dtype == -1 || c->wgrad_dtype == ETP_DTYPE_BF16 ||
+                       c->wgrad_dtype == ETP_DTYPE_F32,
+                   "%s: wgrad_dtype %s (expected -1, bf16 or f32)", fn, etp_dtype_name(c->wgrad_dtype));
+    ETP__CHECK_ARG(c->alignment >= 0, "%s: alignment %d (expected >= 0)", fn, c->alignment);
+    ETP__CHECK_ARG(c->quant >= ETP_PARAM_QUANT_NONE && c->quant <= ETP_PARAM_QUANT_NVFP4,
+                   "%s: quant mode %d is unknown", fn, (int)c->quant);
+    ETP__CHECK_ARG(c->name == NULL || strlen(c->name) < 64, "%s: name longer than 63 characters", fn);
+    if (c->quant != ETP_PARAM_QUANT_NONE) {
+        int block = c->quant == ETP_PARAM_QUANT_MXFP8 ? 32 : 16;
+        ETP__CHECK_ARG(c->alignment > 0 && c->alignment % block == 0,
+                       "%s: %s needs an alignment that is a multiple of %d rows (got %d)", fn,
+                       c->quant == ETP_PARAM_QUANT_MXFP8 ? "MXFP8" : "NVFP4", block, c->alignment);
+        ETP__CHECK_ARG(c->cols % block == 0, "%s: %s needs cols a multiple of %d (got %lld)", fn,
+                       c->quant == ETP_PARAM_QUANT_MXFP8 ? "MXFP8" : "NVFP4", block,
+                       (long long)c->cols);
+        return etp__err(ETP_ERR_UNSUPPORTED,
+                        "%s: quantized gathers are not available yet (they arrive with the "
+                        "quantization module)", fn);
+    }
+    /* Sizes in bytes must fit comfortably in size_t and in the collectives' counts. */
+    double elems = (double)(c->experts > 1 ? c->experts : 1) * (double)c->rows * (double)c->cols;
+    ETP__CHECK_ARG(elems < 9.0e15, "%s: %g elements is too large", fn, elems);
+    return ETP_SUCCESS;
+}
+
+static void param_free(etp_param_t *p)
+{
+    if (p->shard) etp_mem_free(p->ctx, p->shard);
+    if (p->main_grad) etp_mem_free(p->ctx, p->main_grad);
+    if (p->master) etp_mem_free(p->ctx, p->master);
+    if (p->updated) etp_event_destroy(p->updated);
+    free(p);
+}
+
+etp_status_t etp_param_create(etp_context_t *ctx, const etp_param_config_t *cfg, etp_param_t **out)
+{
+    const char *fn = "etp_param_create";
+    ETP__CHECK_NULL(ctx, fn);
+    ETP__CHECK_NULL(cfg, fn);
+    ETP__CHECK_NULL(out, fn);
+    ETP__TRY(check_config(cfg, fn));
+    ETP__CHECK_ARG(cfg->group->ctx == ctx, "%s: the group belongs to another context", fn);
+    ETP__TRY(etp__ctx_usable(ctx, fn));
+
+    etp_param_t *p = calloc(1, sizeof *p);
+    if (!p) return etp__err(ETP_ERR_OUT_OF_MEMORY, "%s: out of memory", fn);
+    p->ctx = ctx;
+    p->group = cfg->group;
+    snprintf(p->name, sizeof p->name, "%s", cfg->name ? cfg->name : "param");
+    p->group_rank = cfg->group->rank;
+    p->group_size = cfg->group->size;
+    p->experts = cfg->experts > 1 ? cfg->experts : 1;
+    p->rows = cfg->rows;
+    p->cols = cfg->cols;
+    int64_t unit = (int64_t)p->group_size * (cfg->alignment > 1 ? cfg->alignment : 1);
+    p->padded_rows = (p->rows + unit - 1) / unit * unit;
+    p->shard_rows = p->padded_rows / p->group_size;
+    p->row_begin = (int64_t)p->group_rank * p->shard_rows;
+    int64_t valid = p->rows - p->row_begin;
+    p->valid_rows = valid < 0 ? 0 : valid > p->shard_rows ? p->shard_rows : valid;
+    p->dtype = cfg->dtype;
+    p->wgrad_dtype = (int)cfg->wgrad_dtype == -1 ? cfg->dtype : cfg->wgrad_dtype;
+    p->upcast = cfg->upcast_wgrad && p->wgrad_dtype == ETP_DTYPE_BF16;
+    p->alignment = cfg->alignment;
+    p->has_master = cfg->master != 0;
+    p->quant = cfg->quant;
+    p->ticket[0] = p->ticket[1] = -1;
+    p->wgrad_entry = -1;
+
+    size_t n = (size_t)(p->experts * p->shard_rows * p->cols);
+    etp_status_t st = etp_mem_alloc(ctx, n * esize(p->dtype), ETP_MEM_SHARDS, &p->shard);
+    if (st == ETP_SUCCESS)
+        st = etp_mem_alloc(ctx, n * sizeof(float), ETP_MEM_MAIN_GRAD, (void **)&p->main_grad);
+    if (st == ETP_SUCCESS && p->has_master)
+        st = etp_mem_alloc(ctx, n * sizeof(float), ETP_MEM_SHARDS, (void **)&p->master);
+    if (st == ETP_SUCCESS) st = etp_event_create(ctx, &p->updated);
+    if (st == ETP_SUCCESS) {
+        /* Zeroed once, synchronously: padding rows stay zero for good. */
+        etp_stream_t *s;
+        st = etp_stream_create(ctx, ETP_STREAM_PRIORITY_NORMAL, &s);
+        if (st == ETP_SUCCESS) {
+            st = etp_memset_async(s, p->shard, 0, n * esize(p->dtype));
+            if (st == ETP_SUCCESS) st = etp_memset_async(s, p->main_grad, 0, n * sizeof(float));
+            if (st == ETP_SUCCESS && p->master)
+                st = etp_memset_async(s, p->master, 0, n * sizeof(float));
+            etp_status_t st2 = etp_stream_synchronize(s);
+            if (st == ETP_SUCCESS) st = st2;
+            etp_stream_destroy(s);
+        }
+    }
+    if (st != ETP_SUCCESS) {
+        param_free(p);
+        return st;
+    }
+    ETP__LOG(&ctx->log, ETP_LOG_INFO, ETP_SUBSYS_SHARD,
+             "param '%s': %lld x [%lld, %lld] %s, padded rows %lld, shard rows %lld (%lld valid)",
+             p->name, (long long)p->experts, (long long)p->rows, (long long)p->cols,
+             etp_dtype_name(p->dtype), (long long)p->padded_rows, (long long)p->shard_rows,
+             (long long)p->valid_rows);
+    *out = p;
+    return ETP_SUCCESS;
+}
+
+etp_status_t etp_param_destroy(etp_param_t *p)
+{
+    if (!p) return ETP_SUCCESS;
+    if (p->chain)
+        return etp__err(ETP_ERR_BUSY, "etp_param_destroy: '%s' is in chain '%s'; destroy the chain first",
+                        p->name, p->chain->name);
+    param_free(p);
+    return ETP_SUCCESS;
+}
+
+etp_status_t etp_param_info(const etp_param_t *p, etp_param_info_t *info)
+{
+    ETP__CHECK_NULL(p, "etp_param_info");
+    ETP__CHECK_NULL(info, "etp_param_info");
+    ETP__CHECK_ARG(info->size == sizeof *info,
+                   "etp_param_info: info->size %zu (expected %zu; use ETP_PARAM_INFO_INIT)",
+                   info->size, sizeof *info);
+    etp_param_info_t i = {sizeof i, p->name, p->experts, p->rows, p->cols, p->padded_rows,
+                          p->shard_rows, p->row_begin, p->valid_rows, p->dtype, p->wgrad_dtype,
+                          p->shard, p->main_grad, p->master};
+    *info = i;
+    return ETP_SUCCESS;
+}
+
+static etp_status_t check_stream(const etp_param_t *p, const etp_stream_t *s, const char *fn)
+{
+    ETP__CHECK_NULL(p, fn);
+    ETP__CHECK_NULL(s, fn);
+    ETP__CHECK_ARG(s->ctx == p->ctx, "%s: the stream belongs to another context than '%s'", fn,
+                   p->name);
+    return etp__ctx_usable(p->ctx, fn);
+}
+
+/* Copy this rank's valid rows (src rows from src_row0, experts src_stride
+ * rows apart) into the shard, zero the padding rows, refresh master, and
+ * mark the shard updated: everything on s. */
+static etp_status_t load_rows(etp_param_t *p, const char *src, int64_t src_row0, int64_t src_stride,
+                              etp_stream_t *s)
+{
+    size_t es = esize(p->dtype), row = (size_t)p->cols * es;
+    for (int64_t e = 0; e < p->experts; e++) {
+        char *dst = (char *)p->shard + (size_t)(e * p->shard_rows) * row;
+        ETP__TRY(etp_memcpy_async(s, dst, src + (size_t)((e * src_stride + src_row0) * p->cols) * es,
+                                  (size_t)p->valid_rows * row));
+        ETP__TRY(etp_memset_async(s, dst + (size_t)p->valid_rows * row, 0,
+                                  (size_t)(p->shard_rows - p->valid_rows) * row));
+    }
+    if (p->master) {
+        etp__be_t *be = p->ctx->be;
+        etp__shard_geom_t g = {p->experts, p->shard_rows, p->cols, p->shard_rows,
+                               p->shard_rows * p->cols};
+        ETP__TRY(be->ops->kernels->shard->convert_rows(be, s->bs, p->master, ETP_DTYPE_F32,
+                                                        g.stride, p->shard, p->dtype, g.stride,
+                                                        p->cols, g));
+    }
+    return etp_param_mark_updated(p, s);
+}
+
+etp_status_t etp_param_load_full(etp_param_t *p, const void *src, etp_stream_t *s)
+{
+    ETP__TRY(check_stream(p, s, "etp_param_load_full"));
+    ETP__CHECK_NULL(src, "etp_param_load_full");
+    return load_rows(p, src, p->row_begin, p->rows, s);
+}
+
+etp_status_t etp_param_load_shard(etp_param_t *p, const void *src, etp_stream_t *s)
+{
+    ETP__TRY(check_stream(p, s, "etp_param_load_shard"));
+    ETP__CHECK_NULL(src, "etp_param_load_shard");
+    return load_rows(p, src, 0, p->shard_rows, s);
+}
+
+etp_status_t etp_param_mark_updated(etp_param_t *p, etp_stream_t *s)
+{
+    ETP__TRY(check_stream(p, s, "etp_param_mark_updated"));
+    ETP__TRY(etp_event_record(p->updated, s));
+    p->updated_recorded = 1;
+    return ETP_SUCCESS;
+}
+
+etp_status_t etp_param_export_full(etp_param_t *p, void *dst, etp_stream_t *s)
+{
+    const char *fn = "etp_param_export_full";
+    ETP__TRY(check_stream(p, s, fn));
+    ETP__CHECK_NULL(dst, fn);
+    size_t es = esize(p->dtype), row = (size_t)p->cols * es;
+    size_t shard_elems = (size_t)(p->shard_rows * p->cols);
+    void *full;
+    ETP__TRY(etp_mem_alloc(p->ctx, (size_t)(p->experts * p->padded_rows) * row, ETP_MEM_WORKSPACE,
+                           &full));
+    etp_status_t st = etp__grouped_allgather(p->group, 0, p->shard, shard_elems * es, full,
+                                             (size_t)p->padded_rows * row, shard_elems, p->dtype,
+                                             p->experts, s);
+    for (int64_t e = 0; e < p->experts && st == ETP_SUCCESS; e++)
+        st = etp_memcpy_async(s, (char *)dst + (size_t)(e * p->rows) * row,
+                              (char *)full + (size_t)(e * p->padded_rows) * row,
+                              (size_t)p->rows * row);
+    /* etp_mem_free waits for the enqueued work, the copies included. */
+    etp_status_t st2 = etp_mem_free(p->ctx, full);
+    return st != ETP_SUCCESS ? st : st2;
+}
+
+etp_status_t etp_param_set_grad_callback(etp_param_t *p, etp_grad_ready_fn_t fn, void *user)
+{
+    ETP__CHECK_NULL(p, "etp_param_set_grad_callback");
+    p->cb = fn;
+    p->cb_user = user;
+    return ETP_SUCCESS;
+}

@@ -1,0 +1,110 @@
+/* Internal state of parameters and chains (src/shard). */
+#ifndef ETP__SHARD_INTERNAL_H
+#define ETP__SHARD_INTERNAL_H
+
+#include "../backend/kernels_shard.h"
+#include "../comm/comm_internal.h"
+#include "etp/param.h"
+
+enum { ETP__TICKET_IDLE = 0, ETP__TICKET_ISSUED, ETP__TICKET_HELD, ETP__TICKET_RELEASED };
+enum { ETP__CHAIN_BUILDING = 0, ETP__CHAIN_RECORDING, ETP__CHAIN_FINALIZED };
+
+/* Ordering edges, each removable by tests (etp__chain_test_skip_edges) to
+ * prove the shuffle-mode tests notice. */
+enum {
+    ETP__EDGE_SHARD_WRITER = 1u << 0, /* AG stream waits for mark_updated's stream */
+    ETP__EDGE_SLOT_RELEASE = 1u << 1, /* AG stream waits for the slot's previous reader */
+    ETP__EDGE_GATHER_READY = 1u << 2, /* the caller's stream waits for the gather */
+    ETP__EDGE_WGRAD_WRITER = 1u << 3, /* RS stream waits for the wgrad's writer */
+    ETP__EDGE_RING_REUSE = 1u << 4,   /* a ring entry's writer waits for its last reduction */
+    ETP__EDGE_GRADS_JOIN = 1u << 5    /* wait_grads joins the RS stream */
+};
+
+struct etp_param {
+    etp_context_t *ctx;
+    etp_group_t *group;
+    char name[64];
+    int group_rank, group_size;
+    int64_t experts, rows, cols, padded_rows, shard_rows, row_begin, valid_rows;
+    etp_dtype_t dtype, wgrad_dtype;
+    int upcast, alignment, has_master;
+    etp_param_quant_t quant;
+    void *shard;
+    float *main_grad, *master;
+    etp_event_t *updated;
+    int updated_recorded;
+    etp_chain_t *chain;
+    int ticket[2];   /* per pass, -1 when not planned */
+    int wgrad_entry; /* ring entry handed out and not yet reduced, or -1 */
+    int micro;       /* reductions this step */
+    etp_grad_ready_fn_t cb;
+    void *cb_user;
+};
+
+typedef struct etp__ticket {
+    etp_param_t *param;
+    etp_pass_t pass;
+    size_t bytes;
+    int slot;
+    int state;
+} etp__ticket_t;
+
+typedef struct etp__slot {
+    void *ptr;
+    size_t bytes;
+    int tenant; /* ticket, or -1 */
+    etp_event_t *ready, *released;
+    int release_recorded;
+} etp__slot_t;
+
+struct etp_chain {
+    etp_context_t *ctx;
+    etp_group_t *group;
+    char name[64];
+    int depth, graphed, ag_role, rs_role, ring_n, num_micro;
+    int state;
+    etp_stream_t *ag, *rs;
+    etp_event_t *scratch;
+    etp_param_t **params;
+    int nparams, cap_params;
+    etp__ticket_t *tickets;
+    int ntickets, cap_tickets;
+    etp__slot_t *slots;
+    int nslots;
+    size_t lower_bound;
+    /* wgrad ring and staging, sized for the largest parameter */
+    void **ring;
+    etp_event_t **ring_done;
+    int *ring_done_recorded;
+    int ring_next;
+    size_t ring_bytes, up_bytes, rs_bytes;
+    void *up_stage, *rs_stage;
+    double *stats;
+    unsigned skip_edges;
+};
+
+/* The ticket planner (plan.c): slot[i] for each of n tickets of bytes[i],
+ * such that tickets less than depth + 1 apart never share a slot; slot
+ * sizes in slot_bytes (caller-allocated, n entries). Returns the number of
+ * slots; *lower_bound is the largest sum of depth + 1 consecutive tickets. */
+int etp__plan_tickets(const size_t *bytes, int n, int depth, int *slot, size_t *slot_bytes,
+                      size_t *lower_bound);
+
+size_t etp__param_gather_bytes(const etp_param_t *p, etp_pass_t pass);
+etp_status_t etp__chain_record_ticket(etp_chain_t *c, etp_param_t *p, etp_pass_t pass);
+etp_status_t etp__chain_ensure_workspace(etp_chain_t *c);
+
+/* grouped.c: the per-expert collectives of a parameter as one batch;
+ * strides in bytes, counts in elements per expert. */
+etp_status_t etp__grouped_allgather(etp_group_t *g, int role, const void *src, size_t src_stride,
+                                    void *dst, size_t dst_stride, size_t count, etp_dtype_t dtype,
+                                    int64_t experts, etp_stream_t *s);
+etp_status_t etp__grouped_reduce_scatter(etp_group_t *g, int role, const void *src,
+                                         size_t src_stride, void *dst, size_t dst_stride,
+                                         size_t count, etp_dtype_t dtype, int64_t experts,
+                                         etp_stream_t *s);
+
+/* Test-only: remove ordering edges (ETP__EDGE_*) from a chain. */
+void etp__chain_test_skip_edges(etp_chain_t *c, unsigned edges);
+
+#endif

@@ -1,0 +1,38 @@
+/*
+ * The shard tests on the CUDA backend (1 and 2 GPUs): the same programs and
+ * single-rank references as tests/mpi/test_shard.c, without the edge tests
+ * (which need the host backend's shuffle mode). Skipped without a GPU.
+ */
+#include <cuda_runtime_api.h>
+
+#define ETP_SHARD_TEST_CUDA 1
+#include "../mpi/test_shard.c"
+
+static int have_gpu(void **state)
+{
+    (void)state;
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
+        print_message("no GPU present: skipping GPU shard tests\n");
+        return -1;
+    }
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    tu_mpi_init(&argc, &argv, "test_gpu_shard");
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
+        if (g_rank == 0) printf("no GPU present: skipping GPU shard tests\n");
+        return tu_mpi_finish(0);
+    }
+    (void)have_gpu;
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_chain_every_seed),
+        cmocka_unit_test(test_grad_stats),
+        cmocka_unit_test(test_recorded_chain),
+        cmocka_unit_test(test_errors),
+    };
+    return tu_mpi_finish(cmocka_run_group_tests(tests, NULL, NULL));
+}

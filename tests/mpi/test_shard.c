@@ -1,0 +1,500 @@
+/*
+ * Sharded parameters and chains on the host backend, in shuffle mode, for
+ * every seed of the fixed list: forward and backward gathers equal the full
+ * weights; gradients over 5 steps of 2 micro-batches equal a single-rank
+ * reference computed here without etp; each completion callback fires once a
+ * step. Then one test per ordering edge: removing it (a test-only switch)
+ * gives wrong numbers for seed 0, which runs producers as late as allowed.
+ */
+#include <math.h>
+
+#include "core/half.h"
+#include "mpi_util.h"
+#include "shard/shard_internal.h"
+
+static const int64_t seeds[] = {0, 1, 2, 3, 42, 1234, 99991};
+#define NSEEDS (sizeof seeds / sizeof seeds[0])
+
+typedef struct {
+    int64_t experts, rows, cols;
+    int alignment;
+    etp_dtype_t dtype, wgrad;
+    int upcast, master;
+} spec_t;
+
+/* Mixed shapes: rows not divisible by the group size, alignment 0, 1, 16,
+ * 32, grouped experts, ranks holding padding only, BF16 and FP32, upcasts. */
+static const spec_t specs[] = {
+    {1, 37, 8, 0, ETP_DTYPE_F32, ETP_DTYPE_F32, 0, 1},
+    {1, 64, 16, 1, ETP_DTYPE_BF16, ETP_DTYPE_BF16, 0, 0},
+    {1, 5, 12, 16, ETP_DTYPE_F32, ETP_DTYPE_F32, 0, 0},
+    {4, 23, 8, 32, ETP_DTYPE_BF16, ETP_DTYPE_BF16, 1, 1},
+    {1, 100, 4, 0, ETP_DTYPE_BF16, ETP_DTYPE_F32, 0, 0},
+    {3, 9, 10, 1, ETP_DTYPE_F32, ETP_DTYPE_F32, 0, 0},
+    {1, 1, 33, 0, ETP_DTYPE_F32, ETP_DTYPE_F32, 0, 0},
+    {2, 50, 6, 16, ETP_DTYPE_BF16, ETP_DTYPE_BF16, 0, 0},
+    {1, 31, 31, 0, ETP_DTYPE_F32, ETP_DTYPE_F32, 0, 0},
+    {8, 7, 5, 0, ETP_DTYPE_F32, ETP_DTYPE_F32, 0, 0},
+    {1, 128, 2, 32, ETP_DTYPE_BF16, ETP_DTYPE_BF16, 1, 0},
+    {1, 13, 9, 1, ETP_DTYPE_F32, ETP_DTYPE_F32, 0, 1},
+};
+#define NSPECS (sizeof specs / sizeof specs[0])
+
+/* Small integers: exact in BF16, and their sums over ranks too. */
+static float weight(int p, int step, int64_t e, int64_t r, int64_t c)
+{
+    return (float)((int64_t)(tu_rand(g_seed, 100 + (uint64_t)p, (uint64_t)step,
+                                     (uint64_t)((e * 1000 + r) * 1000 + c)) % 17) - 8);
+}
+
+static float wgrad(int p, int step, int micro, int rank, int64_t i)
+{
+    return (float)((int64_t)(tu_rand(g_seed, 200 + (uint64_t)p,
+                                     (uint64_t)((step * 8 + micro) * 64 + rank), (uint64_t)i) % 9) - 4);
+}
+
+static void put(void *buf, etp_dtype_t t, size_t i, float v)
+{
+    if (t == ETP_DTYPE_BF16)
+        ((uint16_t *)buf)[i] = etp__f32_to_bf16(v);
+    else
+        ((float *)buf)[i] = v;
+}
+
+static float get(const void *buf, etp_dtype_t t, size_t i)
+{
+    return t == ETP_DTYPE_BF16 ? etp__bf16_to_f32(((const uint16_t *)buf)[i]) : ((const float *)buf)[i];
+}
+
+typedef struct {
+    etp_context_t *ctx;
+    etp_group_t *world, *tp;
+    etp_stream_t *main;
+    etp_chain_t *chain;
+    etp_param_t *p[NSPECS];
+    int nparams;
+    int callbacks[NSPECS];
+    int bad_callback_stream;
+    /* host buffers that deferred (shuffle-mode) work reads or writes */
+    void *keep[4 * NSPECS * 8];
+    int nkeep;
+} run_t;
+
+static void *keep(run_t *r, size_t bytes)
+{
+    void *p = malloc(bytes ? bytes : 1);
+    assert_non_null(p);
+    r->keep[r->nkeep++] = p;
+    return p;
+}
+
+static void drop_kept(run_t *r)
+{
+    for (int i = 0; i < r->nkeep; i++) free(r->keep[i]);
+    r->nkeep = 0;
+}
+
+static void on_grad(void *user, etp_param_t *param, etp_stream_t *final_stream)
+{
+    run_t *r = user;
+    etp_stream_t *rs = NULL;
+    etp_chain_streams(r->chain, NULL, &rs);
+    if (final_stream != rs) r->bad_callback_stream++;
+    for (int i = 0; i < r->nparams; i++)
+        if (r->p[i] == param) r->callbacks[i]++;
+}
+
+/* The host backend in shuffle mode; or, built as tests/gpu/test_gpu_shard.c,
+ * the CUDA backend (where the seed does not matter). */
+static etp_context_t *make_ctx(int64_t seed)
+{
+#ifdef ETP_SHARD_TEST_CUDA
+    (void)seed;
+    etp_context_config_t cfg = ETP_CONTEXT_CONFIG_INIT;
+    cfg.backend = ETP_BACKEND_CUDA;
+    etp_context_t *ctx = NULL;
+    ETP_OK(etp_context_create_mpi(MPI_COMM_WORLD, &cfg, &ctx));
+    return ctx;
+#else
+    return tu_host_ctx(MPI_COMM_WORLD, ETP_HOST_STREAMS_SHUFFLE, seed, -1, -1);
+#endif
+}
+
+static void open_run(run_t *r, int64_t seed, int nparams, int depth, int ring, unsigned skip)
+{
+    memset(r, 0, sizeof *r);
+    r->ctx = make_ctx(seed);
+    ETP_OK(etp_context_world(r->ctx, &r->world));
+    etp_group_config_t gc = ETP_GROUP_CONFIG_INIT;
+    gc.name = "etp";
+    gc.num_roles = 2;
+    ETP_OK(etp_group_split(r->world, 0, g_rank, &gc, &r->tp));
+    ETP_OK(etp_stream_create(r->ctx, ETP_STREAM_PRIORITY_NORMAL, &r->main));
+    etp_chain_config_t cc = ETP_CHAIN_CONFIG_INIT;
+    cc.name = "layers";
+    cc.group = r->tp;
+    cc.depth = depth;
+    cc.wgrad_ring = ring;
+    cc.num_microbatches = 2;
+    ETP_OK(etp_chain_create(r->ctx, &cc, &r->chain));
+    r->nparams = nparams;
+    for (int i = 0; i < nparams; i++) {
+        const spec_t *s = &specs[i];
+        etp_param_config_t pc = ETP_PARAM_CONFIG_INIT;
+        char name[16];
+        snprintf(name, sizeof name, "w%d", i);
+        pc.name = name;
+        pc.group = r->tp;
+        pc.experts = s->experts;
+        pc.rows = s->rows;
+        pc.cols = s->cols;
+        pc.alignment = s->alignment;
+        pc.dtype = s->dtype;
+        pc.wgrad_dtype = s->wgrad;
+        pc.upcast_wgrad = s->upcast;
+        pc.master = s->master;
+        ETP_OK(etp_param_create(r->ctx, &pc, &r->p[i]));
+        ETP_OK(etp_param_set_grad_callback(r->p[i], on_grad, r));
+        ETP_OK(etp_chain_add(r->chain, r->p[i]));
+    }
+    ETP_OK(etp_chain_finalize(r->chain));
+    etp__chain_test_skip_edges(r->chain, skip);
+}
+
+static void close_run(run_t *r)
+{
+    etp_stream_t *ag, *rs;
+    ETP_OK(etp_chain_streams(r->chain, &ag, &rs));
+    ETP_OK(etp_stream_synchronize(ag));
+    ETP_OK(etp_stream_synchronize(rs));
+    ETP_OK(etp_stream_synchronize(r->main));
+    drop_kept(r);
+    ETP_OK(etp_chain_destroy(r->chain));
+    for (int i = 0; i < r->nparams; i++) ETP_OK(etp_param_destroy(r->p[i]));
+    ETP_OK(etp_stream_destroy(r->main));
+    ETP_OK(etp_group_destroy(r->tp));
+    ETP_OK(etp_context_destroy(r->ctx));
+}
+
+/* Load step `step`'s weights (every rank passes the full tensor). */
+static void load_weights(run_t *r, int step)
+{
+    for (int i = 0; i < r->nparams; i++) {
+        const spec_t *s = &specs[i];
+        size_t n = (size_t)(s->experts * s->rows * s->cols);
+        void *full = keep(r, n * etp_dtype_size(s->dtype));
+        for (int64_t e = 0; e < s->experts; e++)
+            for (int64_t row = 0; row < s->rows; row++)
+                for (int64_t c = 0; c < s->cols; c++)
+                    put(full, s->dtype, (size_t)((e * s->rows + row) * s->cols + c),
+                        weight(i, step, e, row, c));
+        ETP_OK(etp_param_load_full(r->p[i], full, r->main));
+    }
+}
+
+/* Gather p for `pass`, copy the weight out on main, release. Returns the
+ * host copy (valid after main is synchronized). */
+static void *gather_copy(run_t *r, int i, etp_pass_t pass)
+{
+    const spec_t *s = &specs[i];
+    etp_weight_view_t v = ETP_WEIGHT_VIEW_INIT;
+    ETP_OK(etp_gather(r->p[i], pass, r->main, &v));
+    assert_int_equal(v.rows, s->rows);
+    assert_int_equal(v.cols, s->cols);
+    assert_int_equal(v.experts, s->experts);
+    assert_int_equal(v.ld, s->cols);
+    size_t es = etp_dtype_size(s->dtype), per = (size_t)(s->rows * s->cols);
+    void *out = keep(r, (size_t)s->experts * per * es);
+    tu_poison(out, (size_t)s->experts * per * es);
+    for (int64_t e = 0; e < s->experts; e++)
+        ETP_OK(etp_memcpy_async(r->main, (char *)out + (size_t)e * per * es,
+                                (char *)v.data + (size_t)(e * v.expert_stride) * es, per * es));
+    ETP_OK(etp_release(r->p[i], pass, r->main));
+    return out;
+}
+
+static long count_weight_errors(int i, int step, const void *got)
+{
+    const spec_t *s = &specs[i];
+    long bad = 0;
+    for (int64_t e = 0; e < s->experts; e++)
+        for (int64_t row = 0; row < s->rows; row++)
+            for (int64_t c = 0; c < s->cols; c++)
+                bad += get(got, s->dtype, (size_t)((e * s->rows + row) * s->cols + c)) !=
+                       weight(i, step, e, row, c);
+    return bad;
+}
+
+/* Write micro-batch m's wgrad of p into a ring buffer on main and reduce. */
+static void produce_grad(run_t *r, int i, int step, int m)
+{
+    const spec_t *s = &specs[i];
+    etp_weight_view_t v = ETP_WEIGHT_VIEW_INIT;
+    ETP_OK(etp_wgrad_buffer(r->p[i], r->main, &v));
+    assert_int_equal(v.dtype, s->wgrad);
+    size_t es = etp_dtype_size(s->wgrad), per = (size_t)(s->rows * s->cols);
+    void *src = keep(r, (size_t)s->experts * per * es);
+    for (size_t k = 0; k < (size_t)s->experts * per; k++) put(src, s->wgrad, k, wgrad(i, step, m, g_rank, (int64_t)k));
+    for (int64_t e = 0; e < s->experts; e++)
+        ETP_OK(etp_memcpy_async(r->main, (char *)v.data + (size_t)(e * v.expert_stride) * es,
+                                (char *)src + (size_t)e * per * es, per * es));
+    ETP_OK(etp_reduce_grad(r->p[i], r->main, 0.5f));
+}
+
+/* main_grad of p after `step` (2 micro-batches of scale 0.5), on this rank. */
+static long count_grad_errors(run_t *r, int i, int step, const float *got)
+{
+    const spec_t *s = &specs[i];
+    etp_param_info_t info = ETP_PARAM_INFO_INIT;
+    ETP_OK(etp_param_info(r->p[i], &info));
+    long bad = 0;
+    for (int64_t e = 0; e < s->experts; e++)
+        for (int64_t row = 0; row < info.shard_rows; row++)
+            for (int64_t c = 0; c < s->cols; c++) {
+                int64_t grow = info.shard_row_begin + row;
+                float want = 0;
+                if (grow < s->rows)
+                    for (int m = 0; m < 2; m++) {
+                        float sum = 0;
+                        for (int q = 0; q < g_size; q++)
+                            sum += wgrad(i, step, m, q, (e * s->rows + grow) * s->cols + c);
+                        want += 0.5f * sum;
+                    }
+                bad += got[(e * info.shard_rows + row) * s->cols + c] != want;
+            }
+    return bad;
+}
+
+/* Steps of the full protocol; returns the number of wrong elements seen
+ * (the same on every rank). */
+static long run_steps(run_t *r, int steps)
+{
+    long bad = 0;
+    for (int step = 0; step < steps; step++) {
+        memset(r->callbacks, 0, sizeof r->callbacks);
+        ETP_OK(etp_zero_grad(r->chain, r->main));
+        load_weights(r, step);
+        void *seen[2][2][NSPECS];
+        for (int m = 0; m < 2; m++) {
+            for (int i = 0; i < r->nparams; i++) seen[m][0][i] = gather_copy(r, i, ETP_PASS_FORWARD);
+            for (int i = r->nparams - 1; i >= 0; i--) {
+                seen[m][1][i] = gather_copy(r, i, ETP_PASS_BACKWARD);
+                produce_grad(r, i, step, m);
+            }
+        }
+        ETP_OK(etp_wait_grads(r->chain, r->main));
+        float *grads[NSPECS];
+        for (int i = 0; i < r->nparams; i++) {
+            etp_param_info_t info = ETP_PARAM_INFO_INIT;
+            ETP_OK(etp_param_info(r->p[i], &info));
+            size_t n = (size_t)(info.experts * info.shard_rows * info.cols);
+            grads[i] = keep(r, n * sizeof(float));
+            tu_poison(grads[i], n * sizeof(float));
+            ETP_OK(etp_memcpy_async(r->main, grads[i], info.main_grad, n * sizeof(float)));
+        }
+        ETP_OK(etp_stream_synchronize(r->main));
+        for (int m = 0; m < 2; m++)
+            for (int pass = 0; pass < 2; pass++)
+                for (int i = 0; i < r->nparams; i++) {
+                    long b = count_weight_errors(i, step, seen[m][pass][i]);
+                    if (b && getenv("ETP_TEST_VERBOSE")) printf("rank %d step %d micro %d pass %d param %d: %ld weight errors\n", g_rank, step, m, pass, i, b);
+                    bad += b;
+                }
+        for (int i = 0; i < r->nparams; i++) {
+            long b = count_grad_errors(r, i, step, grads[i]);
+            if (b && getenv("ETP_TEST_VERBOSE")) printf("rank %d step %d param %d: %ld grad errors\n", g_rank, step, i, b);
+            bad += b;
+            assert_int_equal(r->callbacks[i], 1);
+        }
+        assert_int_equal(r->bad_callback_stream, 0);
+        drop_kept(r);
+    }
+    long all = 0;
+    MPI_Allreduce(&bad, &all, 1, MPI_LONG, MPI_SUM, MPI_COMM_WORLD);
+    return all;
+}
+
+static void test_chain_every_seed(void **state)
+{
+    (void)state;
+    for (size_t k = 0; k < NSEEDS; k++) {
+        run_t r;
+        open_run(&r, seeds[k], (int)NSPECS, 1 + (int)(k % 3), 2, 0);
+        etp_cache_report_t rep = ETP_CACHE_REPORT_INIT;
+        ETP_OK(etp_chain_cache_report(r.chain, &rep));
+        assert_int_equal(rep.tickets, 2 * (int)NSPECS);
+        assert_int_equal(rep.slots, 2 + (int)(k % 3));
+        assert_true(rep.slot_bytes >= rep.lower_bound_bytes);
+        long bad = run_steps(&r, 5);
+        if (bad && g_rank == 0) printf("seed %lld: %ld wrong elements\n", (long long)seeds[k], bad);
+        assert_int_equal(bad, 0);
+        close_run(&r);
+    }
+}
+
+/* Grad norm over the chain equals the sum computed from the reference. */
+static void test_grad_stats(void **state)
+{
+    (void)state;
+    run_t r;
+    open_run(&r, 7, 5, 1, 2, 0);
+    assert_int_equal(run_steps(&r, 1), 0);
+    double sumsq = -1;
+    int64_t nonfinite = -1;
+    ETP_OK(etp_chain_grad_stats(r.chain, &sumsq, &nonfinite));
+    double want = 0;
+    for (int i = 0; i < 5; i++) {
+        const spec_t *s = &specs[i];
+        for (int64_t k = 0; k < s->experts * s->rows * s->cols; k++) {
+            double g = 0;
+            for (int m = 0; m < 2; m++)
+                for (int q = 0; q < g_size; q++) g += 0.5 * wgrad(i, 0, m, q, k);
+            want += g * g;
+        }
+    }
+    assert_true(sumsq == want);
+    assert_int_equal(nonfinite, 0);
+    close_run(&r);
+}
+
+/* Each edge, removed, gives wrong numbers under seed 0; present, right ones. */
+static void check_edge(unsigned edge, const char *name)
+{
+    run_t r;
+    open_run(&r, 0, 4, 1, 2, edge);
+    long bad = run_steps(&r, 2);
+    if (g_rank == 0) printf("without edge %s: %ld wrong elements\n", name, bad);
+    assert_true(bad > 0);
+    close_run(&r);
+    open_run(&r, 0, 4, 1, 2, 0);
+    assert_int_equal(run_steps(&r, 2), 0);
+    close_run(&r);
+}
+
+static void test_edge_shard_writer(void **s) { (void)s; check_edge(ETP__EDGE_SHARD_WRITER, "shard writer"); }
+static void test_edge_slot_release(void **s) { (void)s; check_edge(ETP__EDGE_SLOT_RELEASE, "slot release"); }
+static void test_edge_gather_ready(void **s) { (void)s; check_edge(ETP__EDGE_GATHER_READY, "gather ready"); }
+static void test_edge_wgrad_writer(void **s) { (void)s; check_edge(ETP__EDGE_WGRAD_WRITER, "wgrad writer"); }
+static void test_edge_ring_reuse(void **s) { (void)s; check_edge(ETP__EDGE_RING_REUSE, "ring reuse"); }
+static void test_edge_grads_join(void **s) { (void)s; check_edge(ETP__EDGE_GRADS_JOIN, "grads join"); }
+
+/* A chain recorded during one eager step plans the same tickets. */
+static void test_recorded_chain(void **state)
+{
+    (void)state;
+    run_t r;
+    memset(&r, 0, sizeof r);
+    r.ctx = make_ctx(3);
+    ETP_OK(etp_context_world(r.ctx, &r.world));
+    etp_group_config_t gc = ETP_GROUP_CONFIG_INIT;
+    gc.num_roles = 2;
+    ETP_OK(etp_group_split(r.world, 0, g_rank, &gc, &r.tp));
+    ETP_OK(etp_stream_create(r.ctx, ETP_STREAM_PRIORITY_NORMAL, &r.main));
+    etp_chain_config_t cc = ETP_CHAIN_CONFIG_INIT;
+    cc.group = r.tp;
+    cc.num_microbatches = 2;
+    ETP_OK(etp_chain_create(r.ctx, &cc, &r.chain));
+    r.nparams = 6;
+    for (int i = 0; i < r.nparams; i++) {
+        etp_param_config_t pc = ETP_PARAM_CONFIG_INIT;
+        pc.group = r.tp;
+        pc.experts = specs[i].experts;
+        pc.rows = specs[i].rows;
+        pc.cols = specs[i].cols;
+        pc.alignment = specs[i].alignment;
+        pc.dtype = specs[i].dtype;
+        pc.wgrad_dtype = specs[i].wgrad;
+        pc.upcast_wgrad = specs[i].upcast;
+        ETP_OK(etp_param_create(r.ctx, &pc, &r.p[i]));
+        ETP_OK(etp_param_set_grad_callback(r.p[i], on_grad, &r));
+    }
+    /* The recording step is a real step: gathers and gradients work. */
+    ETP_OK(etp_chain_begin_record(r.chain));
+    assert_int_equal(run_steps(&r, 1), 0);
+    ETP_OK(etp_chain_end_record(r.chain));
+    etp_cache_report_t rep = ETP_CACHE_REPORT_INIT;
+    ETP_OK(etp_chain_cache_report(r.chain, &rep));
+    assert_int_equal(rep.tickets, 12);
+    assert_int_equal(rep.slots, 2);
+    assert_int_equal(run_steps(&r, 3), 0);
+    close_run(&r);
+}
+
+/* Misuse is an error with a message, and nothing is corrupted. */
+static void test_errors(void **state)
+{
+    (void)state;
+    run_t r;
+    open_run(&r, 1, 3, 1, 2, 0);
+    etp_weight_view_t v = ETP_WEIGHT_VIEW_INIT;
+    etp_param_config_t pc = ETP_PARAM_CONFIG_INIT;
+    pc.group = r.tp;
+    pc.rows = 8;
+    pc.cols = 32;
+    etp_param_t *loose;
+    ETP_OK(etp_param_create(r.ctx, &pc, &loose));
+    ETP_EXPECT_MSG(etp_gather(loose, ETP_PASS_FORWARD, r.main, &v), ETP_ERR_INVALID_STATE,
+                   "not in a finalized or recording chain");
+    ETP_EXPECT_MSG(etp_release(r.p[0], ETP_PASS_FORWARD, r.main), ETP_ERR_INVALID_STATE,
+                   "release without gather");
+    ETP_EXPECT_MSG(etp_reduce_grad(r.p[0], r.main, 1.0f), ETP_ERR_INVALID_STATE, "no wgrad buffer");
+    ETP_EXPECT_MSG(etp_chain_add(r.chain, loose), ETP_ERR_INVALID_STATE, "finalized");
+    ETP_EXPECT_MSG(etp_param_destroy(r.p[0]), ETP_ERR_BUSY, "chain");
+    ETP_EXPECT(etp_gather(r.p[0], (etp_pass_t)5, r.main, &v), ETP_ERR_INVALID_ARGUMENT);
+    /* holding a weight: a prefetch into its slot, or destroy, is refused */
+    load_weights(&r, 0);
+    ETP_OK(etp_gather(r.p[0], ETP_PASS_FORWARD, r.main, &v));
+    ETP_EXPECT_MSG(etp_gather(r.p[0], ETP_PASS_FORWARD, r.main, &v), ETP_ERR_INVALID_STATE,
+                   "not released");
+    ETP_EXPECT_MSG(etp_gather(r.p[1], ETP_PASS_FORWARD, r.main, &v), ETP_ERR_INVALID_STATE,
+                   "would overwrite slot");
+    ETP_EXPECT_MSG(etp_chain_destroy(r.chain), ETP_ERR_BUSY, "not released");
+    ETP_OK(etp_release(r.p[0], ETP_PASS_FORWARD, r.main));
+    etp_weight_view_t w = ETP_WEIGHT_VIEW_INIT;
+    ETP_OK(etp_wgrad_buffer(r.p[2], r.main, &w));
+    ETP_EXPECT_MSG(etp_wgrad_buffer(r.p[2], r.main, &w), ETP_ERR_INVALID_STATE, "not reduced");
+    ETP_EXPECT(etp_reduce_grad(r.p[2], r.main, INFINITY), ETP_ERR_INVALID_ARGUMENT);
+    /* quantized modes: the alignment is checked first */
+    etp_param_config_t q = pc;
+    q.quant = ETP_PARAM_QUANT_NVFP4;
+    q.alignment = 8;
+    etp_param_t *bad = NULL;
+    ETP_EXPECT_MSG(etp_param_create(r.ctx, &q, &bad), ETP_ERR_INVALID_ARGUMENT, "multiple of 16");
+    q.quant = ETP_PARAM_QUANT_MXFP8;
+    q.alignment = 16;
+    ETP_EXPECT_MSG(etp_param_create(r.ctx, &q, &bad), ETP_ERR_INVALID_ARGUMENT, "multiple of 32");
+    pc.dtype = ETP_DTYPE_I32;
+    ETP_EXPECT_MSG(etp_param_create(r.ctx, &pc, &bad), ETP_ERR_INVALID_ARGUMENT, "bf16 or f32");
+    pc.dtype = ETP_DTYPE_BF16;
+    pc.rows = 0;
+    ETP_EXPECT_MSG(etp_param_create(r.ctx, &pc, &bad), ETP_ERR_INVALID_ARGUMENT, "shape");
+    assert_null(bad);
+    ETP_OK(etp_param_destroy(loose));
+    /* the reduction still goes through and the chain still works */
+    ETP_OK(etp_reduce_grad(r.p[2], r.main, 1.0f));
+    etp_stream_t *rs;
+    ETP_OK(etp_chain_streams(r.chain, NULL, &rs));
+    ETP_OK(etp_stream_synchronize(rs));
+    ETP_OK(etp_zero_grad(r.chain, r.main));
+    close_run(&r);
+}
+
+#ifndef ETP_SHARD_TEST_CUDA
+int main(int argc, char **argv)
+{
+    tu_mpi_init(&argc, &argv, "test_shard");
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_chain_every_seed),
+        cmocka_unit_test(test_grad_stats),
+        cmocka_unit_test(test_recorded_chain),
+        cmocka_unit_test(test_edge_shard_writer),
+        cmocka_unit_test(test_edge_slot_release),
+        cmocka_unit_test(test_edge_gather_ready),
+        cmocka_unit_test(test_edge_wgrad_writer),
+        cmocka_unit_test(test_edge_ring_reuse),
+        cmocka_unit_test(test_edge_grads_join),
+        cmocka_unit_test(test_errors),
+    };
+    return tu_mpi_finish(cmocka_run_group_tests(tests, NULL, NULL));
+}
+#endif

@@ -1,0 +1,87 @@
+/* The ticket planner on random chains: tickets within depth never share a
+ * slot, slots hold their tenants, and the bytes are near the lower bound. */
+#include "test_util.h"
+#include "shard/shard_internal.h"
+
+static uint64_t g_seed;
+
+static void check_plan(const size_t *bytes, int n, int depth)
+{
+    int slot[512];
+    size_t sb[512], lb = 0;
+    int ns = etp__plan_tickets(bytes, n, depth, slot, sb, &lb);
+    assert_true(ns >= 1 && ns <= n);
+    size_t total = 0, window_max = 0;
+    for (int s = 0; s < ns; s++) total += sb[s];
+    for (int i = 0; i < n; i++) {
+        assert_true(slot[i] >= 0 && slot[i] < ns);
+        assert_true(sb[slot[i]] >= bytes[i]);
+        for (int j = i + 1; j < n && j <= i + depth; j++) assert_int_not_equal(slot[i], slot[j]);
+        size_t w = 0;
+        for (int k = i; k < n && k <= i + depth; k++) w += bytes[k];
+        if (w > window_max) window_max = w;
+    }
+    assert_int_equal(lb, window_max); /* computed independently here */
+    assert_true(total >= lb);
+    /* a slot is always free once depth + 1 exist: no more are made */
+    assert_int_equal(ns, n < depth + 1 ? n : depth + 1);
+}
+
+static void test_uniform_sizes_are_optimal(void **state)
+{
+    (void)state;
+    size_t bytes[48];
+    for (int depth = 0; depth <= 4; depth++) {
+        for (int i = 0; i < 48; i++) bytes[i] = 4096;
+        int slot[48];
+        size_t sb[48], lb;
+        int ns = etp__plan_tickets(bytes, 48, depth, slot, sb, &lb);
+        assert_int_equal(ns, depth + 1);
+        assert_int_equal(lb, (size_t)(depth + 1) * 4096);
+        size_t total = 0;
+        for (int s = 0; s < ns; s++) total += sb[s];
+        assert_int_equal(total, lb);
+    }
+}
+
+static void test_random_chains(void **state)
+{
+    (void)state;
+    for (int trial = 0; trial < 300; trial++) {
+        int n = 1 + (int)(tu_rand(g_seed, 1, (uint64_t)trial, 0) % 200);
+        int depth = (int)(tu_rand(g_seed, 2, (uint64_t)trial, 0) % 5);
+        size_t bytes[512];
+        /* a chain forward then backward, as etp_chain_finalize builds it */
+        int half = (n + 1) / 2;
+        for (int i = 0; i < half; i++) {
+            bytes[i] = 1 + tu_rand(g_seed, 3, (uint64_t)trial, (uint64_t)i) % 100000;
+            bytes[2 * half - 1 - i] = bytes[i];
+        }
+        check_plan(bytes, 2 * half, depth);
+    }
+}
+
+static void test_empty_and_single(void **state)
+{
+    (void)state;
+    size_t b = 10, sb[1], lb = 99;
+    int slot[1];
+    assert_int_equal(etp__plan_tickets(&b, 0, 1, slot, sb, &lb), 0);
+    assert_int_equal(lb, 0);
+    assert_int_equal(etp__plan_tickets(&b, 1, 3, slot, sb, &lb), 1);
+    assert_int_equal(sb[0], 10);
+    assert_int_equal(lb, 10);
+}
+
+int main(void)
+{
+    g_seed = tu_pick_seed();
+    printf("test_shard_plan: seed %llu (rerun with ETP_TEST_SEED=%llu)\n",
+           (unsigned long long)g_seed, (unsigned long long)g_seed);
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_uniform_sizes_are_optimal),
+        cmocka_unit_test(test_random_chains),
+        cmocka_unit_test(test_empty_and_single),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
