@@ -357,6 +357,7 @@ static void test_grad_stats(void **state)
     close_run(&r);
 }
 
+#ifndef ETP_SHARD_TEST_CUDA
 /* Each edge, removed, gives wrong numbers under seed 0; present, right ones. */
 static void check_edge(unsigned edge, const char *name)
 {
@@ -377,6 +378,7 @@ static void test_edge_gather_ready(void **s) { (void)s; check_edge(ETP__EDGE_GAT
 static void test_edge_wgrad_writer(void **s) { (void)s; check_edge(ETP__EDGE_WGRAD_WRITER, "wgrad writer"); }
 static void test_edge_ring_reuse(void **s) { (void)s; check_edge(ETP__EDGE_RING_REUSE, "ring reuse"); }
 static void test_edge_grads_join(void **s) { (void)s; check_edge(ETP__EDGE_GRADS_JOIN, "grads join"); }
+#endif
 
 /* A chain recorded during one eager step plans the same tickets. */
 static void test_recorded_chain(void **state)
