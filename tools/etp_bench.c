@@ -1,0 +1,221 @@
+/*
+ * etp-bench: benchmarks of etp against baselines measured in the same run.
+ *
+ *   mpirun -np N etp-bench SUBCOMMAND [--iters N] [--warmup N] [--csv FILE] [--json FILE] [options]
+ *
+ * Subcommands: gather (sharded-weight all-gather against a plain
+ * ncclAllGather), quant, ep (when built). Each prints a table on rank 0:
+ * median time over the iterations (the slowest rank's), bandwidth, the
+ * baseline's bandwidth and the ratio.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "etp_bench.h"
+#if ETP_HAVE_CUDA
+#include "etp/cuda.h"
+#endif
+
+struct bench_timer {
+    bench_t *b;
+    etp_stream_t *s;
+    double t0, t1;
+#if ETP_HAVE_CUDA
+    cudaEvent_t e0, e1;
+#endif
+};
+
+bench_timer_t *bench_timer_create(bench_t *b, etp_stream_t *s)
+{
+    bench_timer_t *t = calloc(1, sizeof *t);
+    t->b = b;
+    t->s = s;
+#if ETP_HAVE_CUDA
+    if (b->backend == ETP_BACKEND_CUDA) {
+        cudaEventCreate(&t->e0);
+        cudaEventCreate(&t->e1);
+    }
+#endif
+    return t;
+}
+
+void bench_timer_start(bench_timer_t *t)
+{
+#if ETP_HAVE_CUDA
+    if (t->b->backend == ETP_BACKEND_CUDA) {
+        cudaStream_t cs;
+        BENCH_CHECK(t->b, etp_stream_get_cuda(t->s, &cs));
+        cudaEventRecord(t->e0, cs);
+        return;
+    }
+#endif
+    BENCH_CHECK(t->b, etp_stream_synchronize(t->s));
+    t->t0 = MPI_Wtime();
+}
+
+void bench_timer_stop(bench_timer_t *t)
+{
+#if ETP_HAVE_CUDA
+    if (t->b->backend == ETP_BACKEND_CUDA) {
+        cudaStream_t cs;
+        BENCH_CHECK(t->b, etp_stream_get_cuda(t->s, &cs));
+        cudaEventRecord(t->e1, cs);
+        return;
+    }
+#endif
+    BENCH_CHECK(t->b, etp_stream_synchronize(t->s));
+    t->t1 = MPI_Wtime();
+}
+
+double bench_timer_us(bench_timer_t *t)
+{
+#if ETP_HAVE_CUDA
+    if (t->b->backend == ETP_BACKEND_CUDA) {
+        BENCH_CHECK(t->b, etp_stream_synchronize(t->s));
+        float ms = 0;
+        cudaEventElapsedTime(&ms, t->e0, t->e1);
+        return 1000.0 * ms;
+    }
+#endif
+    return 1e6 * (t->t1 - t->t0);
+}
+
+void bench_timer_destroy(bench_timer_t *t)
+{
+#if ETP_HAVE_CUDA
+    if (t->b->backend == ETP_BACKEND_CUDA) {
+        cudaEventDestroy(t->e0);
+        cudaEventDestroy(t->e1);
+    }
+#endif
+    free(t);
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+double bench_median(double *v, int n)
+{
+    qsort(v, (size_t)n, sizeof *v, cmp_double);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+double bench_max_over_ranks(double x)
+{
+    double m = x;
+    MPI_Allreduce(&x, &m, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+    return m;
+}
+
+bench_row_t *bench_add(bench_t *b, const char *name, const char *shape, double bytes, double us,
+                       double base_gbps)
+{
+    if (b->nrows == BENCH_MAX_ROWS) return &b->rows[BENCH_MAX_ROWS - 1];
+    bench_row_t *r = &b->rows[b->nrows++];
+    snprintf(r->name, sizeof r->name, "%s", name);
+    snprintf(r->shape, sizeof r->shape, "%s", shape);
+    r->bytes = bytes;
+    r->us = us;
+    r->gbps = us > 0 ? bytes / (us * 1e3) : 0;
+    r->base_gbps = base_gbps;
+    r->ratio = base_gbps > 0 ? r->gbps / base_gbps : 0;
+    return r;
+}
+
+static void print_table(const bench_t *b)
+{
+    printf("%-34s %-34s %12s %12s %10s %10s %7s\n", "benchmark", "shape", "bytes", "time_us",
+           "GB/s", "base_GB/s", "ratio");
+    for (int i = 0; i < b->nrows; i++) {
+        const bench_row_t *r = &b->rows[i];
+        printf("%-34s %-34s %12.0f %12.1f %10.1f %10.1f %7.3f\n", r->name, r->shape, r->bytes,
+               r->us, r->gbps, r->base_gbps, r->ratio);
+    }
+}
+
+static void write_csv(const bench_t *b, const char *path)
+{
+    FILE *f = fopen(path, "w");
+    if (!f) return;
+    fprintf(f, "benchmark,shape,bytes,time_us,gbps,base_gbps,ratio\n");
+    for (int i = 0; i < b->nrows; i++) {
+        const bench_row_t *r = &b->rows[i];
+        fprintf(f, "%s,\"%s\",%.0f,%.3f,%.3f,%.3f,%.4f\n", r->name, r->shape, r->bytes, r->us,
+                r->gbps, r->base_gbps, r->ratio);
+    }
+    fclose(f);
+}
+
+static void write_json(const bench_t *b, const char *path)
+{
+    FILE *f = fopen(path, "w");
+    if (!f) return;
+    fprintf(f, "{\"ranks\": %d, \"backend\": \"%s\", \"iters\": %d, \"rows\": [\n", b->size,
+            b->backend == ETP_BACKEND_CUDA ? "cuda" : "host", b->iters);
+    for (int i = 0; i < b->nrows; i++) {
+        const bench_row_t *r = &b->rows[i];
+        fprintf(f, "  {\"benchmark\": \"%s\", \"shape\": \"%s\", \"bytes\": %.0f, \"time_us\": %.3f, "
+                   "\"gbps\": %.3f, \"base_gbps\": %.3f, \"ratio\": %.4f}%s\n",
+                r->name, r->shape, r->bytes, r->us, r->gbps, r->base_gbps, r->ratio,
+                i + 1 < b->nrows ? "," : "");
+    }
+    fprintf(f, "]}\n");
+    fclose(f);
+}
+
+static int usage(void)
+{
+    fprintf(stderr, "usage: mpirun -np N etp-bench gather|quant|ep [--iters N] [--warmup N] "
+                    "[--csv FILE] [--json FILE] [subcommand options]\n");
+    return 2;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2) return usage();
+    const char *cmd = argv[1];
+    int (*fn)(bench_t *, int, char **) = NULL;
+    if (strcmp(cmd, "gather") == 0) fn = etp_bench_gather;
+    else if (strcmp(cmd, "quant") == 0) fn = etp_bench_quant;
+    else if (strcmp(cmd, "ep") == 0) fn = etp_bench_ep;
+    else return usage();
+    if (!fn) {
+        fprintf(stderr, "etp-bench: '%s' is not built into this etp-bench\n", cmd);
+        return 2;
+    }
+    MPI_Init(&argc, &argv);
+    static bench_t b;
+    MPI_Comm_rank(MPI_COMM_WORLD, &b.rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &b.size);
+    b.warmup = 5;
+    b.iters = 20;
+    const char *csv = NULL, *json = NULL;
+    /* common options first; the rest go to the subcommand */
+    char **rest = calloc((size_t)argc, sizeof *rest);
+    int nrest = 0;
+    for (int i = 2; i < argc; i++) {
+        if (strcmp(argv[i], "--iters") == 0 && i + 1 < argc) b.iters = atoi(argv[++i]);
+        else if (strcmp(argv[i], "--warmup") == 0 && i + 1 < argc) b.warmup = atoi(argv[++i]);
+        else if (strcmp(argv[i], "--csv") == 0 && i + 1 < argc) csv = argv[++i];
+        else if (strcmp(argv[i], "--json") == 0 && i + 1 < argc) json = argv[++i];
+        else rest[nrest++] = argv[i];
+    }
+    if (b.iters < 1) b.iters = 1;
+    BENCH_CHECK(&b, etp_context_create_mpi(MPI_COMM_WORLD, NULL, &b.ctx));
+    BENCH_CHECK(&b, etp_context_backend(b.ctx, &b.backend));
+    int rc = fn(&b, nrest, rest);
+    if (b.rank == 0 && rc == 0) {
+        printf("etp-bench %s: %d ranks, backend %s, median of %d iterations after %d warm-up\n", cmd,
+               b.size, b.backend == ETP_BACKEND_CUDA ? "cuda" : "host", b.iters, b.warmup);
+        print_table(&b);
+        if (csv) write_csv(&b, csv);
+        if (json) write_json(&b, json);
+    }
+    BENCH_CHECK(&b, etp_context_destroy(b.ctx));
+    free(rest);
+    MPI_Finalize();
+    return rc;
+}

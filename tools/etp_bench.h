@@ -1,0 +1,64 @@
+/* etp-bench: shared scaffolding of the benchmark subcommands. */
+#ifndef ETP_BENCH_H
+#define ETP_BENCH_H
+
+#include <mpi.h>
+#include <stdio.h>
+
+#include "etp/etp.h"
+#include "etp/mpi.h"
+
+#define BENCH_MAX_ROWS 256
+
+typedef struct bench_row {
+    char name[64];    /* what was timed */
+    char shape[96];   /* sizes, free text */
+    double bytes;     /* bytes the bandwidth is computed over */
+    double us;        /* median time, microseconds */
+    double gbps;      /* bytes / time, GB/s (1e9) */
+    double base_gbps; /* the baseline measured in the same run, or 0 */
+    double ratio;     /* gbps / base_gbps, or 0 */
+} bench_row_t;
+
+typedef struct bench {
+    int rank, size;
+    etp_context_t *ctx;
+    etp_backend_t backend;
+    int warmup, iters;
+    bench_row_t rows[BENCH_MAX_ROWS];
+    int nrows;
+} bench_t;
+
+#define BENCH_CHECK(b, expr)                                                                \
+    do {                                                                                    \
+        etp_status_t st_ = (expr);                                                          \
+        if (st_ != ETP_SUCCESS) {                                                           \
+            fprintf(stderr, "etp-bench rank %d: %s: %s: %s\n", (b)->rank, #expr,            \
+                    etp_status_string(st_), etp_last_error());                              \
+            MPI_Abort(MPI_COMM_WORLD, 1);                                                   \
+        }                                                                                   \
+    } while (0)
+
+/* A timer over an etp stream: CUDA events on the CUDA backend, the wall
+ * clock around a synchronized region on the host backend. */
+typedef struct bench_timer bench_timer_t;
+bench_timer_t *bench_timer_create(bench_t *b, etp_stream_t *s);
+void bench_timer_start(bench_timer_t *t);
+void bench_timer_stop(bench_timer_t *t);
+/* Microseconds between the last start and stop (synchronizes). */
+double bench_timer_us(bench_timer_t *t);
+void bench_timer_destroy(bench_timer_t *t);
+
+/* The median of n values (reorders v). Max over ranks of the median. */
+double bench_median(double *v, int n);
+double bench_max_over_ranks(double x);
+
+bench_row_t *bench_add(bench_t *b, const char *name, const char *shape, double bytes, double us,
+                       double base_gbps);
+
+/* Subcommands: each in its own file; a missing one is reported, not linked. */
+int etp_bench_gather(bench_t *b, int argc, char **argv);
+int etp_bench_quant(bench_t *b, int argc, char **argv) __attribute__((weak));
+int etp_bench_ep(bench_t *b, int argc, char **argv) __attribute__((weak));
+
+#endif

@@ -1,0 +1,159 @@
+/*
+ * etp-bench gather: the gather of one sharded BF16 weight (a cold gather:
+ * mark_updated, gather, the caller's stream waits) against a plain
+ * all-gather of the same bytes on a communicator of its own (ncclAllGather
+ * on the CUDA backend, MPI_Allgather on the host backend), interleaved
+ * iteration by iteration. Bandwidth is the all-gather bus bandwidth:
+ * (n - 1) / n * full bytes / time.
+ *
+ *   etp-bench gather [--mib 64,256] [--cols 4096]
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "etp_bench.h"
+#if ETP_HAVE_CUDA
+#include "etp/cuda.h"
+#endif
+
+typedef struct {
+    bench_t *b;
+#if ETP_HAVE_CUDA
+    ncclComm_t nccl;
+#endif
+    MPI_Comm mpi;
+    void *send, *recv;
+    size_t shard_bytes;
+    etp_stream_t *s;
+} baseline_t;
+
+static void baseline_run(baseline_t *x)
+{
+#if ETP_HAVE_CUDA
+    if (x->b->backend == ETP_BACKEND_CUDA) {
+        cudaStream_t cs;
+        BENCH_CHECK(x->b, etp_stream_get_cuda(x->s, &cs));
+        if (ncclAllGather(x->send, x->recv, x->shard_bytes, ncclUint8, x->nccl, cs) != ncclSuccess) {
+            fprintf(stderr, "etp-bench: ncclAllGather failed\n");
+            MPI_Abort(MPI_COMM_WORLD, 1);
+        }
+        return;
+    }
+#endif
+    BENCH_CHECK(x->b, etp_stream_synchronize(x->s));
+    MPI_Allgather(x->send, (int)x->shard_bytes, MPI_BYTE, x->recv, (int)x->shard_bytes, MPI_BYTE,
+                  x->mpi);
+}
+
+int etp_bench_gather(bench_t *b, int argc, char **argv)
+{
+    char mibs[256] = "64,256";
+    long cols = 4096;
+    for (int i = 0; i < argc; i++) {
+        if (strcmp(argv[i], "--mib") == 0 && i + 1 < argc) snprintf(mibs, sizeof mibs, "%s", argv[++i]);
+        else if (strcmp(argv[i], "--cols") == 0 && i + 1 < argc) cols = atol(argv[++i]);
+        else {
+            if (b->rank == 0) fprintf(stderr, "etp-bench gather: unknown option %s\n", argv[i]);
+            return 2;
+        }
+    }
+    etp_group_t *world, *g;
+    BENCH_CHECK(b, etp_context_world(b->ctx, &world));
+    etp_group_config_t gc = ETP_GROUP_CONFIG_INIT;
+    gc.name = "etp";
+    gc.num_roles = 2;
+    BENCH_CHECK(b, etp_group_split(world, 0, b->rank, &gc, &g));
+    etp_stream_t *main_s;
+    BENCH_CHECK(b, etp_stream_create(b->ctx, ETP_STREAM_PRIORITY_NORMAL, &main_s));
+
+    baseline_t base = {.b = b, .s = main_s};
+    MPI_Comm_dup(MPI_COMM_WORLD, &base.mpi);
+#if ETP_HAVE_CUDA
+    if (b->backend == ETP_BACKEND_CUDA) {
+        ncclUniqueId id;
+        if (b->rank == 0) ncclGetUniqueId(&id);
+        MPI_Bcast(&id, sizeof id, MPI_BYTE, 0, MPI_COMM_WORLD);
+        int dev = 0;
+        BENCH_CHECK(b, etp_context_cuda_device(b->ctx, &dev));
+        cudaSetDevice(dev);
+        if (ncclCommInitRank(&base.nccl, b->size, id, b->rank) != ncclSuccess) {
+            fprintf(stderr, "etp-bench: ncclCommInitRank failed\n");
+            MPI_Abort(MPI_COMM_WORLD, 1);
+        }
+    }
+#endif
+    bench_timer_t *tm = bench_timer_create(b, main_s);
+    for (char *tok = strtok(mibs, ","); tok; tok = strtok(NULL, ",")) {
+        double mib = atof(tok);
+        int64_t rows = (int64_t)(mib * 1048576.0 / 2.0 / (double)cols);
+        rows = (rows + b->size - 1) / b->size * b->size;
+        etp_param_config_t pc = ETP_PARAM_CONFIG_INIT;
+        pc.name = "w";
+        pc.group = g;
+        pc.rows = rows;
+        pc.cols = cols;
+        pc.dtype = ETP_DTYPE_BF16;
+        etp_param_t *p;
+        BENCH_CHECK(b, etp_param_create(b->ctx, &pc, &p));
+        etp_chain_config_t cc = ETP_CHAIN_CONFIG_INIT;
+        cc.group = g;
+        cc.depth = 0;
+        etp_chain_t *chain;
+        BENCH_CHECK(b, etp_chain_create(b->ctx, &cc, &chain));
+        BENCH_CHECK(b, etp_chain_add(chain, p));
+        BENCH_CHECK(b, etp_chain_finalize(chain));
+        double full = (double)rows * (double)cols * 2.0;
+        base.shard_bytes = (size_t)(full / b->size);
+        BENCH_CHECK(b, etp_mem_alloc(b->ctx, base.shard_bytes, ETP_MEM_WORKSPACE, &base.send));
+        BENCH_CHECK(b, etp_mem_alloc(b->ctx, (size_t)full, ETP_MEM_WORKSPACE, &base.recv));
+        BENCH_CHECK(b, etp_memset_async(main_s, base.send, 1, base.shard_bytes));
+
+        double *t_etp = calloc((size_t)b->iters, sizeof(double));
+        double *t_base = calloc((size_t)b->iters, sizeof(double));
+        for (int it = -b->warmup; it < b->iters; it++) {
+            etp_weight_view_t v = ETP_WEIGHT_VIEW_INIT;
+            MPI_Barrier(MPI_COMM_WORLD);
+            bench_timer_start(tm);
+            baseline_run(&base);
+            bench_timer_stop(tm);
+            double us_base = bench_timer_us(tm);
+            MPI_Barrier(MPI_COMM_WORLD);
+            bench_timer_start(tm);
+            BENCH_CHECK(b, etp_param_mark_updated(p, main_s));
+            BENCH_CHECK(b, etp_gather(p, ETP_PASS_FORWARD, main_s, &v));
+            bench_timer_stop(tm);
+            BENCH_CHECK(b, etp_release(p, ETP_PASS_FORWARD, main_s));
+            double us_etp = bench_timer_us(tm);
+            if (it >= 0) {
+                t_base[it] = us_base;
+                t_etp[it] = us_etp;
+            }
+        }
+        double us_base = bench_max_over_ranks(bench_median(t_base, b->iters));
+        double us_etp = bench_max_over_ranks(bench_median(t_etp, b->iters));
+        double bus = full * (double)(b->size - 1) / (double)b->size;
+        char shape[96];
+        snprintf(shape, sizeof shape, "[%lld, %ld] bf16 (%.0f MiB)", (long long)rows, cols, mib);
+        bench_row_t *rb = bench_add(b, b->backend == ETP_BACKEND_CUDA ? "ncclAllGather" : "MPI_Allgather",
+                                    shape, bus, us_base, 0);
+        bench_add(b, "etp_gather (cold, bf16)", shape, bus, us_etp, rb->gbps);
+        free(t_etp);
+        free(t_base);
+        etp_stream_t *ag, *rs;
+        BENCH_CHECK(b, etp_chain_streams(chain, &ag, &rs));
+        BENCH_CHECK(b, etp_stream_synchronize(ag));
+        BENCH_CHECK(b, etp_stream_synchronize(main_s));
+        BENCH_CHECK(b, etp_chain_destroy(chain));
+        BENCH_CHECK(b, etp_param_destroy(p));
+        BENCH_CHECK(b, etp_mem_free(b->ctx, base.send));
+        BENCH_CHECK(b, etp_mem_free(b->ctx, base.recv));
+    }
+    bench_timer_destroy(tm);
+#if ETP_HAVE_CUDA
+    if (b->backend == ETP_BACKEND_CUDA) ncclCommDestroy(base.nccl);
+#endif
+    MPI_Comm_free(&base.mpi);
+    BENCH_CHECK(b, etp_stream_destroy(main_s));
+    BENCH_CHECK(b, etp_group_destroy(g));
+    return 0;
+}
