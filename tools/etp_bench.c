@@ -4,7 +4,8 @@
  *   mpirun -np N etp-bench SUBCOMMAND [--iters N] [--warmup N] [--csv FILE] [--json FILE] [options]
  *
  * Subcommands: gather (sharded-weight all-gather against a plain
- * ncclAllGather), quant, ep (when built). Each prints a table on rank 0:
+ * ncclAllGather), chain (exposed communication of a training step with
+ * cuBLASLt GEMMs), quant, ep (when built). Each prints a table on rank 0:
  * median time over the iterations (the slowest rank's), bandwidth, the
  * baseline's bandwidth and the ratio.
  */
@@ -168,7 +169,7 @@ static void write_json(const bench_t *b, const char *path)
 
 static int usage(void)
 {
-    fprintf(stderr, "usage: mpirun -np N etp-bench gather|quant|ep [--iters N] [--warmup N] "
+    fprintf(stderr, "usage: mpirun -np N etp-bench gather|chain|quant|ep [--iters N] [--warmup N] "
                     "[--csv FILE] [--json FILE] [subcommand options]\n");
     return 2;
 }
@@ -179,6 +180,7 @@ int main(int argc, char **argv)
     const char *cmd = argv[1];
     int (*fn)(bench_t *, int, char **) = NULL;
     if (strcmp(cmd, "gather") == 0) fn = etp_bench_gather;
+    else if (strcmp(cmd, "chain") == 0) fn = etp_bench_chain;
     else if (strcmp(cmd, "quant") == 0) fn = etp_bench_quant;
     else if (strcmp(cmd, "ep") == 0) fn = etp_bench_ep;
     else return usage();

@@ -58,6 +58,7 @@ bench_row_t *bench_add(bench_t *b, const char *name, const char *shape, double b
 
 /* Subcommands: each in its own file; a missing one is reported, not linked. */
 int etp_bench_gather(bench_t *b, int argc, char **argv);
+int etp_bench_chain(bench_t *b, int argc, char **argv);
 int etp_bench_quant(bench_t *b, int argc, char **argv) __attribute__((weak));
 int etp_bench_ep(bench_t *b, int argc, char **argv) __attribute__((weak));
 
