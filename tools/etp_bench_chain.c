@@ -13,7 +13,7 @@
  * exposed = (etp - local) / comm: the share of the communication time the
  * step did not hide. CUDA backend only.
  *
- *   etp-bench chain [--layers 16] [--d 8192] [--m 4096] [--depth 1]
+ *   etp-bench chain [--layers 16] [--d 8192] [--m 4096] [--depth 1] [--max-ctas N]
  */
 #include <stdlib.h>
 #include <string.h>
@@ -135,11 +135,13 @@ static void step(bench_t *b, gemm_t *g, model_t *m, int mode)
 int etp_bench_chain(bench_t *b, int argc, char **argv)
 {
     model_t m = {.L = 16, .depth = 1, .d = 8192, .M = 4096};
+    int max_ctas = -1;
     for (int i = 0; i < argc; i++) {
         if (strcmp(argv[i], "--layers") == 0 && i + 1 < argc) m.L = atoi(argv[++i]);
         else if (strcmp(argv[i], "--d") == 0 && i + 1 < argc) m.d = atol(argv[++i]);
         else if (strcmp(argv[i], "--m") == 0 && i + 1 < argc) m.M = atol(argv[++i]);
         else if (strcmp(argv[i], "--depth") == 0 && i + 1 < argc) m.depth = atoi(argv[++i]);
+        else if (strcmp(argv[i], "--max-ctas") == 0 && i + 1 < argc) max_ctas = atoi(argv[++i]);
         else {
             if (b->rank == 0) fprintf(stderr, "etp-bench chain: unknown option %s\n", argv[i]);
             return 2;
@@ -154,6 +156,7 @@ int etp_bench_chain(bench_t *b, int argc, char **argv)
     etp_group_config_t gc = ETP_GROUP_CONFIG_INIT;
     gc.name = "etp";
     gc.num_roles = 2;
+    gc.max_ctas = max_ctas;
     BENCH_CHECK(b, etp_group_split(world, 0, b->rank, &gc, &grp));
     BENCH_CHECK(b, etp_stream_create(b->ctx, ETP_STREAM_PRIORITY_NORMAL, &m.main));
     gemm_t g = {.b = b, .ws_bytes = (size_t)32 << 20};
@@ -207,8 +210,8 @@ int etp_bench_chain(bench_t *b, int argc, char **argv)
     double us[3];
     for (int k = 0; k < 3; k++) us[k] = bench_max_over_ranks(bench_median(t[k], b->iters));
     char shape[96];
-    snprintf(shape, sizeof shape, "L=%d d=%lld M=%lld depth %d", m.L, (long long)m.d,
-             (long long)m.M, m.depth);
+    snprintf(shape, sizeof shape, "L=%d d=%lld M=%lld depth %d ctas %d", m.L, (long long)m.d,
+             (long long)m.M, m.depth, max_ctas);
     double comm_bytes = 3.0 * (double)m.L * (double)wbytes * (double)(b->size - 1) / (double)b->size;
     bench_add(b, "chain step: local weights", shape, 0, us[MODE_LOCAL], 0);
     bench_add(b, "chain step: communication only", shape, comm_bytes, us[MODE_COMM], 0);

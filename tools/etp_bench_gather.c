@@ -6,7 +6,7 @@
  * iteration by iteration. Bandwidth is the all-gather bus bandwidth:
  * (n - 1) / n * full bytes / time.
  *
- *   etp-bench gather [--mib 64,256] [--cols 4096]
+ *   etp-bench gather [--mib 64,256] [--cols 4096] [--max-ctas N (the etp group's NCCL CTA cap)]
  */
 #include <stdlib.h>
 #include <string.h>
@@ -49,9 +49,11 @@ int etp_bench_gather(bench_t *b, int argc, char **argv)
 {
     char mibs[256] = "64,256";
     long cols = 4096;
+    int max_ctas = -1;
     for (int i = 0; i < argc; i++) {
         if (strcmp(argv[i], "--mib") == 0 && i + 1 < argc) snprintf(mibs, sizeof mibs, "%s", argv[++i]);
         else if (strcmp(argv[i], "--cols") == 0 && i + 1 < argc) cols = atol(argv[++i]);
+        else if (strcmp(argv[i], "--max-ctas") == 0 && i + 1 < argc) max_ctas = atoi(argv[++i]);
         else {
             if (b->rank == 0) fprintf(stderr, "etp-bench gather: unknown option %s\n", argv[i]);
             return 2;
@@ -62,6 +64,7 @@ int etp_bench_gather(bench_t *b, int argc, char **argv)
     etp_group_config_t gc = ETP_GROUP_CONFIG_INIT;
     gc.name = "etp";
     gc.num_roles = 2;
+    gc.max_ctas = max_ctas;
     BENCH_CHECK(b, etp_group_split(world, 0, b->rank, &gc, &g));
     etp_stream_t *main_s;
     BENCH_CHECK(b, etp_stream_create(b->ctx, ETP_STREAM_PRIORITY_NORMAL, &main_s));

@@ -76,7 +76,7 @@ static etp_status_t chain_of(const etp_param_t *p, const etp_stream_t *s, const 
 etp_status_t etp_wgrad_buffer(etp_param_t *p, etp_stream_t *stream, etp_weight_view_t *view)
 {
     const char *fn = "etp_wgrad_buffer";
-    etp_chain_t *c;
+    etp_chain_t *c = NULL;
     ETP__TRY(chain_of(p, stream, fn, &c));
     ETP__CHECK_NULL(view, fn);
     ETP__CHECK_ARG(view->size == sizeof *view, "%s: view->size %zu (expected %zu; use ETP_WEIGHT_VIEW_INIT)",
@@ -101,7 +101,7 @@ etp_status_t etp_wgrad_buffer(etp_param_t *p, etp_stream_t *stream, etp_weight_v
 etp_status_t etp_reduce_grad(etp_param_t *p, etp_stream_t *stream, float scale)
 {
     const char *fn = "etp_reduce_grad";
-    etp_chain_t *c;
+    etp_chain_t *c = NULL;
     ETP__TRY(chain_of(p, stream, fn, &c));
     ETP__CHECK_ARG(isfinite(scale), "%s: scale is not finite", fn);
     if (p->wgrad_entry < 0)

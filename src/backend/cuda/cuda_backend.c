@@ -4,6 +4,7 @@
  * cuda_coll.c; the design notes are in cuda_internal.h.
  */
 #include <limits.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -180,6 +181,14 @@ etp_status_t etp__cuda_nccl_wait(etp__cuda_t *cb, ncclComm_t *comms, int n, cons
                             "timeout after %.1f s: %s did not complete (every rank of the "
                             "communicator must take part)",
                             elapsed, what);
+        /* A non-blocking communicator hands each launch to an NCCL thread,
+         * and the caller's next work on the stream must wait for it: spin
+         * for the first millisecond (launches take tens of microseconds),
+         * then back off. */
+        if (elapsed < 1e-3) {
+            sched_yield();
+            continue;
+        }
         etp__sleep_us(nap);
         nap = nap < 100 ? 2 * nap : 200;
     }
