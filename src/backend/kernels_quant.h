@@ -1,12 +1,24 @@
 /* The quant module's kernels: one table, implemented by each backend in
- * host/host_quant.c and cuda/cuda_quant.c. Owned by the quant module. */
+ * host/host_quant.c (the reference of quant/formats/quant_ref.c) and
+ * cuda/cuda_quant.c (kernels/quant/). Owned by the quant module. */
 #ifndef ETP__KERNELS_QUANT_H
 #define ETP__KERNELS_QUANT_H
 
 #include "backend.h"
+#include "quant/formats/qf_batch.h"
 
 struct etp__quant_kernels {
-    int placeholder; /* replaced by the module's kernels */
+    /* Bytes of device scratch each quantizer keeps for its launches (0:
+     * none), allocated at quantizer creation through the context allocator
+     * and handed to workspace_init (which leaves it zeroed, synchronously)
+     * and then to every run in batch->workspace. */
+    size_t workspace_bytes;
+    etp_status_t (*workspace_init)(etp__be_t *be, void *workspace);
+    /* Enqueue one batch (multi-amax, cast-only or dequantize of up to
+     * ETP__QB_MAX tensors) on s. The batch is read before the call returns
+     * (copied into the launch); the buffers it points to are used in stream
+     * order. Allocates nothing on the CUDA backend. */
+    etp_status_t (*run)(etp__be_t *be, etp__bstream_t *s, const etp__qbatch_t *batch);
 };
 
 #endif

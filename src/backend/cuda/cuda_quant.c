@@ -1,5 +1,33 @@
 /* CUDA kernels of the quant module (launchers for kernels/quant/). */
 #include "../kernels_quant.h"
 #include "cuda_internal.h"
+#include "kernels/quant/quant_kernels.h"
 
-const etp__quant_kernels_t etp__cuda_quant_kernels = {0};
+static etp_status_t cuda_quant_workspace_init(etp__be_t *be, void *ws)
+{
+    ETP__TRY(etp__cuda_set_device(etp__cuda_of(be)));
+    /* on the legacy stream, waited for: the quantizer is created (never
+     * under capture) before any launch of it can be enqueued */
+    cudaError_t e = cudaMemset(ws, 0, ETP__CUDA_QUANT_WORKSPACE_BYTES);
+    if (e == cudaSuccess) e = cudaStreamSynchronize(0);
+    if (e != cudaSuccess)
+        return etp__err(ETP_ERR_BACKEND, "quantizer workspace: %s", cudaGetErrorString(e));
+    return ETP_SUCCESS;
+}
+
+static etp_status_t cuda_quant_run(etp__be_t *be, etp__bstream_t *s, const etp__qbatch_t *b)
+{
+    cudaStream_t cs;
+    ETP__TRY(etp__cuda_stream_for_launch(be, s, &cs));
+    cudaError_t e = etp__cuda_quant_launch(cs, b);
+    if (e != cudaSuccess)
+        return etp__err(ETP_ERR_BACKEND, "quant kernel launch (op %u, %u tensors): %s", b->op, b->n,
+                        cudaGetErrorString(e));
+    return ETP_SUCCESS;
+}
+
+const etp__quant_kernels_t etp__cuda_quant_kernels = {
+    .workspace_bytes = ETP__CUDA_QUANT_WORKSPACE_BYTES,
+    .workspace_init = cuda_quant_workspace_init,
+    .run = cuda_quant_run,
+};

@@ -1,0 +1,340 @@
+/*
+ * The CUDA quant kernels against the host reference, byte for byte: for
+ * NVFP4 (1D and 2D blocks, stochastic rounding) and MXFP8 (E4M3, E5M2), each
+ * direction set and both scale orders, on 1 to 300 tensors of random shapes
+ * (rows and columns that are not multiples of the block or of 128, empty
+ * tensors, one beyond a million elements), BF16 and FP32, fresh data from a
+ * printed seed, every output poisoned first and its guard byte checked
+ * after. Also amax_allreduce over the ranks (one GPU each), the chained
+ * quantize, dequantize in both directions, and the no-op flag. Label gpu;
+ * skipped without a GPU.
+ */
+#include <cuda_runtime_api.h>
+#include <math.h>
+
+#include "etp/cuda.h"
+#include "mpi_util.h"
+#include "quant/formats/quant_ref.h"
+
+static int have_gpu(void)
+{
+    int n = 0;
+    return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
+}
+
+typedef struct {
+    size_t rows, cols;
+    etp_dtype_t dtype;
+} shape_t;
+
+static shape_t shape_of(const etp_quantizer_config_t *c, int rank, size_t i, uint64_t tag)
+{
+    const size_t blk = c->format == ETP_QUANT_NVFP4 ? 16 : 32;
+    const uint64_t r = tu_rand(g_seed, tag * 131 + (uint64_t)rank, 1, i);
+    shape_t s;
+    s.rows = 1 + r % 300;
+    s.cols = 1 + (r >> 10) % 300;
+    if (c->directions & ETP_QUANT_ROWWISE) s.cols = blk * (1 + (r >> 20) % 12);
+    if (c->directions & ETP_QUANT_COLUMNWISE) s.rows = blk * (1 + (r >> 28) % 12);
+    if (i % 9 == 4) s.rows = 0;
+    if (i % 11 == 6) s.cols = 0;
+    if (i == 1 && tag % 4 == 0) { /* one large tensor: many blocks per amax */
+        s.rows = 1024 + blk * 3;
+        s.cols = 1024 + blk;
+    }
+    s.dtype = (r >> 40) & 1 ? ETP_DTYPE_BF16 : ETP_DTYPE_F32;
+    return s;
+}
+
+static float value_of(int rank, size_t i, size_t e, uint64_t tag)
+{
+    const uint64_t r = tu_rand(g_seed, tag * 131 + (uint64_t)rank, 100 + i, e);
+    const float m = (float)(r & 0xffffff) / (float)0x1000000;
+    const int ex = (int)((r >> 24) % 24) - 12 + (int)(i % 5);
+    float v = ((r >> 63) ? -1.0f : 1.0f) * ldexpf(0.5f + m, ex);
+    if ((r >> 32) % 997 == 0) v = 0.0f; /* some exact zeros */
+    return v;
+}
+
+static void fill(void *x, const shape_t *s, int rank, size_t i, uint64_t tag)
+{
+    for (size_t e = 0; e < s->rows * s->cols; e++) {
+        const float f = value_of(rank, i, e, tag);
+        if (s->dtype == ETP_DTYPE_BF16)
+            ((uint16_t *)x)[e] = etp__qf_f32_to_bf16(f);
+        else
+            ((float *)x)[e] = f;
+    }
+}
+
+static size_t align256(size_t x)
+{
+    return (x + 255) / 256 * 256;
+}
+
+/* One buffer in the device arena and its host mirror: bytes + 1 guard byte. */
+typedef struct {
+    size_t off, bytes;
+} slot_t;
+
+typedef struct {
+    etp_context_t *ctx;
+    etp_group_t *world;
+    etp_stream_t *s;
+    uint8_t *dev;    /* the arena */
+    uint8_t *host;   /* its mirror */
+    size_t arena;
+} gpu_t;
+
+static slot_t take(size_t *cursor, size_t bytes)
+{
+    slot_t sl = {*cursor, bytes};
+    *cursor += align256(bytes + 1);
+    return sl;
+}
+
+static void down(gpu_t *g)
+{
+    ETP_OK(etp_memcpy_async(g->s, g->host, g->dev, g->arena));
+    ETP_OK(etp_stream_synchronize(g->s));
+}
+
+static void check_bytes(const gpu_t *g, const uint8_t *want, slot_t sl, const char *what, size_t i,
+                        const shape_t *s, uint64_t tag)
+{
+    const uint8_t *got = g->host + sl.off;
+    size_t bad = 0, first = 0;
+    for (size_t k = 0; k < sl.bytes; k++)
+        if (got[k] != want[k] && bad++ == 0) first = k;
+    if (bad)
+        print_error("rank %d config %llu tensor %zu [%zu, %zu] %s: %s: %zu of %zu bytes differ, "
+                    "first at %zu: 0x%02x, expected 0x%02x\n",
+                    g_rank, (unsigned long long)tag, i, s->rows, s->cols, etp_dtype_name(s->dtype),
+                    what, bad, sl.bytes, first, got[first], want[first]);
+    assert_int_equal(bad, 0);
+    if (got[sl.bytes] != 0xA5)
+        print_error("rank %d config %llu tensor %zu: %s: guard byte written\n", g_rank,
+                    (unsigned long long)tag, i, what);
+    assert_int_equal(got[sl.bytes], 0xA5);
+}
+
+static void run_config(gpu_t *g, etp_quantizer_config_t cfg, size_t n, uint64_t tag)
+{
+    etp_quantizer_t *q;
+    ETP_OK(etp_quantizer_create(g->ctx, &cfg, &q));
+    const int nv = cfg.format == ETP_QUANT_NVFP4;
+    shape_t *sh = calloc(n, sizeof *sh);
+    slot_t *sx = calloc(n, sizeof *sx), (*so)[4] = calloc(n, sizeof *so), *sy = calloc(n, sizeof *sy);
+    etp_quant_sizes_t *sz = calloc(n, sizeof *sz);
+    size_t cur = 0;
+    const slot_t s_amax = take(&cur, n * sizeof(float)), s_amax_col = take(&cur, n * sizeof(float));
+    const slot_t s_noop = take(&cur, sizeof(int32_t));
+    for (size_t i = 0; i < n; i++) {
+        sh[i] = shape_of(&cfg, g_rank, i, tag);
+        sz[i] = (etp_quant_sizes_t)ETP_QUANT_SIZES_INIT;
+        ETP_OK(etp_quant_sizes(q, sh[i].rows, sh[i].cols, &sz[i]));
+        sx[i] = take(&cur, sh[i].rows * sh[i].cols * etp_dtype_size(sh[i].dtype));
+        so[i][0] = take(&cur, sz[i].rowwise_data_bytes);
+        so[i][1] = take(&cur, sz[i].rowwise_scales_bytes);
+        so[i][2] = take(&cur, sz[i].columnwise_data_bytes);
+        so[i][3] = take(&cur, sz[i].columnwise_scales_bytes);
+        sy[i] = take(&cur, sh[i].rows * sh[i].cols * 4);
+    }
+    g->arena = cur;
+    ETP_OK(etp_mem_alloc(g->ctx, cur, ETP_MEM_USER, (void **)&g->dev));
+    g->host = malloc(cur);
+    tu_poison(g->host, cur);
+    for (size_t i = 0; i < n; i++) fill(g->host + sx[i].off, &sh[i], g_rank, i, tag);
+    memset(g->host + s_noop.off, 0, sizeof(int32_t));
+    ETP_OK(etp_memcpy_async(g->s, g->dev, g->host, cur));
+    ETP_OK(etp_stream_synchronize(g->s));
+
+    etp_quant_input_t *in = calloc(n, sizeof *in);
+    etp_quant_output_t *out = calloc(n, sizeof *out);
+    etp_quant_dest_t *dst = calloc(n, sizeof *dst);
+    for (size_t i = 0; i < n; i++) {
+        in[i] = (etp_quant_input_t){g->dev + sx[i].off, sh[i].dtype, sh[i].rows, sh[i].cols};
+        out[i] = (etp_quant_output_t){g->dev + so[i][0].off, so[i][0].bytes, g->dev + so[i][1].off,
+                                      so[i][1].bytes, g->dev + so[i][2].off, so[i][2].bytes,
+                                      g->dev + so[i][3].off, so[i][3].bytes};
+    }
+    float *d_amax = (float *)(g->dev + s_amax.off), *d_amax_col = (float *)(g->dev + s_amax_col.off);
+
+    /* expected amaxes: the host reference, here and replayed for every rank */
+    float *local = calloc(n, sizeof(float)), *global = calloc(n, sizeof(float));
+    for (size_t i = 0; i < n; i++) {
+        const int qd = sh[i].dtype == ETP_DTYPE_BF16 ? ETP__QB_BF16 : ETP__QB_F32;
+        local[i] = etp__qref_amax(g->host + sx[i].off, qd, sh[i].rows, sh[i].cols);
+        for (int p = 0; p < g_size; p++) {
+            shape_t s = shape_of(&cfg, p, i, tag);
+            void *x = malloc(s.rows * s.cols * 4 + 4);
+            fill(x, &s, p, i, tag);
+            const float a = etp__qref_amax(x, s.dtype == ETP_DTYPE_BF16 ? ETP__QB_BF16 : ETP__QB_F32,
+                                           s.rows, s.cols);
+            if (a > global[i]) global[i] = a;
+            free(x);
+        }
+    }
+
+    /* multi-amax */
+    ETP_OK(etp_quant_multi_amax(q, n, in, d_amax, d_amax_col, n, g->s));
+    down(g);
+    for (size_t i = 0; i < n; i++) {
+        float a, b;
+        memcpy(&a, g->host + s_amax.off + i * 4, 4);
+        memcpy(&b, g->host + s_amax_col.off + i * 4, 4);
+        if (a != local[i] || b != local[i])
+            print_error("config %llu tensor %zu [%zu, %zu]: amax %g / %g, expected %g\n",
+                        (unsigned long long)tag, i, sh[i].rows, sh[i].cols, (double)a, (double)b,
+                        (double)local[i]);
+        assert_true(a == local[i] && b == local[i]);
+    }
+    /* the all-reduce, then cast-only, compared with the reference */
+    ETP_OK(etp_quant_amax_allreduce(g->world, 0, d_amax, n, g->s));
+    for (int pass = 0; pass < 2; pass++) {
+        for (size_t i = 0; i < n; i++)
+            for (int k = 0; k < 4; k++)
+                ETP_OK(etp_memset_async(g->s, g->dev + so[i][k].off, 0xA5, so[i][k].bytes + 1));
+        if (pass == 0)
+            ETP_OK(etp_quant_cast_only(q, n, in, nv ? d_amax : NULL, nv ? n : 0, out, g->s));
+        else
+            ETP_OK(etp_quant_quantize(q, n, in, d_amax, n, g->world, 0, out, g->s));
+        down(g);
+        for (size_t i = 0; i < n; i++) {
+            float a;
+            memcpy(&a, g->host + s_amax.off + i * 4, 4);
+            if (nv) assert_true(a == global[i]);
+            const etp_quant_sizes_t *z = &sz[i];
+            uint8_t *ref = malloc(z->rowwise_data_bytes + z->rowwise_scales_bytes +
+                                  z->columnwise_data_bytes + z->columnwise_scales_bytes + 4);
+            uint8_t *w[4];
+            w[0] = ref;
+            w[1] = w[0] + z->rowwise_data_bytes;
+            w[2] = w[1] + z->rowwise_scales_bytes;
+            w[3] = w[2] + z->columnwise_data_bytes;
+            etp__qref_cfg_t rc = {nv ? ETP__QB_NVFP4 : ETP__QB_MXFP8,
+                                  cfg.mxfp8_elem == ETP_QUANT_ELEM_E5M2,
+                                  cfg.nvfp4_block == ETP_QUANT_BLOCK_2D, cfg.swizzle_scales,
+                                  cfg.rounding == ETP_QUANT_ROUND_STOCHASTIC, cfg.seed, (uint32_t)i};
+            etp__qref_quantize(&rc, g->host + sx[i].off,
+                               sh[i].dtype == ETP_DTYPE_BF16 ? ETP__QB_BF16 : ETP__QB_F32, sh[i].rows,
+                               sh[i].cols, global[i],
+                               (cfg.directions & ETP_QUANT_ROWWISE) ? w[0] : NULL, w[1],
+                               (cfg.directions & ETP_QUANT_COLUMNWISE) ? w[2] : NULL, w[3]);
+            const char *names[4] = {"rowwise_data", "rowwise_scales", "columnwise_data",
+                                    "columnwise_scales"};
+            for (int k = 0; k < 4; k++) check_bytes(g, w[k], so[i][k], names[k], i, &sh[i], tag);
+            free(ref);
+        }
+    }
+    /* dequantize each produced direction */
+    for (unsigned dir = 1; dir <= 2; dir++) {
+        if (!(cfg.directions & dir)) continue;
+        for (size_t i = 0; i < n; i++) {
+            const etp_dtype_t dt = (i + dir) % 2 ? ETP_DTYPE_BF16 : ETP_DTYPE_F32;
+            dst[i] = (etp_quant_dest_t){g->dev + sy[i].off, dt, sh[i].rows, sh[i].cols,
+                                        sh[i].rows * sh[i].cols * etp_dtype_size(dt)};
+            ETP_OK(etp_memset_async(g->s, dst[i].data, 0xA5, dst[i].bytes + 1));
+        }
+        ETP_OK(etp_quant_dequantize(q, n, out, nv ? d_amax : NULL, nv ? n : 0, dir, dst, g->s));
+        down(g);
+        for (size_t i = 0; i < n; i++) {
+            etp__qref_cfg_t rc = {nv ? ETP__QB_NVFP4 : ETP__QB_MXFP8,
+                                  cfg.mxfp8_elem == ETP_QUANT_ELEM_E5M2,
+                                  cfg.nvfp4_block == ETP_QUANT_BLOCK_2D, cfg.swizzle_scales, 0, 0, 0};
+            uint8_t *want = malloc(dst[i].bytes + 1);
+            const int k = dir == 1 ? 0 : 2;
+            etp__qref_dequantize(&rc, dir, sh[i].rows, sh[i].cols, global[i],
+                                 g->host + so[i][k].off, g->host + so[i][k + 1].off, want,
+                                 dst[i].dtype == ETP_DTYPE_BF16 ? ETP__QB_BF16 : ETP__QB_F32);
+            slot_t sl = {sy[i].off, dst[i].bytes};
+            check_bytes(g, want, sl, dir == 1 ? "dequantized rowwise" : "dequantized columnwise", i,
+                        &sh[i], tag);
+            free(want);
+        }
+    }
+    /* the no-op flag, set on the device: nothing is written */
+    const int32_t one = 1;
+    ETP_OK(etp_memcpy_async(g->s, g->dev + s_noop.off, &one, sizeof one));
+    ETP_OK(etp_quantizer_set_noop_flag(q, (const int32_t *)(g->dev + s_noop.off)));
+    for (size_t i = 0; i < n; i++)
+        for (int k = 0; k < 4; k++)
+            ETP_OK(etp_memset_async(g->s, g->dev + so[i][k].off, 0xA5, so[i][k].bytes + 1));
+    ETP_OK(etp_memset_async(g->s, d_amax_col, 0xA5, n * sizeof(float)));
+    ETP_OK(etp_quant_multi_amax(q, n, in, NULL, d_amax_col, n, g->s));
+    ETP_OK(etp_quant_cast_only(q, n, in, d_amax, n, out, g->s));
+    down(g);
+    for (size_t i = 0; i < n * sizeof(float); i++) assert_int_equal(g->host[s_amax_col.off + i], 0xA5);
+    for (size_t i = 0; i < n; i++)
+        for (int k = 0; k < 4; k++)
+            for (size_t b = 0; b <= so[i][k].bytes; b++)
+                assert_int_equal(g->host[so[i][k].off + b], 0xA5);
+
+    ETP_OK(etp_quantizer_destroy(q));
+    ETP_OK(etp_mem_free(g->ctx, g->dev));
+    free(g->host);
+    free(sh);
+    free(sx);
+    free(so);
+    free(sy);
+    free(sz);
+    free(in);
+    free(out);
+    free(dst);
+    free(local);
+    free(global);
+}
+
+static void test_quant_kernels_match_host(void **state)
+{
+    (void)state;
+    /* ETP_TEST_QUANT_ON_HOST=1 runs the same checks on the host backend:
+     * it proves the test itself on a machine without a GPU */
+    const char *on_host = getenv("ETP_TEST_QUANT_ON_HOST");
+    const int host = on_host && strcmp(on_host, "1") == 0;
+    if (!host && !have_gpu()) {
+        print_message("no GPU present: skipping GPU quant tests\n");
+        skip();
+    }
+    gpu_t g = {0};
+    etp_context_config_t cc = ETP_CONTEXT_CONFIG_INIT;
+    cc.backend = host ? ETP_BACKEND_HOST : ETP_BACKEND_CUDA;
+    ETP_OK(etp_context_create_mpi(MPI_COMM_WORLD, &cc, &g.ctx));
+    ETP_OK(etp_context_world(g.ctx, &g.world));
+    ETP_OK(etp_stream_create(g.ctx, ETP_STREAM_PRIORITY_NORMAL, &g.s));
+    uint64_t tag = 0;
+    /* tensor counts: 1 to 256 (and 300: two launches) */
+    const size_t counts[] = {1, 7, 64, 256, 300, 33};
+    for (int fmt = 0; fmt < 2; fmt++)
+        for (int var = 0; var < 2; var++)       /* NVFP4: 1D / 2D; MXFP8: E4M3 / E5M2 */
+            for (unsigned dirs = 1; dirs <= 3; dirs++)
+                for (int swz = 0; swz < 2; swz++) {
+                    etp_quantizer_config_t c = ETP_QUANTIZER_CONFIG_INIT;
+                    c.format = fmt ? ETP_QUANT_MXFP8 : ETP_QUANT_NVFP4;
+                    c.nvfp4_block = var ? ETP_QUANT_BLOCK_2D : ETP_QUANT_BLOCK_1D;
+                    c.mxfp8_elem = var ? ETP_QUANT_ELEM_E5M2 : ETP_QUANT_ELEM_E4M3;
+                    c.directions = dirs;
+                    c.swizzle_scales = swz;
+                    const size_t n = counts[tag % 6];
+                    run_config(&g, c, n, tag++);
+                }
+    /* stochastic rounding, both block shapes */
+    for (int var = 0; var < 2; var++) {
+        etp_quantizer_config_t c = ETP_QUANTIZER_CONFIG_INIT;
+        c.nvfp4_block = var ? ETP_QUANT_BLOCK_2D : ETP_QUANT_BLOCK_1D;
+        c.rounding = ETP_QUANT_ROUND_STOCHASTIC;
+        c.seed = g_seed * 7 + 1;
+        run_config(&g, c, 40, tag++);
+    }
+    ETP_OK(etp_stream_destroy(g.s));
+    ETP_OK(etp_context_destroy(g.ctx));
+}
+
+int main(int argc, char **argv)
+{
+    tu_mpi_init(&argc, &argv, "test_quant_gpu");
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_quant_kernels_match_host),
+    };
+    return tu_mpi_finish(cmocka_run_group_tests(tests, NULL, NULL));
+}

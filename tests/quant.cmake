@@ -1,0 +1,22 @@
+# The quant module's tests (included by tests/CMakeLists.txt).
+etp_add_unit_test(test_quant_formats unit/test_quant_formats.c quant)
+target_compile_definitions(test_quant_formats PRIVATE ETP_TEST_DATA_DIR="${CMAKE_CURRENT_SOURCE_DIR}/data")
+
+if(ETP_WITH_MPI)
+  # Like etp_add_mpi_test, but linked to the static archive: the test runs
+  # the host reference (quant/formats/quant_ref.h) as its oracle.
+  etp_test_target(test_quant mpi/test_quant.c ON)
+  foreach(np 1 2 3 4)
+    add_test(NAME test_quant_np${np}
+      COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} ${np} --oversubscribe --bind-to none
+              --mca mpi_yield_when_idle 1 ${MPIEXEC_PREFLAGS} $<TARGET_FILE:test_quant> ${MPIEXEC_POSTFLAGS})
+    set_tests_properties(test_quant_np${np} PROPERTIES LABELS "mpi;quant"
+      ENVIRONMENT "${ETP_TEST_ENV}" TIMEOUT 600 PROCESSORS ${np})
+  endforeach()
+endif()
+
+if(ETP_WITH_CUDA AND ETP_WITH_MPI)
+  # CUDA kernels against the host reference, byte for byte (1 GPU; 2 GPUs
+  # also all-reduce the amaxes over NCCL).
+  etp_add_gpu_test(test_quant_gpu gpu/test_quant_gpu.c ON quant 1 2)
+endif()
