@@ -14,6 +14,7 @@
  * step did not hide. CUDA backend only.
  *
  *   etp-bench chain [--layers 16] [--d 8192] [--m 4096] [--depth 1] [--max-ctas N]
+ *                   [--gemm-sms N (GEMMs use N SMs, leaving the rest to communication)]
  */
 #include <stdlib.h>
 #include <string.h>
@@ -27,6 +28,7 @@
 
 typedef struct {
     bench_t *b;
+    int sms; /* CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET, 0: all */
     cublasLtHandle_t lt;
     void *ws;
     size_t ws_bytes;
@@ -51,6 +53,9 @@ static void gemm(gemm_t *g, int ta, int tb, int64_t m, int64_t n, int64_t k, con
     lt_check(g->b, cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F), "MatmulDescCreate");
     cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof opa);
     cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof opb);
+    /* Leave SMs to the collectives running beside the GEMM (an SM margin). */
+    if (g->sms > 0)
+        cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET, &g->sms, sizeof g->sms);
     lt_check(g->b, cublasLtMatrixLayoutCreate(&la, CUDA_R_16BF, ta ? k : m, ta ? m : k, lda), "layout A");
     lt_check(g->b, cublasLtMatrixLayoutCreate(&lb, CUDA_R_16BF, tb ? n : k, tb ? k : n, ldb), "layout B");
     lt_check(g->b, cublasLtMatrixLayoutCreate(&ld, CUDA_R_16BF, m, n, ldd), "layout D");
@@ -135,13 +140,14 @@ static void step(bench_t *b, gemm_t *g, model_t *m, int mode)
 int etp_bench_chain(bench_t *b, int argc, char **argv)
 {
     model_t m = {.L = 16, .depth = 1, .d = 8192, .M = 4096};
-    int max_ctas = -1;
+    int max_ctas = -1, gemm_sms = 0;
     for (int i = 0; i < argc; i++) {
         if (strcmp(argv[i], "--layers") == 0 && i + 1 < argc) m.L = atoi(argv[++i]);
         else if (strcmp(argv[i], "--d") == 0 && i + 1 < argc) m.d = atol(argv[++i]);
         else if (strcmp(argv[i], "--m") == 0 && i + 1 < argc) m.M = atol(argv[++i]);
         else if (strcmp(argv[i], "--depth") == 0 && i + 1 < argc) m.depth = atoi(argv[++i]);
         else if (strcmp(argv[i], "--max-ctas") == 0 && i + 1 < argc) max_ctas = atoi(argv[++i]);
+        else if (strcmp(argv[i], "--gemm-sms") == 0 && i + 1 < argc) gemm_sms = atoi(argv[++i]);
         else {
             if (b->rank == 0) fprintf(stderr, "etp-bench chain: unknown option %s\n", argv[i]);
             return 2;
@@ -159,7 +165,7 @@ int etp_bench_chain(bench_t *b, int argc, char **argv)
     gc.max_ctas = max_ctas;
     BENCH_CHECK(b, etp_group_split(world, 0, b->rank, &gc, &grp));
     BENCH_CHECK(b, etp_stream_create(b->ctx, ETP_STREAM_PRIORITY_NORMAL, &m.main));
-    gemm_t g = {.b = b, .ws_bytes = (size_t)32 << 20};
+    gemm_t g = {.b = b, .sms = gemm_sms, .ws_bytes = (size_t)32 << 20};
     BENCH_CHECK(b, etp_stream_get_cuda(m.main, &g.cs));
     lt_check(b, cublasLtCreate(&g.lt), "cublasLtCreate");
     BENCH_CHECK(b, etp_mem_alloc(b->ctx, g.ws_bytes, ETP_MEM_WORKSPACE, &g.ws));
@@ -210,8 +216,8 @@ int etp_bench_chain(bench_t *b, int argc, char **argv)
     double us[3];
     for (int k = 0; k < 3; k++) us[k] = bench_max_over_ranks(bench_median(t[k], b->iters));
     char shape[96];
-    snprintf(shape, sizeof shape, "L=%d d=%lld M=%lld depth %d ctas %d", m.L, (long long)m.d,
-             (long long)m.M, m.depth, max_ctas);
+    snprintf(shape, sizeof shape, "L=%d d=%lld M=%lld dp%d cta%d sm%d", m.L, (long long)m.d,
+             (long long)m.M, m.depth, max_ctas, gemm_sms);
     double comm_bytes = 3.0 * (double)m.L * (double)wbytes * (double)(b->size - 1) / (double)b->size;
     bench_add(b, "chain step: local weights", shape, 0, us[MODE_LOCAL], 0);
     bench_add(b, "chain step: communication only", shape, comm_bytes, us[MODE_COMM], 0);
