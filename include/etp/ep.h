@@ -1,0 +1,353 @@
+/*
+ * etp/ep.h - expert parallelism: move MoE tokens to the ranks that own their
+ * top-k experts (dispatch) and back (combine), forward and backward.
+ *
+ * docs/EP.md defines every output's layout with a worked 2-rank example.
+ *
+ * Objects:
+ * - An EP group (etp_ep_group_t) is made once on an etp group of R ranks. It
+ *   owns E experts, E/R consecutive ones per rank (rank r owns experts
+ *   [r*E/R, (r+1)*E/R), its "local experts" 0 .. E/R-1), and the transport
+ *   buffers that every layer shares, allocated once at creation through the
+ *   context allocator (owner ETP_MEM_EP_BUFFERS).
+ * - A layer handle (etp_ep_layer_t) holds one routing at a time: that
+ *   layer's top-k, alignment, layout and weighting, and the device-resident
+ *   routing state that prepare computes and that dispatch, combine and the
+ *   two backward calls read. Its state is allocated at creation. Two layers
+ *   with different top-k live side by side; for several micro-batches of one
+ *   layer in flight, make one handle per micro-batch.
+ *
+ * A step of one layer, with T tokens on this rank (T <= max_tokens_per_rank,
+ * different on every rank, 0 allowed) and k = the layer's top-k:
+ *
+ *   etp_ep_prepare(layer, topk_idx [T, k] int64)        routing, counts, layout
+ *   etp_ep_dispatch(tokens [T, H], topk_weights [T, k]) -> recv_tokens [rows, H],
+ *                                                          recv_weights [rows]
+ *   ... the caller's expert GEMMs: recv_tokens -> expert_out [rows, H] ...
+ *   etp_ep_combine(expert_out [rows, H])                -> out [T, H]
+ *   backward:
+ *   etp_ep_combine_bwd(grad_out [T, H], expert_out)     -> grad_rows [rows, H],
+ *                                                          grad_topk_weights [T, k]
+ *   etp_ep_dispatch_bwd(grad_rows', grad_row_weights)   -> grad_tokens [T, H],
+ *                                                          grad_topk_weights [T, k]
+ *
+ * Semantics (docs/EP.md has the details):
+ * - Slot (t, j) of topk_idx names expert topk_idx[t, j]; -1 means no expert.
+ *   An index < -1 or >= E, or an expert repeated in a row (the later
+ *   occurrence), is a bad slot: dropped, counted and flagged (below).
+ * - A token crosses to each destination rank at most once; the receiver
+ *   expands it into one row per selected local expert. Within a local
+ *   expert, rows are ordered by (source rank, source token index): results
+ *   do not depend on timing.
+ * - Layouts: PACKED puts local expert e's rows at offsets[e], where offsets
+ *   are the exclusive prefix sum of the counts each rounded up to the
+ *   layer's alignment; FIXED_SLOTS gives local expert e the fixed rows
+ *   [e*S, (e+1)*S) (S = slots_per_expert). Every row of the layer's `rows`
+ *   that holds no token is zero (tokens and weights).
+ * - combine: the expert side sums each token's rows for its local experts in
+ *   FP32, in expert order (weighted: acc = fmaf(w, x, acc); unweighted:
+ *   acc += x), one partial per (token, rank), which travels back in FP32;
+ *   the token's rank sums the partials in rank order in FP32 and rounds once
+ *   to the token dtype. A token none of whose slots was kept gets zeros.
+ * - dispatch_bwd and combine_bwd are the exact adjoints of dispatch and
+ *   combine (weights included).
+ *
+ * Capacity and bad input: slots are dropped, never written past a buffer,
+ * when a rank's layout needs more rows than it has (recv_capacity_per_rank,
+ * or S per expert), when a transport slab is full (capacity transport), or
+ * when the index is bad. Each drop is counted on the device and raises a
+ * flag; prepare copies the counters to pinned host memory at its end.
+ * etp_ep_poll() reads that copy without blocking, etp_ep_check() waits for
+ * the layer's last prepare first. With ETP_EP_OVERFLOW_ERROR a raised flag
+ * makes poll and check fail (until etp_ep_reset_report) with a message
+ * naming the rank, the layer and the capacity needed; with
+ * ETP_EP_OVERFLOW_DROP they report the counts and succeed. The data calls
+ * themselves never fail on a flag: flags are raised on some ranks only, and
+ * a rank refusing a collective call would leave the others waiting.
+ *
+ * Transports: EXACT copies the exchanged counts to the host inside prepare
+ * (one stream synchronization per prepare) and moves exactly the rows that
+ * cross; eager only. CAPACITY moves fixed slabs of `slab_rows` token rows
+ * per peer, keeps every count on the device, never synchronizes, and can be
+ * captured into a CUDA graph (with T on the device: num_tokens_dev).
+ *
+ * Streams: every call enqueues its work on the stream it is given, including
+ * the collectives on (group, config.role), so it orders with the caller's
+ * GEMMs there. Calls of one EP group (all its layers) share its transport
+ * buffers: when consecutive calls come on different streams, etp makes the
+ * new stream wait for the previous call (an event, no host block). Keep one
+ * stream per EP group when capturing graphs. Every rank must make the same
+ * sequence of EP calls (they are collective over the group), and no other
+ * work may use the group's role `config.role` on another stream meanwhile.
+ *
+ * Memory: nothing is allocated after creation; prepare, dispatch, combine
+ * and their backward calls write only etp's own preallocated buffers and
+ * the caller's output buffers. Pointers are device pointers (host memory on
+ * the host backend). Outputs are written only by the work enqueued.
+ *
+ * Thread safety: an EP group and its layers are used by one thread at a
+ * time, like their context.
+ *
+ * Not yet supported: MXFP8 tokens (dispatch of quantized data with its E8M0
+ * scales; ETP_ERR_UNSUPPORTED) and the NVLink transport (v2).
+ */
+#ifndef ETP_EP_H
+#define ETP_EP_H
+
+#include "etp/comm.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct etp_ep_group etp_ep_group_t;
+typedef struct etp_ep_layer etp_ep_layer_t;
+
+typedef enum etp_ep_overflow {
+    ETP_EP_OVERFLOW_DROP = 0,  /* drop, count, report; calls succeed */
+    ETP_EP_OVERFLOW_ERROR = 1  /* drop, count, and fail poll/check/later calls */
+} etp_ep_overflow_t;
+
+typedef enum etp_ep_transport {
+    ETP_EP_TRANSPORT_EXACT = 0,    /* counts to the host, exact sizes; eager only */
+    ETP_EP_TRANSPORT_CAPACITY = 1  /* fixed slabs per peer, counts on the device; capturable */
+} etp_ep_transport_t;
+
+/* A dtype value that is not an etp_dtype_t: MXFP8 tokens (data + E8M0
+ * scales), reserved for the quantization module; refused for now with
+ * ETP_ERR_UNSUPPORTED. */
+#define ETP_EP_TOKEN_MXFP8 ((etp_dtype_t)100)
+
+typedef struct etp_ep_group_config {
+    size_t size;                   /* sizeof(etp_ep_group_config_t) */
+    const char *name;              /* copied; in messages ("ep"); NULL: the group's name */
+    int role;                      /* the group role whose communicator EP uses */
+    int64_t num_experts;           /* E, a multiple of the group size R */
+    int64_t hidden;                /* H, elements per token row */
+    etp_dtype_t token_dtype;       /* ETP_DTYPE_BF16 or ETP_DTYPE_F32 */
+    int64_t max_tokens_per_rank;   /* the largest T any call will pass (> 0) */
+    int max_topk;                  /* the largest top-k of any layer (>= 1) */
+    int64_t recv_capacity_per_rank; /* expanded rows a rank's layout holds (> 0) */
+    etp_ep_overflow_t overflow;
+    etp_ep_transport_t transport;
+    /* CAPACITY: the slab (token rows one rank sends to one peer per call) is
+     * capacity_factor times the mean rows a peer receives from one rank when
+     * every rank routes max_tokens_per_rank tokens uniformly at random to
+     * max_topk distinct experts: ceil(c * max_tokens * p), p = the
+     * probability that a token picks at least one of a rank's E/R experts;
+     * at most max_tokens_per_rank. Must be > 0. Ignored by EXACT. */
+    double capacity_factor;
+} etp_ep_group_config_t;
+
+#define ETP_EP_GROUP_CONFIG_INIT                                                       \
+    {                                                                                  \
+        sizeof(etp_ep_group_config_t), NULL, 0, 0, 0, ETP_DTYPE_BF16, 0, 1, 0,         \
+            ETP_EP_OVERFLOW_DROP, ETP_EP_TRANSPORT_EXACT, 1.25                         \
+    }
+
+/* Make an EP group on `group` (every rank of the group calls it, with the
+ * same config). Allocates the transport buffers (ETP_MEM_EP_BUFFERS) and an
+ * event of the context. The group must outlive the EP group.
+ * Errors: ETP_ERR_INVALID_ARGUMENT (NULLs, a config of the wrong size, E not
+ * a multiple of R, sizes <= 0, a role the group lacks, capacity_factor <= 0,
+ * a token dtype other than BF16/F32), ETP_ERR_UNSUPPORTED (MXFP8 tokens),
+ * ETP_ERR_OUT_OF_MEMORY, ETP_ERR_ABORTED. On failure nothing is left
+ * allocated and *ep is untouched. */
+ETP_API etp_status_t etp_ep_group_create(etp_group_t *group, const etp_ep_group_config_t *config,
+                                         etp_ep_group_t **ep);
+
+/* Destroy an EP group; waits for its enqueued work (like etp_mem_free).
+ * ETP_ERR_BUSY while layers made from it are alive. NULL is a no-op. */
+ETP_API etp_status_t etp_ep_group_destroy(etp_ep_group_t *ep);
+
+typedef struct etp_ep_group_info {
+    size_t size;              /* sizeof(etp_ep_group_info_t) */
+    int rank, ranks;          /* this rank and R, in the EP group */
+    int64_t local_experts;    /* E / R */
+    int64_t first_expert;     /* rank * E / R */
+    int64_t slab_rows;        /* CAPACITY: token rows per peer per call; EXACT: 0 */
+    int64_t recv_token_rows;  /* token rows the receive transport buffer holds */
+    int64_t send_token_rows;  /* token rows the send transport buffer holds */
+    size_t buffer_bytes;      /* transport buffers, all together */
+} etp_ep_group_info_t;
+
+#define ETP_EP_GROUP_INFO_INIT {sizeof(etp_ep_group_info_t), 0, 0, 0, 0, 0, 0, 0, 0}
+
+ETP_API etp_status_t etp_ep_group_info(const etp_ep_group_t *ep, etp_ep_group_info_t *info);
+
+typedef enum etp_ep_layout {
+    ETP_EP_LAYOUT_PACKED = 0,      /* expert blocks back to back at aligned offsets */
+    ETP_EP_LAYOUT_FIXED_SLOTS = 1  /* expert e owns rows [e*S, (e+1)*S) */
+} etp_ep_layout_t;
+
+typedef struct etp_ep_layer_config {
+    size_t size;              /* sizeof(etp_ep_layer_config_t) */
+    const char *name;         /* copied; in messages; NULL: "layer<n>" */
+    int topk;                 /* k of this layer, 1 .. max_topk */
+    int alignment;            /* rows per expert block are padded to this (0 or 1: none);
+                               * PACKED: must divide recv_capacity_per_rank */
+    etp_ep_layout_t layout;
+    int weighted;             /* 1: combine multiplies by topk_weights */
+    /* FIXED_SLOTS: rows per local expert S, a multiple of alignment with
+     * S * E/R <= recv_capacity_per_rank; 0: the largest such S. */
+    int64_t slots_per_expert;
+} etp_ep_layer_config_t;
+
+#define ETP_EP_LAYER_CONFIG_INIT \
+    {sizeof(etp_ep_layer_config_t), NULL, 1, 1, ETP_EP_LAYOUT_PACKED, 1, 0}
+
+/* Make a layer handle (local: no communication). Allocates its routing
+ * state (ETP_MEM_EP_BUFFERS), pinned host memory for its report (not in the
+ * memory report: a few hundred bytes), and an event.
+ * Errors: ETP_ERR_INVALID_ARGUMENT (NULLs, wrong config size, topk out of
+ * range, alignment < 0 or not dividing the capacity, bad slots_per_expert),
+ * ETP_ERR_OUT_OF_MEMORY, ETP_ERR_ABORTED. */
+ETP_API etp_status_t etp_ep_layer_create(etp_ep_group_t *ep, const etp_ep_layer_config_t *config,
+                                         etp_ep_layer_t **layer);
+
+/* Destroy a layer handle; waits for its enqueued work. NULL is a no-op. */
+ETP_API etp_status_t etp_ep_layer_destroy(etp_ep_layer_t *layer);
+
+/* Rows of the layer's row space: recv_tokens, recv_weights, expert_out and
+ * grad_rows must hold at least this many rows. PACKED: recv_capacity_per_rank;
+ * FIXED_SLOTS: S * E/R. */
+ETP_API etp_status_t etp_ep_layer_rows(const etp_ep_layer_t *layer, int64_t *rows);
+
+/* Pass as num_tokens when T is on the device (num_tokens_dev). */
+#define ETP_EP_TOKENS_ON_DEVICE ((int64_t)-1)
+
+/* Compute the routing of this step: on the device, per local expert the
+ * kept row count (unpadded, int32 [E/R]) and the row offset (int32
+ * [E/R + 1], padded to the alignment; offsets[E/R] is the end of the last
+ * block), the exchange of counts across the group, receive offsets and send
+ * positions. Collective over the EP group.
+ *   topk_idx: [T, k] of idx_dtype, which must be ETP_DTYPE_I64; read by the
+ *     enqueued work (keep it alive and unchanged until the stream passes).
+ *   num_tokens: T (0 .. max_tokens_per_rank), or ETP_EP_TOKENS_ON_DEVICE
+ *     with num_tokens_dev (an int32 on the device, read by the enqueued
+ *     work; a value outside [0, max_tokens_per_rank] is clamped and flagged
+ *     ETP_EP_FLAG_BAD_TOKENS). topk_idx then holds max_tokens_per_rank rows.
+ * EXACT synchronizes `stream` once (the counts come to the host) and is
+ * refused under capture; CAPACITY never blocks.
+ * Errors: ETP_ERR_INVALID_ARGUMENT (NULLs, idx_dtype not I64, T out of range,
+ * device T with EXACT), ETP_ERR_INVALID_STATE (a capture with EXACT),
+ * ETP_ERR_TIMEOUT, ETP_ERR_ABORTED. */
+ETP_API etp_status_t etp_ep_prepare(etp_ep_layer_t *layer, const void *topk_idx,
+                                    etp_dtype_t idx_dtype, int64_t num_tokens,
+                                    const int32_t *num_tokens_dev, etp_stream_t *stream);
+
+/* The layout of the last prepare, on the device, owned by the layer (same
+ * addresses for the layer's lifetime, so a graph may read them): counts
+ * [E/R] int32, offsets [E/R + 1] int32. Valid once the stream passes the
+ * prepare. Either pointer argument may be NULL. */
+ETP_API etp_status_t etp_ep_layout(const etp_ep_layer_t *layer, const int32_t **counts_dev,
+                                   const int32_t **offsets_dev);
+
+/* Copy the layout of the last prepare to host arrays (counts [E/R],
+ * offsets [E/R + 1]; either may be NULL): enqueues copies on `stream` and
+ * synchronizes it (eager only). */
+ETP_API etp_status_t etp_ep_layout_host(etp_ep_layer_t *layer, etp_stream_t *stream,
+                                        int32_t *counts, int32_t *offsets);
+
+/* Dispatch the tokens of the last prepare. Collective.
+ *   tokens: [T, H] of dtype (the group's token dtype).
+ *   topk_weights: [T, k] of weights_dtype, which must be ETP_DTYPE_F32; NULL
+ *     allowed only for an unweighted layer (then recv_weights must be NULL).
+ *   recv_tokens: [rows, H] of dtype, rows >= etp_ep_layer_rows(); row r of
+ *     local expert e's block holds the token of its (source rank, token).
+ *   recv_weights: [rows] FP32: the weight of that row's slot (may be NULL).
+ *   rows: the rows recv_tokens and recv_weights hold.
+ * Rows of [0, layer rows) that hold no token are zero; rows beyond are not
+ * touched. Weighted layers keep the received weights for combine and
+ * combine_bwd.
+ * Errors: ETP_ERR_INVALID_ARGUMENT (NULLs, a dtype other than the group's
+ * or F32 for weights, rows too small, weights missing for a weighted
+ * layer), ETP_ERR_UNSUPPORTED (MXFP8), ETP_ERR_INVALID_STATE (before
+ * prepare), ETP_ERR_ABORTED. */
+ETP_API etp_status_t etp_ep_dispatch(etp_ep_layer_t *layer, const void *tokens, etp_dtype_t dtype,
+                                     const void *topk_weights, etp_dtype_t weights_dtype,
+                                     void *recv_tokens, float *recv_weights, int64_t rows,
+                                     etp_stream_t *stream);
+
+/* Combine the expert outputs of the last dispatch back to their tokens.
+ * Collective. expert_out: [rows, H] of dtype (the token dtype), in the
+ * layout of recv_tokens; out: [T, H] of dtype. Weighted layers multiply by
+ * the weights the last dispatch carried.
+ * Errors: as dispatch; ETP_ERR_INVALID_STATE for a weighted layer that has
+ * not dispatched since its prepare. */
+ETP_API etp_status_t etp_ep_combine(etp_ep_layer_t *layer, const void *expert_out,
+                                    etp_dtype_t dtype, int64_t rows, void *out,
+                                    etp_stream_t *stream);
+
+/* The adjoint of dispatch. Collective.
+ *   grad_rows: [rows, H] of dtype; grad_row_weights: [rows] FP32 or NULL.
+ *   grad_tokens: [T, H] of dtype: the sum of the rows of each token (the
+ *     order and rounding of an unweighted combine).
+ *   grad_topk_weights: [T, k] FP32: slot (t, j) gets grad_row_weights of the
+ *     row that carried it, 0 for slots without a row; NULL skips it (it must
+ *     be NULL when grad_row_weights is).
+ * Errors: as dispatch. */
+ETP_API etp_status_t etp_ep_dispatch_bwd(etp_ep_layer_t *layer, const void *grad_rows,
+                                         etp_dtype_t dtype, const float *grad_row_weights,
+                                         int64_t rows, void *grad_tokens,
+                                         float *grad_topk_weights, etp_stream_t *stream);
+
+/* The adjoint of combine. Collective.
+ *   grad_out: [T, H] of dtype; expert_out: [rows, H] of dtype, the forward's
+ *     input (read only by weighted layers; may be NULL for unweighted ones).
+ *   grad_rows: [rows, H] of dtype: w * grad_out[t] (weighted, one rounding)
+ *     or grad_out[t]; rows holding no token are zero.
+ *   grad_topk_weights: [T, k] FP32, weighted layers only (else NULL): the
+ *     dot product of grad_out[t] and the slot's expert_out row, in FP32 in a
+ *     fixed order (docs/EP.md); 0 for slots without a row.
+ * Errors: as combine. */
+ETP_API etp_status_t etp_ep_combine_bwd(etp_ep_layer_t *layer, const void *grad_out,
+                                        etp_dtype_t dtype, const void *expert_out, int64_t rows,
+                                        void *grad_rows, float *grad_topk_weights,
+                                        etp_stream_t *stream);
+
+/* Flags of etp_ep_report_t. */
+#define ETP_EP_FLAG_BAD_INDEX 0x1u         /* an index < -1 or >= E */
+#define ETP_EP_FLAG_DUPLICATE 0x2u         /* an expert repeated in a row */
+#define ETP_EP_FLAG_TRANSPORT_FULL 0x4u    /* a slab or the receive token buffer was full */
+#define ETP_EP_FLAG_ROWS_FULL 0x8u         /* the layout's rows were full */
+#define ETP_EP_FLAG_BAD_TOKENS 0x10u       /* a device T outside [0, max_tokens_per_rank] */
+
+/* What this rank's layer dropped since creation or the last reset. */
+typedef struct etp_ep_report {
+    size_t size;                   /* sizeof(etp_ep_report_t) */
+    uint32_t flags;                /* ETP_EP_FLAG_* raised */
+    int64_t bad_index_slots;       /* slots with an index < -1 or >= E */
+    int64_t duplicate_slots;       /* slots repeating an earlier expert of their row */
+    int64_t transport_dropped_slots; /* slots of tokens that did not fit a transport buffer */
+    int64_t rows_dropped_slots;    /* slots whose row did not fit the layout */
+    int64_t transport_rows_needed; /* most token rows one transport buffer needed:
+                                    * CAPACITY a slab, EXACT the receive buffer */
+    int64_t rows_needed;           /* most rows the layout needed: PACKED the total,
+                                    * FIXED_SLOTS per expert */
+    int64_t prepares;              /* prepares whose counters are included */
+} etp_ep_report_t;
+
+#define ETP_EP_REPORT_INIT {sizeof(etp_ep_report_t), 0, 0, 0, 0, 0, 0, 0, 0}
+
+/* Read the layer's counters as of the last prepare that has completed,
+ * without blocking (a prepare still queued is not included). `report` may
+ * be NULL. Under ETP_EP_OVERFLOW_ERROR a raised flag returns an error
+ * naming the rank, the layer and the capacity needed:
+ * ETP_ERR_INVALID_ARGUMENT for bad indices or T, ETP_ERR_OUT_OF_MEMORY for
+ * a capacity exceeded. The report is filled in either case. */
+ETP_API etp_status_t etp_ep_poll(etp_ep_layer_t *layer, etp_ep_report_t *report);
+
+/* As etp_ep_poll, after waiting for the layer's last prepare (a host
+ * block; not during a capture). */
+ETP_API etp_status_t etp_ep_check(etp_ep_layer_t *layer, etp_ep_report_t *report);
+
+/* Zero the layer's counters: enqueued on `stream` (capturable), and the
+ * host copy at once. Clears the error state of ETP_EP_OVERFLOW_ERROR. */
+ETP_API etp_status_t etp_ep_reset_report(etp_ep_layer_t *layer, etp_stream_t *stream);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* ETP_EP_H */

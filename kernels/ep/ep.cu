@@ -1,0 +1,604 @@
+/*
+ * The EP kernels (ep_args.h defines what each computes). Every FP32 sum
+ * runs in the order of the host reference (src/backend/host/host_ep.c):
+ * one thread owns one output element and walks its terms in order, so the
+ * results are bit-identical; the weight-gradient dot product uses the
+ * fixed 256-lane order (ETP__EP_DOT_LANES). Each kernel takes its argument
+ * struct by value; T and the counts are read on the device, so a captured
+ * graph replays with new routing.
+ */
+#include <stdint.h>
+
+#include "ep_kernels.h"
+
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kScanThreads = 1024;
+constexpr unsigned kFull = 0xffffffffu;
+
+static_assert(ETP__EP_DOT_LANES == kThreads, "the dot product's lanes are one block's threads");
+
+/* The host's conversions (src/core/half.h), bit for bit, NaN included. */
+__device__ __forceinline__ float bf16_to_f32(uint16_t h)
+{
+    return __uint_as_float((uint32_t)h << 16);
+}
+
+__device__ __forceinline__ uint16_t f32_to_bf16(float f)
+{
+    uint32_t u = __float_as_uint(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+
+__device__ __forceinline__ float load(const void *p, int dtype, int64_t i)
+{
+    if (dtype == ETP__EP_BF16) return bf16_to_f32(static_cast<const uint16_t *>(p)[i]);
+    return static_cast<const float *>(p)[i];
+}
+
+__device__ __forceinline__ void store(void *p, int dtype, int64_t i, float v)
+{
+    if (dtype == ETP__EP_BF16)
+        static_cast<uint16_t *>(p)[i] = f32_to_bf16(v);
+    else
+        static_cast<float *>(p)[i] = v;
+}
+
+__device__ __forceinline__ int64_t tokens_of(const int32_t *t_dev, int64_t t_max)
+{
+    int64_t t = *t_dev;
+    return t < 0 ? 0 : t > t_max ? t_max : t;
+}
+
+__device__ __forceinline__ unsigned long long *u64(int64_t *p)
+{
+    return reinterpret_cast<unsigned long long *>(p);
+}
+
+__device__ __forceinline__ void stat_add(int64_t *st, int which, int64_t v)
+{
+    if (v) atomicAdd(u64(st + which), (unsigned long long)v);
+}
+
+__device__ __forceinline__ void stat_flag(int64_t *st, unsigned f)
+{
+    atomicOr(u64(st + ETP__EP_ST_FLAGS), (unsigned long long)f);
+}
+
+__device__ __forceinline__ void stat_max(int64_t *st, int which, int64_t v)
+{
+    atomicMax(u64(st + which), (unsigned long long)v);
+}
+
+/* Exclusive prefix sum over a block of kScanThreads threads; *total gets
+ * the block's sum. All threads must call it. */
+__device__ int block_excl_scan(int v, int *total)
+{
+    __shared__ int warp_sums[kScanThreads / 32];
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    int x = v;
+    for (int o = 1; o < 32; o <<= 1) {
+        int y = __shfl_up_sync(kFull, x, o);
+        if (lane >= o) x += y;
+    }
+    if (lane == 31) warp_sums[w] = x;
+    __syncthreads();
+    if (w == 0) {
+        int sx = warp_sums[lane];
+        for (int o = 1; o < 32; o <<= 1) {
+            int y = __shfl_up_sync(kFull, sx, o);
+            if (lane >= o) sx += y;
+        }
+        warp_sums[lane] = sx;
+    }
+    __syncthreads();
+    const int before = w > 0 ? warp_sums[w - 1] : 0;
+    *total = warp_sums[kScanThreads / 32 - 1];
+    __syncthreads(); /* warp_sums is reused by the next call */
+    return before + x - v;
+}
+
+/* Tokens rank s may send to d when d receives at most tok_cap rows, filled
+ * in source rank order. */
+__device__ int64_t accepted(const int32_t *C, int R, int64_t tok_cap, int s, int d)
+{
+    int64_t before = 0;
+    for (int s2 = 0; s2 < s; s2++) before += C[(int64_t)s2 * R + d];
+    int64_t room = tok_cap - before;
+    if (room < 0) room = 0;
+    int64_t c = C[(int64_t)s * R + d];
+    return c < room ? c : room;
+}
+
+unsigned blocks_for(int64_t n, int per)
+{
+    int64_t b = (n + per - 1) / per;
+    return (unsigned)(b > 0 ? b : 1);
+}
+
+template <typename A>
+cudaError_t launch(void (*k)(A), unsigned grid, unsigned block, cudaStream_t s, const A &a)
+{
+    A copy = a;
+    void *args[] = {&copy};
+    return cudaLaunchKernel(reinterpret_cast<const void *>(k), dim3(grid), dim3(block), args, 0, s);
+}
+
+/* ---- route -------------------------------------------------------------- */
+
+/* Per token: validate its slots, destinations, and mark send_pos[t*R+d] = 1
+ * for each destination (0 otherwise), to be turned into positions. */
+__global__ void route_mark(etp__ep_route_args_t a)
+{
+    const int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    int64_t T = a.t_in ? *a.t_in : a.t_value;
+    const bool bad_T = T < 0 || T > a.t_max;
+    T = T < 0 ? 0 : T > a.t_max ? a.t_max : T;
+    if (t == 0) {
+        *a.t_dev = (int32_t)T;
+        if (bad_T) stat_flag(a.stats, ETP__EP_F_BAD_TOKENS);
+        stat_add(a.stats, ETP__EP_ST_PREPARES, 1);
+    }
+    if (t >= a.t_max) return;
+    const int R = a.ranks, k = a.k;
+    int32_t *sd = a.slot_dest + t * k;
+    int32_t *sp = a.send_pos + t * R;
+    for (int d = 0; d < R; d++) sp[d] = 0;
+    for (int j = 0; j < k; j++) sd[j] = -1;
+    if (t >= T) return;
+    const int64_t *idx = a.topk_idx + t * k;
+    int bad = 0, dup = 0;
+    for (int j = 0; j < k; j++) {
+        int64_t e = idx[j];
+        if (e == -1) continue;
+        if (e < -1 || e >= a.num_experts) {
+            bad++;
+            continue;
+        }
+        bool rep = false;
+        for (int j2 = 0; j2 < j && !rep; j2++) rep = sd[j2] >= 0 && idx[j2] == e;
+        if (rep) {
+            dup++;
+            continue;
+        }
+        int d = (int)(e / a.local_experts);
+        sd[j] = d;
+        sp[d] = 1;
+    }
+    if (bad) {
+        stat_add(a.stats, ETP__EP_ST_BAD_INDEX, bad);
+        stat_flag(a.stats, ETP__EP_F_BAD_INDEX);
+    }
+    if (dup) {
+        stat_add(a.stats, ETP__EP_ST_DUPLICATE, dup);
+        stat_flag(a.stats, ETP__EP_F_DUPLICATE);
+    }
+}
+
+/* One block per destination d: positions in token order (a scan of the
+ * marks), slab drops, the count. */
+__global__ void route_scan(etp__ep_route_args_t a)
+{
+    const int d = blockIdx.x, R = a.ranks, k = a.k;
+    int64_t running = 0;
+    for (int64_t t0 = 0; t0 < a.t_max; t0 += kScanThreads) {
+        const int64_t t = t0 + threadIdx.x;
+        int32_t *sp = t < a.t_max ? a.send_pos + t * R + d : nullptr;
+        const int flag = sp ? *sp : 0;
+        int total = 0;
+        const int64_t pos = running + block_excl_scan(flag, &total);
+        if (sp) {
+            if (!flag) {
+                *sp = -1;
+            } else if (pos < a.slab) {
+                *sp = (int32_t)pos;
+            } else {
+                *sp = -1;
+                int n = 0;
+                for (int j = 0; j < k; j++) n += a.slot_dest[t * k + j] == d;
+                stat_add(a.stats, ETP__EP_ST_TRANSPORT_DROPPED, n);
+                stat_flag(a.stats, ETP__EP_F_TRANSPORT_FULL);
+            }
+        }
+        running += total;
+    }
+    if (threadIdx.x == 0) {
+        if (!a.exact) stat_max(a.stats, ETP__EP_ST_TRANSPORT_NEEDED, running);
+        a.send_cnt[d] = (int32_t)(running < a.slab ? running : a.slab);
+    }
+}
+
+__global__ void route_base(etp__ep_route_args_t a)
+{
+    int64_t base = 0;
+    for (int d = 0; d < a.ranks; d++) {
+        a.send_base[d] = (int32_t)(a.exact ? base : (int64_t)d * a.slab);
+        base += a.send_cnt[d];
+    }
+}
+
+__global__ void route_meta(etp__ep_route_args_t a)
+{
+    const int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (t >= tokens_of(a.t_dev, a.t_max)) return;
+    const int R = a.ranks, k = a.k;
+    const int32_t *sd = a.slot_dest + t * k;
+    const int64_t *idx = a.topk_idx + t * k;
+    for (int d = 0; d < R; d++) {
+        const int32_t sp = a.send_pos[t * R + d];
+        if (sp < 0) continue;
+        int32_t *m = a.send_meta + ((int64_t)a.send_base[d] + sp) * k;
+        for (int j = 0; j < k; j++)
+            m[j] = sd[j] == d ? (int32_t)(idx[j] - (int64_t)d * a.local_experts) : -1;
+    }
+}
+
+/* ---- clip (EXACT) ------------------------------------------------------- */
+
+__global__ void clip_kernel(etp__ep_clip_args_t a)
+{
+    const int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    const int R = a.ranks, k = a.k;
+    if (t == 0) {
+        for (int d = 0; d < R; d++) {
+            if (accepted(a.C, R, a.tok_cap, a.me, d) == a.C[(int64_t)a.me * R + d]) continue;
+            int64_t need = 0;
+            for (int s = 0; s < R; s++) need += a.C[(int64_t)s * R + d];
+            stat_max(a.stats, ETP__EP_ST_TRANSPORT_NEEDED, need);
+            stat_flag(a.stats, ETP__EP_F_TRANSPORT_FULL);
+        }
+    }
+    if (t >= tokens_of(a.t_dev, a.t_max)) return;
+    for (int d = 0; d < R; d++) {
+        const int64_t acc = accepted(a.C, R, a.tok_cap, a.me, d);
+        int32_t *sp = a.send_pos + t * R + d;
+        if (*sp < acc) continue;
+        *sp = -1;
+        int n = 0;
+        for (int j = 0; j < k; j++) n += a.slot_dest[t * k + j] == d;
+        stat_add(a.stats, ETP__EP_ST_TRANSPORT_DROPPED, n);
+    }
+}
+
+/* ---- layout ------------------------------------------------------------- */
+
+__global__ void layout_bases(etp__ep_layout_args_t a)
+{
+    int64_t base = 0;
+    for (int s = 0; s < a.ranks; s++) {
+        a.recv_cnt[s] = (int32_t)accepted(a.C, a.ranks, a.tok_cap, s, a.me);
+        a.recv_base[s] = (int32_t)(a.exact ? base : (int64_t)s * a.slab);
+        base += a.recv_cnt[s];
+    }
+}
+
+/* Row i of the receive buffer holds a token (rows are in (source, token)
+ * order in both transports; CAPACITY slabs have unused tails). */
+__device__ __forceinline__ bool row_valid(const etp__ep_layout_args_t &a, int64_t i)
+{
+    if (a.exact) {
+        const int last = a.ranks - 1;
+        return i < (int64_t)a.recv_base[last] + a.recv_cnt[last];
+    }
+    return i % a.slab < a.recv_cnt[i / a.slab];
+}
+
+/* The slot of received row i that selects local expert e, or -1. */
+__device__ __forceinline__ int slot_of(const etp__ep_layout_args_t &a, int64_t i, int e)
+{
+    if (!row_valid(a, i)) return -1;
+    for (int j = 0; j < a.k; j++)
+        if (a.recv_meta[i * a.k + j] == e) return j;
+    return -1;
+}
+
+/* One block per local expert: its row count, into counts (turned into the
+ * kept count by layout_offsets). */
+__global__ void layout_count(etp__ep_layout_args_t a)
+{
+    const int e = blockIdx.x;
+    int64_t running = 0;
+    for (int64_t i0 = 0; i0 < a.tok_cap; i0 += kScanThreads) {
+        const int64_t i = i0 + threadIdx.x;
+        const int flag = i < a.tok_cap && slot_of(a, i, e) >= 0;
+        int total = 0;
+        (void)block_excl_scan(flag, &total);
+        running += total;
+    }
+    if (threadIdx.x == 0) a.counts[e] = (int32_t)running;
+}
+
+__global__ void layout_offsets(etp__ep_layout_args_t a)
+{
+    const int64_t L = a.local_experts, al = a.alignment;
+    int64_t off = 0, need = 0, dropped = 0, maxn = 0;
+    for (int64_t e = 0; e < L; e++) {
+        const int64_t n = a.counts[e];
+        need += (n + al - 1) / al * al;
+        if (n > maxn) maxn = n;
+        int64_t kept;
+        if (a.fixed_slots > 0) {
+            off = e * a.fixed_slots;
+            kept = n < a.fixed_slots ? n : a.fixed_slots;
+        } else {
+            const int64_t room = a.rows_cap - off;
+            kept = n < room ? n : room;
+        }
+        a.offsets[e] = (int32_t)off;
+        a.counts[e] = (int32_t)kept;
+        dropped += n - kept;
+        if (a.fixed_slots == 0) off += (kept + al - 1) / al * al;
+    }
+    a.offsets[L] = (int32_t)(a.fixed_slots > 0 ? L * a.fixed_slots : off);
+    stat_max(a.stats, ETP__EP_ST_ROWS_NEEDED, a.fixed_slots > 0 ? (maxn + al - 1) / al * al : need);
+    if (dropped) {
+        stat_add(a.stats, ETP__EP_ST_ROWS_DROPPED, dropped);
+        stat_flag(a.stats, ETP__EP_F_ROWS_FULL);
+    }
+}
+
+/* One block per local expert: its rows in receive order (= (source rank,
+ * token) order), the first counts[e] of them kept. */
+__global__ void layout_assign(etp__ep_layout_args_t a)
+{
+    const int e = blockIdx.x;
+    const int64_t kept = a.counts[e], base = a.offsets[e];
+    int64_t running = 0;
+    for (int64_t i0 = 0; i0 < a.tok_cap && running < kept; i0 += kScanThreads) {
+        const int64_t i = i0 + threadIdx.x;
+        const int j = i < a.tok_cap ? slot_of(a, i, e) : -1;
+        int total = 0;
+        const int64_t q = running + block_excl_scan(j >= 0, &total);
+        if (j >= 0 && q < kept) {
+            const int64_t row = base + q;
+            a.recv_row[i * a.k + j] = (int32_t)row;
+            a.row_src[row] = (int32_t)(i * a.k + j);
+        }
+        running += total;
+    }
+}
+
+/* Each received row's expert rows, ascending (the pre-sum's order). */
+__global__ void layout_sort(etp__ep_layout_args_t a)
+{
+    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= a.tok_cap) return;
+    const int k = a.k;
+    int32_t *o = a.tok_rows + i * k;
+    int m = 0;
+    for (int j = 0; j < k; j++) {
+        const int32_t r = a.recv_row[i * k + j];
+        if (r < 0) continue;
+        int q = m++;
+        while (q > 0 && o[q - 1] > r) {
+            o[q] = o[q - 1];
+            q--;
+        }
+        o[q] = r;
+    }
+}
+
+/* ---- data movement ------------------------------------------------------ */
+
+/* Copy one row of `bytes`: 16-byte words when both ends allow it. */
+__device__ __forceinline__ void copy_row(char *dst, const char *src, int64_t bytes)
+{
+    if ((((uintptr_t)dst | (uintptr_t)src | (uintptr_t)bytes) & 15u) == 0) {
+        const int64_t n = bytes / 16;
+        for (int64_t i = threadIdx.x; i < n; i += blockDim.x)
+            reinterpret_cast<uint4 *>(dst)[i] = reinterpret_cast<const uint4 *>(src)[i];
+    } else {
+        for (int64_t i = threadIdx.x; i < bytes; i += blockDim.x) dst[i] = src[i];
+    }
+}
+
+__device__ __forceinline__ void zero_row(char *dst, int64_t bytes)
+{
+    if ((((uintptr_t)dst | (uintptr_t)bytes) & 15u) == 0) {
+        for (int64_t i = threadIdx.x; i < bytes / 16; i += blockDim.x)
+            reinterpret_cast<uint4 *>(dst)[i] = make_uint4(0, 0, 0, 0);
+    } else {
+        for (int64_t i = threadIdx.x; i < bytes; i += blockDim.x) dst[i] = 0;
+    }
+}
+
+__device__ __forceinline__ int64_t esize(int dtype)
+{
+    return dtype == ETP__EP_BF16 ? 2 : 4;
+}
+
+/* One block per token. */
+__global__ void pack_kernel(etp__ep_pack_args_t a)
+{
+    const int64_t t = blockIdx.x;
+    if (t >= tokens_of(a.t_dev, a.t_max)) return;
+    const int R = a.ranks, k = a.k;
+    const int64_t rb = a.hidden * esize(a.dtype);
+    for (int d = 0; d < R; d++) {
+        const int32_t sp = a.send_pos[t * R + d];
+        if (sp < 0) continue;
+        const int64_t row = (int64_t)a.send_base[d] + sp;
+        copy_row(static_cast<char *>(a.send_tok) + row * rb,
+                 static_cast<const char *>(a.tokens) + t * rb, rb);
+        if (a.send_w)
+            for (int j = threadIdx.x; j < k; j += blockDim.x)
+                a.send_w[row * k + j] = a.slot_dest[t * k + j] == d ? a.weights[t * k + j] : 0.0f;
+    }
+}
+
+/* One block per output row. */
+__global__ void expand_kernel(etp__ep_expand_args_t a)
+{
+    const int64_t r = blockIdx.x;
+    const int32_t src = a.row_src[r];
+    const int64_t H = a.hidden, rb = H * esize(a.dtype);
+    char *o = static_cast<char *>(a.out) + r * rb;
+    if (src < 0) {
+        zero_row(o, rb);
+    } else {
+        const int64_t i = src / a.k;
+        if (a.scale_w) {
+            const float w = a.scale_w[r];
+            for (int64_t h = threadIdx.x; h < H; h += blockDim.x)
+                store(a.out, a.dtype, r * H + h, w * load(a.recv_tok, a.dtype, i * H + h));
+        } else {
+            copy_row(o, static_cast<const char *>(a.recv_tok) + i * rb, rb);
+        }
+    }
+    if (threadIdx.x == 0) {
+        const float w = src >= 0 && a.recv_w ? a.recv_w[src] : 0.0f;
+        if (a.out_w) a.out_w[r] = w;
+        if (a.keep_w) a.keep_w[r] = w;
+    }
+}
+
+/* One block per received token row; each thread owns columns and walks
+ * the token's rows in order, like the reference. */
+__global__ void presum_kernel(etp__ep_presum_args_t a)
+{
+    const int64_t i = blockIdx.x, H = a.hidden;
+    const int32_t *rows = a.tok_rows + i * a.k;
+    float *out = a.partial + i * H;
+    for (int64_t h = threadIdx.x; h < H; h += blockDim.x) {
+        float acc = 0.0f;
+        for (int m = 0; m < a.k; m++) {
+            const int32_t r = rows[m];
+            if (r < 0) break;
+            const float x = load(a.in, a.dtype, (int64_t)r * H + h);
+            acc = a.row_w ? fmaf(a.row_w[r], x, acc) : __fadd_rn(acc, x);
+        }
+        out[h] = acc;
+    }
+}
+
+/* One block per token. */
+__global__ void reduce_kernel(etp__ep_reduce_args_t a)
+{
+    const int64_t t = blockIdx.x, H = a.hidden;
+    if (t >= tokens_of(a.t_dev, a.t_max)) return;
+    const int R = a.ranks;
+    for (int64_t h = threadIdx.x; h < H; h += blockDim.x) {
+        float acc = 0.0f;
+        for (int d = 0; d < R; d++) {
+            const int32_t sp = a.send_pos[t * R + d];
+            if (sp >= 0) acc = __fadd_rn(acc, a.partial[((int64_t)a.send_base[d] + sp) * H + h]);
+        }
+        store(a.out, a.dtype, t * H + h, acc);
+    }
+}
+
+__global__ void wgrad_gather(etp__ep_wgrad_args_t a)
+{
+    const int64_t x = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (x >= a.ntok * a.k) return;
+    const int32_t r = a.recv_row[x];
+    a.g[x] = r >= 0 ? a.grad_row_w[r] : 0.0f;
+}
+
+/* One block (ETP__EP_DOT_LANES threads) per received token row. */
+__global__ void wgrad_dot(etp__ep_wgrad_args_t a)
+{
+    __shared__ float lane[ETP__EP_DOT_LANES];
+    const int64_t i = blockIdx.x, H = a.hidden;
+    const int l = threadIdx.x;
+    for (int j = 0; j < a.k; j++) {
+        const int32_t r = a.recv_row[i * a.k + j];
+        if (r < 0) {
+            if (l == 0) a.g[i * a.k + j] = 0.0f;
+            continue;
+        }
+        float acc = 0.0f;
+        for (int64_t h = l; h < H; h += ETP__EP_DOT_LANES)
+            acc = fmaf(load(a.recv_tok, a.dtype, i * H + h), load(a.rows_in, a.dtype, (int64_t)r * H + h), acc);
+        lane[l] = acc;
+        __syncthreads();
+        for (int w = ETP__EP_DOT_LANES / 2; w >= 1; w /= 2) {
+            if (l < w) lane[l] = __fadd_rn(lane[l], lane[l + w]);
+            __syncthreads();
+        }
+        if (l == 0) a.g[i * a.k + j] = lane[0];
+        __syncthreads();
+    }
+}
+
+__global__ void wscatter_kernel(etp__ep_wscatter_args_t a)
+{
+    const int64_t x = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    const int k = a.k, R = a.ranks;
+    if (x >= tokens_of(a.t_dev, a.t_max) * k) return;
+    const int64_t t = x / k;
+    const int32_t d = a.slot_dest[x];
+    const int32_t sp = d >= 0 ? a.send_pos[t * R + d] : -1;
+    a.out[x] = sp >= 0 ? a.g_recv[((int64_t)a.send_base[d] + sp) * k + (x % k)] : 0.0f;
+}
+
+} // namespace
+
+#define ETP__TRY_CUDA(expr)                      \
+    do {                                         \
+        cudaError_t etp__e_ = (expr);            \
+        if (etp__e_ != cudaSuccess) return etp__e_; \
+    } while (0)
+
+extern "C" cudaError_t etp__cuda_ep_route(cudaStream_t s, const etp__ep_route_args_t *a)
+{
+    ETP__TRY_CUDA(launch(route_mark, blocks_for(a->t_max, kThreads), kThreads, s, *a));
+    ETP__TRY_CUDA(launch(route_scan, (unsigned)a->ranks, kScanThreads, s, *a));
+    ETP__TRY_CUDA(launch(route_base, 1, 1, s, *a));
+    return launch(route_meta, blocks_for(a->t_max, kThreads), kThreads, s, *a);
+}
+
+extern "C" cudaError_t etp__cuda_ep_clip(cudaStream_t s, const etp__ep_clip_args_t *a)
+{
+    return launch(clip_kernel, blocks_for(a->t_max, kThreads), kThreads, s, *a);
+}
+
+extern "C" cudaError_t etp__cuda_ep_layout(cudaStream_t s, const etp__ep_layout_args_t *a)
+{
+    const size_t per_tok = (size_t)a->tok_cap * (size_t)a->k * sizeof(int32_t);
+    ETP__TRY_CUDA(cudaMemsetAsync(a->recv_row, 0xff, per_tok, s));
+    ETP__TRY_CUDA(cudaMemsetAsync(a->tok_rows, 0xff, per_tok, s));
+    ETP__TRY_CUDA(cudaMemsetAsync(a->row_src, 0xff, (size_t)a->rows_cap * sizeof(int32_t), s));
+    ETP__TRY_CUDA(launch(layout_bases, 1, 1, s, *a));
+    ETP__TRY_CUDA(launch(layout_count, (unsigned)a->local_experts, kScanThreads, s, *a));
+    ETP__TRY_CUDA(launch(layout_offsets, 1, 1, s, *a));
+    ETP__TRY_CUDA(launch(layout_assign, (unsigned)a->local_experts, kScanThreads, s, *a));
+    return launch(layout_sort, blocks_for(a->tok_cap, kThreads), kThreads, s, *a);
+}
+
+extern "C" cudaError_t etp__cuda_ep_pack(cudaStream_t s, const etp__ep_pack_args_t *a)
+{
+    return launch(pack_kernel, (unsigned)a->t_max, kThreads, s, *a);
+}
+
+extern "C" cudaError_t etp__cuda_ep_expand(cudaStream_t s, const etp__ep_expand_args_t *a)
+{
+    if (a->rows == 0) return cudaSuccess;
+    return launch(expand_kernel, (unsigned)a->rows, kThreads, s, *a);
+}
+
+extern "C" cudaError_t etp__cuda_ep_presum(cudaStream_t s, const etp__ep_presum_args_t *a)
+{
+    if (a->ntok == 0) return cudaSuccess;
+    return launch(presum_kernel, (unsigned)a->ntok, kThreads, s, *a);
+}
+
+extern "C" cudaError_t etp__cuda_ep_reduce(cudaStream_t s, const etp__ep_reduce_args_t *a)
+{
+    return launch(reduce_kernel, (unsigned)a->t_max, kThreads, s, *a);
+}
+
+extern "C" cudaError_t etp__cuda_ep_wgrad(cudaStream_t s, const etp__ep_wgrad_args_t *a)
+{
+    if (a->ntok == 0) return cudaSuccess;
+    if (a->dot) return launch(wgrad_dot, (unsigned)a->ntok, ETP__EP_DOT_LANES, s, *a);
+    return launch(wgrad_gather, blocks_for(a->ntok * a->k, kThreads), kThreads, s, *a);
+}
+
+extern "C" cudaError_t etp__cuda_ep_wscatter(cudaStream_t s, const etp__ep_wscatter_args_t *a)
+{
+    return launch(wscatter_kernel, blocks_for(a->t_max * a->k, kThreads), kThreads, s, *a);
+}

@@ -1,0 +1,172 @@
+/*
+ * Arguments of the EP kernels, shared by the host reference kernels
+ * (src/backend/host/host_ep.c) and the CUDA kernels (kernels/ep/ep.cu), so
+ * both implement one definition. Plain C, no dependencies.
+ *
+ * Notation: R ranks, `me` this rank, L local experts per rank, k the
+ * layer's top-k, H the hidden size, T the tokens of this step (read on the
+ * device from *t_dev, so it may change under a CUDA graph), T_max the
+ * group's max_tokens_per_rank.
+ *
+ * Token side (the rank that owns the tokens):
+ *   slot_dest[t*k + j]  destination rank of slot (t, j), -1: no expert/bad
+ *   send_pos[t*R + d]   position of token t in its block to rank d, -1: not sent
+ *   send_base[d]        first row of the block to d in the send buffer
+ * Expert side (the rank that owns the experts):
+ *   C[s*R + d]          tokens rank s wants to send to d (all-gathered)
+ *   recv_cnt[s], recv_base[s]  tokens received from s and where they start
+ *   recv_row[i*k + j]   row of the row space that slot j of received token
+ *                       row i fills, -1: none (not local, or dropped)
+ *   tok_rows[i*k + m]   the rows of received token i in ascending order
+ *                       (= expert order), -1 after the last
+ *   row_src[r]          i*k + j for the token slot that row r holds, -1: empty
+ */
+#ifndef ETP__EP_ARGS_H
+#define ETP__EP_ARGS_H
+
+#include <stdint.h>
+
+/* Counters (int64, device); stats[0] holds the flags (ETP_EP_FLAG_*). */
+enum {
+    ETP__EP_ST_FLAGS = 0,
+    ETP__EP_ST_BAD_INDEX = 1,
+    ETP__EP_ST_DUPLICATE = 2,
+    ETP__EP_ST_TRANSPORT_DROPPED = 3,
+    ETP__EP_ST_ROWS_DROPPED = 4,
+    ETP__EP_ST_TRANSPORT_NEEDED = 5, /* max */
+    ETP__EP_ST_ROWS_NEEDED = 6,      /* max */
+    ETP__EP_ST_PREPARES = 7,
+    ETP__EP_ST_COUNT = 8
+};
+
+/* The same values as ETP_EP_FLAG_* of etp/ep.h. */
+enum {
+    ETP__EP_F_BAD_INDEX = 0x1,
+    ETP__EP_F_DUPLICATE = 0x2,
+    ETP__EP_F_TRANSPORT_FULL = 0x4,
+    ETP__EP_F_ROWS_FULL = 0x8,
+    ETP__EP_F_BAD_TOKENS = 0x10
+};
+
+/* Lanes of the fixed-order dot product of combine_bwd's weight gradient:
+ * lane l sums h = l, l + LANES, ... in order with fmaf; then lanes are
+ * added pairwise, lane l += lane l + w for w = LANES/2, ..., 1. */
+#define ETP__EP_DOT_LANES 256
+
+/* Token dtypes the kernels move (values of etp_dtype_t). */
+enum { ETP__EP_BF16 = 4, ETP__EP_F32 = 5 };
+
+/* Route: validate topk_idx, assign send positions, write the metadata rows
+ * (local expert of each slot that targets d, -1 otherwise) into the send
+ * buffer, count. Tokens t >= T get slot_dest -1 and send_pos -1.
+ * exact: blocks back to back (send_base = prefix of send_cnt), slab =
+ * T_max; capacity: block d at d*slab, positions >= slab dropped. Also counts
+ * one prepare in stats. A T outside [0, t_max] is clamped and flagged. */
+typedef struct etp__ep_route_args {
+    const int64_t *topk_idx;
+    const int32_t *t_in;  /* T on the device, or NULL: t_value */
+    int64_t t_value;
+    int32_t *t_dev;       /* out: T (clamped to [0, t_max]) for the later kernels */
+    int64_t t_max, num_experts, local_experts, slab;
+    int k, ranks, exact;
+    int32_t *slot_dest, *send_pos, *send_cnt, *send_base;
+    int32_t *send_meta; /* [send rows * k] */
+    int64_t *stats;
+} etp__ep_route_args_t;
+
+/* Exact transport, token side: after the counts are known, drop the tokens
+ * beyond what each receiver accepts (its receive buffer holds tok_cap
+ * token rows, filled in source rank order): send_pos -1, slots counted. */
+typedef struct etp__ep_clip_args {
+    const int32_t *C, *t_dev, *slot_dest;
+    int64_t t_max, tok_cap;
+    int k, ranks, me;
+    int32_t *send_pos;
+    int64_t *stats;
+} etp__ep_clip_args_t;
+
+/* Layout, expert side: received counts and bases (from C), per local expert
+ * counts, kept rows and offsets, recv_row, tok_rows, row_src.
+ * fixed_slots > 0: expert e owns rows [e*fixed_slots, ...); else packed. */
+typedef struct etp__ep_layout_args {
+    const int32_t *C, *recv_meta;
+    int64_t tok_cap, slab, rows_cap, local_experts, alignment, fixed_slots;
+    int k, ranks, me, exact;
+    int32_t *recv_cnt, *recv_base, *counts, *offsets, *recv_row, *tok_rows, *row_src;
+    int64_t *stats;
+} etp__ep_layout_args_t;
+
+/* Dispatch, token side: copy token t to row send_base[d] + send_pos[t*R+d]
+ * of send_tok for every d it goes to; weights (optional) likewise, k per
+ * row, 0 in slots that target another rank. */
+typedef struct etp__ep_pack_args {
+    const void *tokens;
+    const float *weights;
+    const int32_t *t_dev, *slot_dest, *send_pos, *send_base;
+    int64_t t_max, hidden;
+    int k, ranks, dtype;
+    void *send_tok;
+    float *send_w;
+} etp__ep_pack_args_t;
+
+/* Expand, expert side: row r of out = received token row_src[r] / k
+ * (scaled by scale_w[r] in FP32 and rounded once, when scale_w is set), or
+ * zero. out_w / keep_w (optional) get the slot's received weight (0 for
+ * empty rows). */
+typedef struct etp__ep_expand_args {
+    const void *recv_tok;
+    const float *recv_w, *scale_w;
+    const int32_t *row_src;
+    int64_t rows, hidden;
+    int k, dtype;
+    void *out;
+    float *out_w, *keep_w;
+} etp__ep_expand_args_t;
+
+/* Pre-sum, expert side: partial[i] (FP32) = sum over tok_rows of token i in
+ * order of in[row] (weighted: fmaf(row_w[row], in[row], acc)), for the
+ * first ntok received token rows. */
+typedef struct etp__ep_presum_args {
+    const void *in;
+    const float *row_w;
+    const int32_t *tok_rows;
+    int64_t ntok, hidden;
+    int k, dtype;
+    float *partial;
+} etp__ep_presum_args_t;
+
+/* Reduce, token side: out[t] = round(sum over d in rank order of the
+ * partial at send_base[d] + send_pos[t*R+d]), zero when none; t < T. */
+typedef struct etp__ep_reduce_args {
+    const float *partial;
+    const int32_t *t_dev, *send_pos, *send_base;
+    int64_t t_max, hidden;
+    int ranks, dtype;
+    void *out;
+} etp__ep_reduce_args_t;
+
+/* Weight gradient, expert side, for the first ntok received token rows:
+ * g[i*k + j] = (row = recv_row[i*k+j]) < 0 ? 0 :
+ *   dot == 0: grad_row_w[row]
+ *   dot == 1: the fixed-order dot product of recv_tok[i] and rows_in[row]. */
+typedef struct etp__ep_wgrad_args {
+    const int32_t *recv_row;
+    const float *grad_row_w;
+    const void *recv_tok, *rows_in;
+    int64_t ntok, hidden;
+    int k, dtype, dot;
+    float *g;
+} etp__ep_wgrad_args_t;
+
+/* Weight gradient, token side: out[t*k + j] = g_recv[(send_base[d] +
+ * send_pos[t*R+d]) * k + j] for d = slot_dest[t*k+j], 0 when the slot has
+ * no destination or was not sent; t < T. */
+typedef struct etp__ep_wscatter_args {
+    const float *g_recv;
+    const int32_t *t_dev, *slot_dest, *send_pos, *send_base;
+    int64_t t_max;
+    int k, ranks;
+    float *out;
+} etp__ep_wscatter_args_t;
+
+#endif /* ETP__EP_ARGS_H */

@@ -1,0 +1,911 @@
+/*
+ * Expert parallelism: EP groups, per-layer handles, prepare / dispatch /
+ * combine and their backward (etp/ep.h, docs/EP.md).
+ *
+ * Written once against the backend: the layout and data-movement steps are
+ * kernels of the backend's ep table (host reference or CUDA), the exchanges
+ * are etp's own collectives (etp_allgather, etp_alltoallv in a batch) on the
+ * EP group's role, all enqueued on the caller's stream in order. So the
+ * host backend's shuffle mode sees every dependency as stream order.
+ *
+ * Buffers: the group owns four transport buffers shared by its layers (each
+ * call finishes with them before the next call starts, in stream order):
+ * send_tok / recv_tok (token rows, 4 bytes per element so they also hold the
+ * FP32 partials of combine) and send_small / recv_small (k int32 or FP32
+ * per token row: routing metadata, weights, weight gradients). A layer owns
+ * its routing state (one device allocation) and a pinned host mirror of its
+ * counters plus, for EXACT, the host copy of the count matrix.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/kernels_ep.h"
+#include "comm/comm_internal.h"
+#include "etp/ep.h"
+
+enum { EP_NAME_MAX = 64 };
+
+struct etp_ep_group {
+    etp_group_t *group;
+    etp_context_t *ctx;
+    etp__be_t *be;
+    const etp__ep_kernels_t *kt;
+    char name[EP_NAME_MAX];
+    etp_ep_group_config_t cfg;
+    int rank, R;
+    int64_t L, slab, tok_cap, send_rows;
+    void *send_tok, *recv_tok, *send_small, *recv_small;
+    size_t buf_bytes;
+    /* the last call's stream and an event recorded at its end: a call on
+     * another stream waits for it (the transport buffers are shared) */
+    etp_event_t *last_ev;
+    const etp_stream_t *last_stream;
+    int layers, next_layer_id;
+};
+
+enum { LAYER_EMPTY = 0, LAYER_PREPARED = 1 };
+
+struct etp_ep_layer {
+    etp_ep_group_t *ep;
+    char name[EP_NAME_MAX];
+    int k;
+    int weighted;
+    etp_ep_layout_t layout;
+    int64_t align, slots, rows; /* slots: S for FIXED_SLOTS, else 0 */
+    void *state;                /* one device allocation, carved below */
+    int32_t *t_dev, *slot_dest, *send_pos, *send_cnt, *send_base, *C, *recv_cnt, *recv_base;
+    int32_t *counts, *offsets, *recv_row, *tok_rows, *row_src;
+    float *row_w;
+    int64_t *stats;
+    void *pinned;               /* host: stats mirror, then (EXACT) the count matrix */
+    volatile int64_t *host_stats;
+    int32_t *host_C;
+    int64_t *rows_host;         /* EXACT, 4 x R: send rows, send offsets, recv rows, recv offsets */
+    size_t *a2a;                /* 4 x R: the count arrays of one etp_alltoallv */
+    int64_t ntok;               /* received token rows the expert-side kernels visit */
+    int phase;
+    int weights_kept;           /* the last dispatch carried weights (since prepare) */
+    etp_event_t *prep_ev;       /* recorded at the end of each prepare */
+    int prepared_once;
+};
+
+/* ---- helpers ------------------------------------------------------------ */
+
+/* Tokens rank s may send to rank d when d's receive buffer holds tok_cap
+ * rows, filled in source rank order (the kernels use the same rule). */
+static int64_t accepted(const int32_t *C, int R, int64_t tok_cap, int s, int d)
+{
+    int64_t before = 0;
+    for (int s2 = 0; s2 < s; s2++) before += C[(int64_t)s2 * R + d];
+    int64_t room = tok_cap - before;
+    if (room < 0) room = 0;
+    return C[(int64_t)s * R + d] < room ? C[(int64_t)s * R + d] : room;
+}
+
+static etp_status_t check_stream(etp_ep_group_t *ep, etp_stream_t *s, const char *fn)
+{
+    if (!s) return etp__err(ETP_ERR_INVALID_ARGUMENT, "%s: argument 'stream' is NULL", fn);
+    if (s->ctx != ep->ctx)
+        return etp__err(ETP_ERR_INVALID_ARGUMENT,
+                        "%s: the stream belongs to another context than EP group '%s'", fn,
+                        ep->name);
+    return etp__ctx_usable(ep->ctx, fn);
+}
+
+/* Order this call after the previous call of the group when it came on
+ * another stream (shared transport buffers). */
+static etp_status_t join(etp_ep_group_t *ep, etp_stream_t *s)
+{
+    if (ep->last_stream && ep->last_stream != s) ETP__TRY(etp_stream_wait_event(s, ep->last_ev));
+    return ETP_SUCCESS;
+}
+
+static etp_status_t leave(etp_ep_group_t *ep, etp_stream_t *s)
+{
+    ETP__TRY(etp_event_record(ep->last_ev, s));
+    ep->last_stream = s;
+    return ETP_SUCCESS;
+}
+
+static int token_dtype_ok(etp_dtype_t t)
+{
+    return t == ETP_DTYPE_BF16 || t == ETP_DTYPE_F32;
+}
+
+static etp_status_t check_dtype(const etp_ep_group_t *ep, etp_dtype_t dt, const char *what,
+                                const char *fn)
+{
+    if (dt == ETP_EP_TOKEN_MXFP8)
+        return etp__err(ETP_ERR_UNSUPPORTED,
+                        "%s: %s: MXFP8 tokens are not supported yet (they need the quantization "
+                        "module); use BF16 or F32", fn, what);
+    if (dt != ep->cfg.token_dtype)
+        return etp__err(ETP_ERR_INVALID_ARGUMENT,
+                        "%s: %s has dtype %s, EP group '%s' moves %s", fn, what,
+                        etp_dtype_name(dt), ep->name, etp_dtype_name(ep->cfg.token_dtype));
+    return ETP_SUCCESS;
+}
+
+/* ---- the report ------------------------------------------------------- */
+
+static void read_report(const etp_ep_layer_t *ly, etp_ep_report_t *r)
+{
+    const volatile int64_t *h = ly->host_stats;
+    r->flags = (uint32_t)h[ETP__EP_ST_FLAGS];
+    r->bad_index_slots = h[ETP__EP_ST_BAD_INDEX];
+    r->duplicate_slots = h[ETP__EP_ST_DUPLICATE];
+    r->transport_dropped_slots = h[ETP__EP_ST_TRANSPORT_DROPPED];
+    r->rows_dropped_slots = h[ETP__EP_ST_ROWS_DROPPED];
+    r->transport_rows_needed = h[ETP__EP_ST_TRANSPORT_NEEDED];
+    r->rows_needed = h[ETP__EP_ST_ROWS_NEEDED];
+    r->prepares = h[ETP__EP_ST_PREPARES];
+}
+
+/* Under the error policy, a raised flag as an error status naming the
+ * rank, the layer and the capacity needed. */
+static etp_status_t report_status(const etp_ep_layer_t *ly, const etp_ep_report_t *r,
+                                  const char *fn)
+{
+    const etp_ep_group_t *ep = ly->ep;
+    if (ep->cfg.overflow != ETP_EP_OVERFLOW_ERROR || r->flags == 0) return ETP_SUCCESS;
+    char who[200];
+    snprintf(who, sizeof who, "%s: EP layer '%s' of group '%s', rank %d of %d", fn, ly->name,
+             ep->name, ep->rank, ep->R);
+    if (r->flags & (ETP_EP_FLAG_BAD_INDEX | ETP_EP_FLAG_DUPLICATE))
+        return etp__err(ETP_ERR_INVALID_ARGUMENT,
+                        "%s: %lld topk_idx slots out of range [-1, %lld) and %lld repeated "
+                        "experts in a row (dropped)", who, (long long)r->bad_index_slots,
+                        (long long)ep->cfg.num_experts, (long long)r->duplicate_slots);
+    if (r->flags & ETP_EP_FLAG_BAD_TOKENS)
+        return etp__err(ETP_ERR_INVALID_ARGUMENT,
+                        "%s: the device token count was outside [0, %lld] (clamped)", who,
+                        (long long)ep->cfg.max_tokens_per_rank);
+    if (r->flags & ETP_EP_FLAG_TRANSPORT_FULL) {
+        if (ep->cfg.transport == ETP_EP_TRANSPORT_CAPACITY)
+            return etp__err(ETP_ERR_OUT_OF_MEMORY,
+                            "%s: transport slab full: a peer needed %lld token rows, slab_rows is "
+                            "%lld (capacity_factor %g); %lld slots dropped", who,
+                            (long long)r->transport_rows_needed, (long long)ep->slab,
+                            ep->cfg.capacity_factor, (long long)r->transport_dropped_slots);
+        return etp__err(ETP_ERR_OUT_OF_MEMORY,
+                        "%s: receive capacity exceeded: a rank's receive buffer needed %lld token "
+                        "rows, it holds %lld (recv_capacity_per_rank); %lld slots dropped", who,
+                        (long long)r->transport_rows_needed, (long long)ep->tok_cap,
+                        (long long)r->transport_dropped_slots);
+    }
+    if (ly->layout == ETP_EP_LAYOUT_FIXED_SLOTS)
+        return etp__err(ETP_ERR_OUT_OF_MEMORY,
+                        "%s: receive capacity exceeded: an expert needed %lld slots, the layer has "
+                        "%lld per expert; %lld slots dropped", who, (long long)r->rows_needed,
+                        (long long)ly->slots, (long long)r->rows_dropped_slots);
+    return etp__err(ETP_ERR_OUT_OF_MEMORY,
+                    "%s: receive capacity exceeded: the layout needed %lld rows, "
+                    "recv_capacity_per_rank is %lld; %lld slots dropped", who,
+                    (long long)r->rows_needed, (long long)ly->rows,
+                    (long long)r->rows_dropped_slots);
+}
+
+/* The data calls do not fail on a raised flag: a flag is raised on some
+ * ranks only, and a rank that refused a collective call would leave the
+ * others waiting. Flags become errors in poll and check. */
+static etp_status_t entry(etp_ep_layer_t *ly, etp_stream_t *s, const char *fn)
+{
+    if (!ly) return etp__err(ETP_ERR_INVALID_ARGUMENT, "%s: argument 'layer' is NULL", fn);
+    return check_stream(ly->ep, s, fn);
+}
+
+/* ---- exchanges ---------------------------------------------------------- */
+
+/* One all-to-all-v of per_row elements per token row. fwd: token side to
+ * expert side (send_base blocks -> receive blocks); else the mirror. */
+static etp_status_t exchange(etp_ep_layer_t *ly, int fwd, const void *send, void *recv,
+                             int64_t per_row, etp_dtype_t dt, etp_stream_t *s)
+{
+    etp_ep_group_t *ep = ly->ep;
+    const int R = ep->R;
+    size_t *sc = ly->a2a, *sd = sc + R, *rc = sd + R, *rd = rc + R;
+    for (int p = 0; p < R; p++) {
+        int64_t srows, soff, rrows, roff;
+        if (ep->cfg.transport == ETP_EP_TRANSPORT_CAPACITY) {
+            srows = rrows = ep->slab;
+            soff = roff = (int64_t)p * ep->slab;
+        } else {
+            const int64_t *h = ly->rows_host;
+            /* rows_host: [0,R) send rows, [R,2R) send offsets, [2R,3R) recv rows, [3R,4R) recv offsets */
+            int a = fwd ? 0 : 2, b = fwd ? 2 : 0;
+            srows = h[a * R + p];
+            soff = h[(a + 1) * R + p];
+            rrows = h[b * R + p];
+            roff = h[(b + 1) * R + p];
+        }
+        sc[p] = (size_t)(srows * per_row);
+        sd[p] = (size_t)(soff * per_row);
+        rc[p] = (size_t)(rrows * per_row);
+        rd[p] = (size_t)(roff * per_row);
+    }
+    return etp_alltoallv(ep->group, ep->cfg.role, send, sc, sd, recv, rc, rd, dt, s);
+}
+
+/* ---- groups ------------------------------------------------------------- */
+
+static void group_free(etp_ep_group_t *ep)
+{
+    void *bufs[4] = {ep->send_tok, ep->recv_tok, ep->send_small, ep->recv_small};
+    for (int i = 0; i < 4; i++)
+        if (bufs[i]) (void)etp_mem_free(ep->ctx, bufs[i]);
+    if (ep->last_ev) (void)etp_event_destroy(ep->last_ev);
+    free(ep);
+}
+
+static etp_status_t alloc_zeroed(etp_context_t *ctx, size_t bytes, void **p)
+{
+    ETP__TRY(etp_mem_alloc(ctx, bytes, ETP_MEM_EP_BUFFERS, p));
+    /* Slabs travel whole in CAPACITY mode: their unused rows are defined. */
+    etp_stream_t *s = NULL;
+    etp_status_t st = etp_stream_create(ctx, ETP_STREAM_PRIORITY_NORMAL, &s);
+    if (st == ETP_SUCCESS) st = etp_memset_async(s, *p, 0, bytes);
+    if (st == ETP_SUCCESS) st = etp_stream_synchronize(s);
+    if (s) (void)etp_stream_destroy(s);
+    return st;
+}
+
+etp_status_t etp_ep_group_create(etp_group_t *group, const etp_ep_group_config_t *config,
+                                 etp_ep_group_t **out)
+{
+    const char *fn = "etp_ep_group_create";
+    ETP__CHECK_NULL(group, fn);
+    ETP__CHECK_NULL(config, fn);
+    if (!out) return etp__err(ETP_ERR_INVALID_ARGUMENT, "%s: argument 'ep' is NULL", fn);
+    ETP__CHECK_ARG(config->size == sizeof *config,
+                   "%s: config->size %zu (expected %zu; use ETP_EP_GROUP_CONFIG_INIT)", fn,
+                   config->size, sizeof *config);
+    const etp_ep_group_config_t c = *config;
+    const int R = group->size;
+    ETP__CHECK_ARG(c.role >= 0 && c.role < group->num_roles,
+                   "%s: role %d not in [0, %d) of group '%s'", fn, c.role, group->num_roles,
+                   group->name);
+    if (c.token_dtype == ETP_EP_TOKEN_MXFP8)
+        return etp__err(ETP_ERR_UNSUPPORTED,
+                        "%s: MXFP8 tokens are not supported yet (they need the quantization "
+                        "module); use BF16 or F32", fn);
+    ETP__CHECK_ARG(token_dtype_ok(c.token_dtype), "%s: token_dtype %s (expected bf16 or f32)", fn,
+                   etp_dtype_name(c.token_dtype));
+    ETP__CHECK_ARG(c.num_experts > 0, "%s: num_experts %lld (expected > 0)", fn,
+                   (long long)c.num_experts);
+    ETP__CHECK_ARG(c.num_experts % R == 0,
+                   "%s: num_experts %lld is not a multiple of the group size %d of group '%s'",
+                   fn, (long long)c.num_experts, R, group->name);
+    ETP__CHECK_ARG(c.hidden > 0, "%s: hidden %lld (expected > 0)", fn, (long long)c.hidden);
+    ETP__CHECK_ARG(c.max_tokens_per_rank > 0, "%s: max_tokens_per_rank %lld (expected > 0)", fn,
+                   (long long)c.max_tokens_per_rank);
+    ETP__CHECK_ARG(c.max_topk >= 1 && c.max_topk <= c.num_experts,
+                   "%s: max_topk %d not in [1, num_experts %lld]", fn, c.max_topk,
+                   (long long)c.num_experts);
+    ETP__CHECK_ARG(c.recv_capacity_per_rank > 0, "%s: recv_capacity_per_rank %lld (expected > 0)",
+                   fn, (long long)c.recv_capacity_per_rank);
+    ETP__CHECK_ARG(c.overflow == ETP_EP_OVERFLOW_DROP || c.overflow == ETP_EP_OVERFLOW_ERROR,
+                   "%s: overflow %d is not an etp_ep_overflow_t", fn, (int)c.overflow);
+    ETP__CHECK_ARG(c.transport == ETP_EP_TRANSPORT_EXACT || c.transport == ETP_EP_TRANSPORT_CAPACITY,
+                   "%s: transport %d is not an etp_ep_transport_t", fn, (int)c.transport);
+    ETP__CHECK_ARG(c.transport != ETP_EP_TRANSPORT_CAPACITY ||
+                       (c.capacity_factor > 0 && isfinite(c.capacity_factor)),
+                   "%s: capacity_factor %g (expected > 0)", fn, c.capacity_factor);
+    ETP__CHECK_ARG(c.name == NULL || strlen(c.name) < EP_NAME_MAX,
+                   "%s: name longer than %d characters", fn, EP_NAME_MAX - 1);
+    ETP__TRY(etp__ctx_usable(group->ctx, fn));
+
+    const int64_t L = c.num_experts / R, T = c.max_tokens_per_rank, K = c.max_topk;
+    int64_t slab = 0, tok_cap, send_rows;
+    if (c.transport == ETP_EP_TRANSPORT_CAPACITY) {
+        /* p: a token's K distinct experts, uniform, hit at least one of L */
+        double miss = 1.0;
+        for (int64_t i = 0; i < K; i++)
+            miss *= c.num_experts - L - i <= 0 ? 0.0
+                                               : (double)(c.num_experts - L - i) / (double)(c.num_experts - i);
+        double want = ceil(c.capacity_factor * (double)T * (1.0 - miss));
+        slab = want >= (double)T ? T : want < 1.0 ? 1 : (int64_t)want;
+        tok_cap = send_rows = (int64_t)R * slab;
+    } else {
+        tok_cap = c.recv_capacity_per_rank < (int64_t)R * T ? c.recv_capacity_per_rank : (int64_t)R * T;
+        send_rows = T * (K < R ? K : R);
+    }
+    /* Positions and row indices are int32 on the device. */
+    const int64_t lim = INT32_MAX;
+    ETP__CHECK_ARG(T * R < lim && T * K < lim && tok_cap * K < lim && send_rows * K < lim &&
+                       c.recv_capacity_per_rank < lim && (int64_t)R * R < lim,
+                   "%s: sizes too large for 32-bit row indices (max_tokens_per_rank %lld, ranks %d, "
+                   "max_topk %lld, receive rows %lld)", fn, (long long)T, R, (long long)K,
+                   (long long)tok_cap);
+
+    etp_ep_group_t *ep = calloc(1, sizeof *ep);
+    if (!ep) return etp__err(ETP_ERR_OUT_OF_MEMORY, "%s: out of host memory", fn);
+    ep->group = group;
+    ep->ctx = group->ctx;
+    ep->be = group->ctx->be;
+    ep->kt = ep->be->ops->kernels->ep;
+    ep->cfg = c;
+    snprintf(ep->name, sizeof ep->name, "%s", c.name ? c.name : group->name);
+    ep->cfg.name = ep->name;
+    ep->rank = group->rank;
+    ep->R = R;
+    ep->L = L;
+    ep->slab = slab;
+    ep->tok_cap = tok_cap;
+    ep->send_rows = send_rows;
+    const size_t H = (size_t)c.hidden;
+    size_t sizes[4] = {(size_t)send_rows * H * 4, (size_t)tok_cap * H * 4,
+                       (size_t)send_rows * (size_t)K * 4, (size_t)tok_cap * (size_t)K * 4};
+    void **bufs[4] = {&ep->send_tok, &ep->recv_tok, &ep->send_small, &ep->recv_small};
+    etp_status_t st = ETP_SUCCESS;
+    for (int i = 0; i < 4 && st == ETP_SUCCESS; i++) {
+        st = alloc_zeroed(ep->ctx, sizes[i], bufs[i]);
+        ep->buf_bytes += sizes[i];
+    }
+    if (st == ETP_SUCCESS) st = etp_event_create(ep->ctx, &ep->last_ev);
+    if (st != ETP_SUCCESS) {
+        group_free(ep);
+        return st;
+    }
+    ETP__LOG(&ep->ctx->log, ETP_LOG_INFO, ETP_SUBSYS_EP,
+             "EP group '%s': %d ranks, %lld experts (%lld local), H %lld %s, %s transport "
+             "(slab %lld rows), receive %lld token rows, %zu buffer bytes",
+             ep->name, R, (long long)c.num_experts, (long long)L, (long long)c.hidden,
+             etp_dtype_name(c.token_dtype),
+             c.transport == ETP_EP_TRANSPORT_CAPACITY ? "capacity" : "exact", (long long)slab,
+             (long long)tok_cap, ep->buf_bytes);
+    *out = ep;
+    return ETP_SUCCESS;
+}
+
+etp_status_t etp_ep_group_destroy(etp_ep_group_t *ep)
+{
+    if (!ep) return ETP_SUCCESS;
+    if (ep->layers > 0)
+        return etp__err(ETP_ERR_BUSY, "etp_ep_group_destroy: EP group '%s' still has %d layer(s)",
+                        ep->name, ep->layers);
+    group_free(ep);
+    return ETP_SUCCESS;
+}
+
+etp_status_t etp_ep_group_info(const etp_ep_group_t *ep, etp_ep_group_info_t *info)
+{
+    ETP__CHECK_NULL(ep, "etp_ep_group_info");
+    ETP__CHECK_NULL(info, "etp_ep_group_info");
+    ETP__CHECK_ARG(info->size == sizeof *info,
+                   "etp_ep_group_info: info->size %zu (expected %zu; use ETP_EP_GROUP_INFO_INIT)",
+                   info->size, sizeof *info);
+    info->rank = ep->rank;
+    info->ranks = ep->R;
+    info->local_experts = ep->L;
+    info->first_expert = (int64_t)ep->rank * ep->L;
+    info->slab_rows = ep->slab;
+    info->recv_token_rows = ep->tok_cap;
+    info->send_token_rows = ep->send_rows;
+    info->buffer_bytes = ep->buf_bytes;
+    return ETP_SUCCESS;
+}
+
+/* ---- layers ------------------------------------------------------------- */
+
+static void layer_free(etp_ep_layer_t *ly)
+{
+    etp_ep_group_t *ep = ly->ep;
+    if (ly->state) (void)etp_mem_free(ep->ctx, ly->state);
+    if (ly->pinned) {
+        /* the device may still copy into it: wait like a free does */
+        if (!ep->be->failed) (void)ep->be->ops->device_sync(ep->be);
+        ep->kt->pinned_free(ep->be, ly->pinned);
+    }
+    if (ly->prep_ev) (void)etp_event_destroy(ly->prep_ev);
+    free(ly->rows_host);
+    free(ly->a2a);
+    free(ly);
+}
+
+etp_status_t etp_ep_layer_create(etp_ep_group_t *ep, const etp_ep_layer_config_t *config,
+                                 etp_ep_layer_t **out)
+{
+    const char *fn = "etp_ep_layer_create";
+    ETP__CHECK_NULL(ep, fn);
+    ETP__CHECK_NULL(config, fn);
+    if (!out) return etp__err(ETP_ERR_INVALID_ARGUMENT, "%s: argument 'layer' is NULL", fn);
+    ETP__CHECK_ARG(config->size == sizeof *config,
+                   "%s: config->size %zu (expected %zu; use ETP_EP_LAYER_CONFIG_INIT)", fn,
+                   config->size, sizeof *config);
+    const etp_ep_layer_config_t c = *config;
+    ETP__CHECK_ARG(c.topk >= 1 && c.topk <= ep->cfg.max_topk,
+                   "%s: topk %d not in [1, max_topk %d] of EP group '%s'", fn, c.topk,
+                   ep->cfg.max_topk, ep->name);
+    ETP__CHECK_ARG(c.alignment >= 0, "%s: alignment %d (expected >= 0)", fn, c.alignment);
+    ETP__CHECK_ARG(c.layout == ETP_EP_LAYOUT_PACKED || c.layout == ETP_EP_LAYOUT_FIXED_SLOTS,
+                   "%s: layout %d is not an etp_ep_layout_t", fn, (int)c.layout);
+    ETP__CHECK_ARG(c.weighted == 0 || c.weighted == 1, "%s: weighted %d (expected 0 or 1)", fn,
+                   c.weighted);
+    ETP__CHECK_ARG(c.name == NULL || strlen(c.name) < EP_NAME_MAX,
+                   "%s: name longer than %d characters", fn, EP_NAME_MAX - 1);
+    const int64_t align = c.alignment > 1 ? c.alignment : 1, cap = ep->cfg.recv_capacity_per_rank;
+    const int64_t L = ep->L;
+    int64_t slots = 0, rows = cap;
+    if (c.layout == ETP_EP_LAYOUT_PACKED) {
+        ETP__CHECK_ARG(c.slots_per_expert == 0,
+                       "%s: slots_per_expert %lld is for FIXED_SLOTS layers (PACKED: 0)", fn,
+                       (long long)c.slots_per_expert);
+        ETP__CHECK_ARG(cap % align == 0,
+                       "%s: alignment %d does not divide recv_capacity_per_rank %lld", fn,
+                       c.alignment, (long long)cap);
+    } else {
+        slots = c.slots_per_expert ? c.slots_per_expert : cap / L / align * align;
+        ETP__CHECK_ARG(slots > 0 && slots % align == 0 && slots * L <= cap,
+                       "%s: slots_per_expert %lld: need a positive multiple of the alignment %lld "
+                       "with %lld local experts x slots <= recv_capacity_per_rank %lld", fn,
+                       (long long)slots, (long long)align, (long long)L, (long long)cap);
+        rows = slots * L;
+    }
+    ETP__TRY(etp__ctx_usable(ep->ctx, fn));
+
+    etp_ep_layer_t *ly = calloc(1, sizeof *ly);
+    if (!ly) return etp__err(ETP_ERR_OUT_OF_MEMORY, "%s: out of host memory", fn);
+    ly->ep = ep;
+    ly->k = c.topk;
+    ly->weighted = c.weighted;
+    ly->layout = c.layout;
+    ly->align = align;
+    ly->slots = slots;
+    ly->rows = rows;
+    int id = ep->next_layer_id++;
+    if (c.name)
+        snprintf(ly->name, sizeof ly->name, "%s", c.name);
+    else
+        snprintf(ly->name, sizeof ly->name, "layer%d", id);
+
+    const int R = ep->R, k = c.topk;
+    const int64_t T = ep->cfg.max_tokens_per_rank, tc = ep->tok_cap;
+    /* int32 arrays first (counts in elements), then FP32, then int64 stats,
+     * each array starting on a 256-byte boundary */
+    struct {
+        void **p;
+        int64_t n;
+        size_t es;
+    } parts[] = {
+        {(void **)&ly->t_dev, 1, 4},          {(void **)&ly->slot_dest, T * k, 4},
+        {(void **)&ly->send_pos, T * R, 4},   {(void **)&ly->send_cnt, R, 4},
+        {(void **)&ly->send_base, R, 4},      {(void **)&ly->C, (int64_t)R * R, 4},
+        {(void **)&ly->recv_cnt, R, 4},       {(void **)&ly->recv_base, R, 4},
+        {(void **)&ly->counts, L, 4},         {(void **)&ly->offsets, L + 1, 4},
+        {(void **)&ly->recv_row, tc * k, 4},  {(void **)&ly->tok_rows, tc * k, 4},
+        {(void **)&ly->row_src, rows, 4},     {(void **)&ly->row_w, rows, 4},
+        {(void **)&ly->stats, ETP__EP_ST_COUNT, 8},
+    };
+    const size_t nparts = sizeof parts / sizeof parts[0];
+    size_t total = 0;
+    for (size_t i = 0; i < nparts; i++) total += ((size_t)parts[i].n * parts[i].es + 255) / 256 * 256;
+    etp_status_t st = alloc_zeroed(ep->ctx, total, &ly->state);
+    if (st == ETP_SUCCESS) {
+        size_t off = 0;
+        for (size_t i = 0; i < nparts; i++) {
+            *parts[i].p = (char *)ly->state + off;
+            off += ((size_t)parts[i].n * parts[i].es + 255) / 256 * 256;
+        }
+        size_t pbytes = ETP__EP_ST_COUNT * sizeof(int64_t) + (size_t)R * R * sizeof(int32_t);
+        st = ep->kt->pinned_alloc(ep->be, pbytes, &ly->pinned);
+    }
+    if (st == ETP_SUCCESS) {
+        memset(ly->pinned, 0, ETP__EP_ST_COUNT * sizeof(int64_t) + (size_t)R * R * sizeof(int32_t));
+        ly->host_stats = (volatile int64_t *)ly->pinned;
+        ly->host_C = (int32_t *)((char *)ly->pinned + ETP__EP_ST_COUNT * sizeof(int64_t));
+        ly->rows_host = calloc(4 * (size_t)R, sizeof *ly->rows_host);
+        ly->a2a = calloc(4 * (size_t)R, sizeof *ly->a2a);
+        if (!ly->rows_host || !ly->a2a)
+            st = etp__err(ETP_ERR_OUT_OF_MEMORY, "%s: out of host memory", fn);
+    }
+    if (st == ETP_SUCCESS) st = etp_event_create(ep->ctx, &ly->prep_ev);
+    if (st != ETP_SUCCESS) {
+        layer_free(ly);
+        return st;
+    }
+    ep->layers++;
+    *out = ly;
+    return ETP_SUCCESS;
+}
+
+etp_status_t etp_ep_layer_destroy(etp_ep_layer_t *ly)
+{
+    if (!ly) return ETP_SUCCESS;
+    ly->ep->layers--;
+    layer_free(ly);
+    return ETP_SUCCESS;
+}
+
+etp_status_t etp_ep_layer_rows(const etp_ep_layer_t *ly, int64_t *rows)
+{
+    if (!ly) return etp__err(ETP_ERR_INVALID_ARGUMENT, "etp_ep_layer_rows: argument 'layer' is NULL");
+    ETP__CHECK_NULL(rows, "etp_ep_layer_rows");
+    *rows = ly->rows;
+    return ETP_SUCCESS;
+}
+
+/* ---- prepare ------------------------------------------------------------ */
+
+/* EXACT: the host's share of the layout, from the count matrix. */
+static void exact_rows(etp_ep_layer_t *ly)
+{
+    etp_ep_group_t *ep = ly->ep;
+    const int R = ep->R, me = ep->rank;
+    const int32_t *C = ly->host_C;
+    int64_t *h = ly->rows_host, soff = 0, roff = 0;
+    for (int p = 0; p < R; p++) {
+        h[0 * R + p] = accepted(C, R, ep->tok_cap, me, p);
+        h[1 * R + p] = soff;
+        soff += C[(int64_t)me * R + p];
+        h[2 * R + p] = accepted(C, R, ep->tok_cap, p, me);
+        h[3 * R + p] = roff;
+        roff += h[2 * R + p];
+    }
+    ly->ntok = roff;
+}
+
+etp_status_t etp_ep_prepare(etp_ep_layer_t *ly, const void *topk_idx, etp_dtype_t idx_dtype,
+                            int64_t num_tokens, const int32_t *num_tokens_dev, etp_stream_t *s)
+{
+    const char *fn = "etp_ep_prepare";
+    ETP__TRY(entry(ly, s, fn));
+    etp_ep_group_t *ep = ly->ep;
+    const int exact = ep->cfg.transport == ETP_EP_TRANSPORT_EXACT;
+    ETP__CHECK_ARG(idx_dtype == ETP_DTYPE_I64, "%s: topk_idx has dtype %s (expected i64)", fn,
+                   etp_dtype_name(idx_dtype));
+    if (num_tokens_dev) {
+        ETP__CHECK_ARG(num_tokens == ETP_EP_TOKENS_ON_DEVICE,
+                       "%s: num_tokens %lld with num_tokens_dev (pass ETP_EP_TOKENS_ON_DEVICE)", fn,
+                       (long long)num_tokens);
+        ETP__CHECK_ARG(!exact,
+                       "%s: a device token count needs the CAPACITY transport (EXACT brings "
+                       "counts to the host; EP group '%s')", fn, ep->name);
+    } else {
+        ETP__CHECK_ARG(num_tokens >= 0 && num_tokens <= ep->cfg.max_tokens_per_rank,
+                       "%s: num_tokens %lld not in [0, max_tokens_per_rank %lld] of EP group '%s'",
+                       fn, (long long)num_tokens, (long long)ep->cfg.max_tokens_per_rank, ep->name);
+    }
+    ETP__CHECK_ARG(topk_idx != NULL || (num_tokens == 0 && !num_tokens_dev),
+                   "%s: topk_idx is NULL", fn);
+    const etp__ep_kernels_t *kt = ep->kt;
+    etp__be_t *be = ep->be;
+    ly->phase = LAYER_EMPTY;
+    ly->weights_kept = 0;
+    ETP__TRY(join(ep, s));
+
+    etp__ep_route_args_t ra = {
+        .topk_idx = topk_idx, .t_in = num_tokens_dev, .t_value = num_tokens, .t_dev = ly->t_dev,
+        .t_max = ep->cfg.max_tokens_per_rank, .num_experts = ep->cfg.num_experts,
+        .local_experts = ep->L, .slab = exact ? ep->cfg.max_tokens_per_rank : ep->slab,
+        .k = ly->k, .ranks = ep->R, .exact = exact, .slot_dest = ly->slot_dest,
+        .send_pos = ly->send_pos, .send_cnt = ly->send_cnt, .send_base = ly->send_base,
+        .send_meta = ep->send_small, .stats = ly->stats};
+    ETP__TRY(kt->route(be, s->bs, &ra));
+    ETP__TRY(etp_allgather(ep->group, ep->cfg.role, ly->send_cnt, ly->C, (size_t)ep->R,
+                           ETP_DTYPE_I32, s));
+    if (exact) {
+        /* EXACT: the exchange sizes come to the host (the one synchronization). */
+        ETP__TRY(etp_memcpy_async(s, ly->host_C, ly->C, (size_t)ep->R * ep->R * sizeof(int32_t)));
+        ETP__TRY(etp_stream_synchronize(s));
+        exact_rows(ly);
+        int clipped = 0;
+        for (int p = 0; p < ep->R; p++)
+            clipped |= ly->rows_host[p] != ly->host_C[(int64_t)ep->rank * ep->R + p];
+        if (clipped) {
+            etp__ep_clip_args_t ca = {.C = ly->C, .t_dev = ly->t_dev, .slot_dest = ly->slot_dest,
+                                      .t_max = ep->cfg.max_tokens_per_rank, .tok_cap = ep->tok_cap,
+                                      .k = ly->k, .ranks = ep->R, .me = ep->rank,
+                                      .send_pos = ly->send_pos, .stats = ly->stats};
+            ETP__TRY(kt->clip(be, s->bs, &ca));
+        }
+    } else {
+        ly->ntok = ep->tok_cap;
+    }
+    ETP__TRY(exchange(ly, 1, ep->send_small, ep->recv_small, ly->k, ETP_DTYPE_I32, s));
+    etp__ep_layout_args_t la = {
+        .C = ly->C, .recv_meta = ep->recv_small, .tok_cap = ep->tok_cap, .slab = ep->slab,
+        .rows_cap = ly->rows, .local_experts = ep->L, .alignment = ly->align,
+        .fixed_slots = ly->slots, .k = ly->k, .ranks = ep->R, .me = ep->rank, .exact = exact,
+        .recv_cnt = ly->recv_cnt, .recv_base = ly->recv_base, .counts = ly->counts,
+        .offsets = ly->offsets, .recv_row = ly->recv_row, .tok_rows = ly->tok_rows,
+        .row_src = ly->row_src, .stats = ly->stats};
+    ETP__TRY(kt->layout(be, s->bs, &la));
+    ETP__TRY(etp_memcpy_async(s, (void *)ly->host_stats, ly->stats,
+                              ETP__EP_ST_COUNT * sizeof(int64_t)));
+    ETP__TRY(etp_event_record(ly->prep_ev, s));
+    ly->prepared_once = 1;
+    ly->phase = LAYER_PREPARED;
+    return leave(ep, s);
+}
+
+etp_status_t etp_ep_layout(const etp_ep_layer_t *ly, const int32_t **counts_dev,
+                           const int32_t **offsets_dev)
+{
+    if (!ly) return etp__err(ETP_ERR_INVALID_ARGUMENT, "etp_ep_layout: argument 'layer' is NULL");
+    if (counts_dev) *counts_dev = ly->counts;
+    if (offsets_dev) *offsets_dev = ly->offsets;
+    return ETP_SUCCESS;
+}
+
+etp_status_t etp_ep_layout_host(etp_ep_layer_t *ly, etp_stream_t *s, int32_t *counts,
+                                int32_t *offsets)
+{
+    const char *fn = "etp_ep_layout_host";
+    if (!ly) return etp__err(ETP_ERR_INVALID_ARGUMENT, "%s: argument 'layer' is NULL", fn);
+    ETP__TRY(check_stream(ly->ep, s, fn));
+    if (ly->phase != LAYER_PREPARED)
+        return etp__err(ETP_ERR_INVALID_STATE, "%s: EP layer '%s' has not been prepared", fn,
+                        ly->name);
+    etp_ep_group_t *ep = ly->ep;
+    ETP__TRY(join(ep, s));
+    if (counts) ETP__TRY(etp_memcpy_async(s, counts, ly->counts, (size_t)ep->L * sizeof(int32_t)));
+    if (offsets)
+        ETP__TRY(etp_memcpy_async(s, offsets, ly->offsets, (size_t)(ep->L + 1) * sizeof(int32_t)));
+    ETP__TRY(leave(ep, s));
+    return etp_stream_synchronize(s);
+}
+
+/* ---- dispatch, combine and their adjoints -------------------------------- */
+
+static etp_status_t check_prepared(const etp_ep_layer_t *ly, const char *fn)
+{
+    if (ly->phase != LAYER_PREPARED)
+        return etp__err(ETP_ERR_INVALID_STATE, "%s: EP layer '%s' has not been prepared", fn,
+                        ly->name);
+    return ETP_SUCCESS;
+}
+
+static etp_status_t check_rows(const etp_ep_layer_t *ly, int64_t rows, const char *what,
+                               const char *fn)
+{
+    if (rows < ly->rows)
+        return etp__err(ETP_ERR_INVALID_ARGUMENT,
+                        "%s: %s holds %lld rows, EP layer '%s' needs %lld (etp_ep_layer_rows)", fn,
+                        what, (long long)rows, ly->name, (long long)ly->rows);
+    return ETP_SUCCESS;
+}
+
+static etp__ep_pack_args_t pack_args(const etp_ep_layer_t *ly, const void *tokens,
+                                     const float *weights)
+{
+    const etp_ep_group_t *ep = ly->ep;
+    etp__ep_pack_args_t a = {
+        .tokens = tokens, .weights = weights, .t_dev = ly->t_dev, .slot_dest = ly->slot_dest,
+        .send_pos = ly->send_pos, .send_base = ly->send_base,
+        .t_max = ep->cfg.max_tokens_per_rank, .hidden = ep->cfg.hidden, .k = ly->k,
+        .ranks = ep->R, .dtype = (int)ep->cfg.token_dtype, .send_tok = ep->send_tok,
+        .send_w = weights ? ep->send_small : NULL};
+    return a;
+}
+
+etp_status_t etp_ep_dispatch(etp_ep_layer_t *ly, const void *tokens, etp_dtype_t dtype,
+                             const void *topk_weights, etp_dtype_t weights_dtype,
+                             void *recv_tokens, float *recv_weights, int64_t rows,
+                             etp_stream_t *s)
+{
+    const char *fn = "etp_ep_dispatch";
+    ETP__TRY(entry(ly, s, fn));
+    etp_ep_group_t *ep = ly->ep;
+    ETP__TRY(check_dtype(ep, dtype, "tokens", fn));
+    ETP__TRY(check_prepared(ly, fn));
+    ETP__CHECK_NULL(tokens, fn);
+    ETP__CHECK_NULL(recv_tokens, fn);
+    ETP__TRY(check_rows(ly, rows, "recv_tokens", fn));
+    if (topk_weights)
+        ETP__CHECK_ARG(weights_dtype == ETP_DTYPE_F32,
+                       "%s: topk_weights has dtype %s (expected f32)", fn,
+                       etp_dtype_name(weights_dtype));
+    ETP__CHECK_ARG(topk_weights || !ly->weighted,
+                   "%s: EP layer '%s' is weighted: topk_weights is required", fn, ly->name);
+    ETP__CHECK_ARG(topk_weights || !recv_weights,
+                   "%s: recv_weights given without topk_weights", fn);
+    const etp__ep_kernels_t *kt = ep->kt;
+    etp__be_t *be = ep->be;
+    ETP__TRY(join(ep, s));
+    etp__ep_pack_args_t pa = pack_args(ly, tokens, topk_weights);
+    ETP__TRY(kt->pack(be, s->bs, &pa));
+    ETP__TRY(etp_batch_begin(ep->ctx));
+    etp_status_t st = exchange(ly, 1, ep->send_tok, ep->recv_tok, ep->cfg.hidden, dtype, s);
+    if (st == ETP_SUCCESS && topk_weights)
+        st = exchange(ly, 1, ep->send_small, ep->recv_small, ly->k, ETP_DTYPE_F32, s);
+    etp_status_t st_end = etp_batch_end(ep->ctx);
+    ETP__TRY(st);
+    ETP__TRY(st_end);
+    etp__ep_expand_args_t xa = {
+        .recv_tok = ep->recv_tok, .recv_w = topk_weights ? ep->recv_small : NULL,
+        .row_src = ly->row_src, .rows = ly->rows, .hidden = ep->cfg.hidden, .k = ly->k,
+        .dtype = (int)dtype, .out = recv_tokens, .out_w = recv_weights,
+        .keep_w = topk_weights ? ly->row_w : NULL};
+    ETP__TRY(kt->expand(be, s->bs, &xa));
+    ly->weights_kept = topk_weights != NULL;
+    return leave(ep, s);
+}
+
+/* Expert rows -> per (token, rank) FP32 partials -> back -> sum in rank
+ * order: combine, and the token gradient of dispatch_bwd. */
+static etp_status_t rows_to_tokens(etp_ep_layer_t *ly, const void *in, const float *row_w,
+                                   const float *grad_row_w, void *out, float *grad_topk_w,
+                                   etp_stream_t *s)
+{
+    etp_ep_group_t *ep = ly->ep;
+    const etp__ep_kernels_t *kt = ep->kt;
+    etp__be_t *be = ep->be;
+    etp__ep_presum_args_t pa = {.in = in, .row_w = row_w, .tok_rows = ly->tok_rows,
+                                .ntok = ly->ntok, .hidden = ep->cfg.hidden, .k = ly->k,
+                                .dtype = (int)ep->cfg.token_dtype, .partial = ep->recv_tok};
+    ETP__TRY(kt->presum(be, s->bs, &pa));
+    if (grad_topk_w) {
+        etp__ep_wgrad_args_t wa = {.recv_row = ly->recv_row, .grad_row_w = grad_row_w,
+                                   .ntok = ly->ntok, .hidden = ep->cfg.hidden, .k = ly->k,
+                                   .dtype = (int)ep->cfg.token_dtype, .dot = 0,
+                                   .g = ep->recv_small};
+        ETP__TRY(kt->wgrad(be, s->bs, &wa));
+    }
+    ETP__TRY(etp_batch_begin(ep->ctx));
+    etp_status_t st = exchange(ly, 0, ep->recv_tok, ep->send_tok, ep->cfg.hidden, ETP_DTYPE_F32, s);
+    if (st == ETP_SUCCESS && grad_topk_w)
+        st = exchange(ly, 0, ep->recv_small, ep->send_small, ly->k, ETP_DTYPE_F32, s);
+    etp_status_t st_end = etp_batch_end(ep->ctx);
+    ETP__TRY(st);
+    ETP__TRY(st_end);
+    etp__ep_reduce_args_t ra = {.partial = ep->send_tok, .t_dev = ly->t_dev,
+                                .send_pos = ly->send_pos, .send_base = ly->send_base,
+                                .t_max = ep->cfg.max_tokens_per_rank, .hidden = ep->cfg.hidden,
+                                .ranks = ep->R, .dtype = (int)ep->cfg.token_dtype, .out = out};
+    ETP__TRY(kt->reduce(be, s->bs, &ra));
+    if (grad_topk_w) {
+        etp__ep_wscatter_args_t wa = {.g_recv = ep->send_small, .t_dev = ly->t_dev,
+                                      .slot_dest = ly->slot_dest, .send_pos = ly->send_pos,
+                                      .send_base = ly->send_base,
+                                      .t_max = ep->cfg.max_tokens_per_rank, .k = ly->k,
+                                      .ranks = ep->R, .out = grad_topk_w};
+        ETP__TRY(kt->wscatter(be, s->bs, &wa));
+    }
+    return ETP_SUCCESS;
+}
+
+static etp_status_t check_out(const void *out, const char *name, const char *fn)
+{
+    if (!out) return etp__err(ETP_ERR_INVALID_ARGUMENT, "%s: argument '%s' is NULL", fn, name);
+    return ETP_SUCCESS;
+}
+
+etp_status_t etp_ep_combine(etp_ep_layer_t *ly, const void *expert_out, etp_dtype_t dtype,
+                            int64_t rows, void *out, etp_stream_t *s)
+{
+    const char *fn = "etp_ep_combine";
+    ETP__TRY(entry(ly, s, fn));
+    ETP__TRY(check_dtype(ly->ep, dtype, "expert_out", fn));
+    ETP__TRY(check_prepared(ly, fn));
+    ETP__CHECK_NULL(expert_out, fn);
+    ETP__TRY(check_out(out, "out", fn));
+    ETP__TRY(check_rows(ly, rows, "expert_out", fn));
+    if (ly->weighted && !ly->weights_kept)
+        return etp__err(ETP_ERR_INVALID_STATE,
+                        "%s: EP layer '%s' is weighted and has not dispatched weights since its "
+                        "prepare", fn, ly->name);
+    ETP__TRY(join(ly->ep, s));
+    ETP__TRY(rows_to_tokens(ly, expert_out, ly->weighted ? ly->row_w : NULL, NULL, out, NULL, s));
+    return leave(ly->ep, s);
+}
+
+etp_status_t etp_ep_dispatch_bwd(etp_ep_layer_t *ly, const void *grad_rows, etp_dtype_t dtype,
+                                 const float *grad_row_weights, int64_t rows, void *grad_tokens,
+                                 float *grad_topk_weights, etp_stream_t *s)
+{
+    const char *fn = "etp_ep_dispatch_bwd";
+    ETP__TRY(entry(ly, s, fn));
+    ETP__TRY(check_dtype(ly->ep, dtype, "grad_rows", fn));
+    ETP__TRY(check_prepared(ly, fn));
+    ETP__CHECK_NULL(grad_rows, fn);
+    ETP__TRY(check_out(grad_tokens, "grad_tokens", fn));
+    ETP__TRY(check_rows(ly, rows, "grad_rows", fn));
+    ETP__CHECK_ARG(!grad_row_weights == !grad_topk_weights,
+                   "%s: grad_row_weights and grad_topk_weights must be both given or both NULL",
+                   fn);
+    ETP__TRY(join(ly->ep, s));
+    ETP__TRY(rows_to_tokens(ly, grad_rows, NULL, grad_row_weights, grad_tokens, grad_topk_weights,
+                            s));
+    return leave(ly->ep, s);
+}
+
+etp_status_t etp_ep_combine_bwd(etp_ep_layer_t *ly, const void *grad_out, etp_dtype_t dtype,
+                                const void *expert_out, int64_t rows, void *grad_rows,
+                                float *grad_topk_weights, etp_stream_t *s)
+{
+    const char *fn = "etp_ep_combine_bwd";
+    ETP__TRY(entry(ly, s, fn));
+    etp_ep_group_t *ep = ly->ep;
+    ETP__TRY(check_dtype(ep, dtype, "grad_out", fn));
+    ETP__TRY(check_prepared(ly, fn));
+    ETP__CHECK_NULL(grad_out, fn);
+    ETP__TRY(check_out(grad_rows, "grad_rows", fn));
+    ETP__TRY(check_rows(ly, rows, "grad_rows", fn));
+    if (ly->weighted) {
+        ETP__CHECK_ARG(expert_out && grad_topk_weights,
+                       "%s: EP layer '%s' is weighted: expert_out and grad_topk_weights are "
+                       "required", fn, ly->name);
+        if (!ly->weights_kept)
+            return etp__err(ETP_ERR_INVALID_STATE,
+                            "%s: EP layer '%s' is weighted and has not dispatched weights since "
+                            "its prepare", fn, ly->name);
+    } else {
+        ETP__CHECK_ARG(!grad_topk_weights,
+                       "%s: EP layer '%s' is unweighted: grad_topk_weights must be NULL", fn,
+                       ly->name);
+    }
+    const etp__ep_kernels_t *kt = ep->kt;
+    etp__be_t *be = ep->be;
+    ETP__TRY(join(ep, s));
+    etp__ep_pack_args_t pa = pack_args(ly, grad_out, NULL);
+    ETP__TRY(kt->pack(be, s->bs, &pa));
+    ETP__TRY(exchange(ly, 1, ep->send_tok, ep->recv_tok, ep->cfg.hidden, dtype, s));
+    etp__ep_expand_args_t xa = {.recv_tok = ep->recv_tok, .scale_w = ly->weighted ? ly->row_w : NULL,
+                                .row_src = ly->row_src, .rows = ly->rows,
+                                .hidden = ep->cfg.hidden, .k = ly->k, .dtype = (int)dtype,
+                                .out = grad_rows};
+    ETP__TRY(kt->expand(be, s->bs, &xa));
+    if (ly->weighted) {
+        etp__ep_wgrad_args_t wa = {.recv_row = ly->recv_row, .recv_tok = ep->recv_tok,
+                                   .rows_in = expert_out, .ntok = ly->ntok,
+                                   .hidden = ep->cfg.hidden, .k = ly->k, .dtype = (int)dtype,
+                                   .dot = 1, .g = ep->recv_small};
+        ETP__TRY(kt->wgrad(be, s->bs, &wa));
+        ETP__TRY(exchange(ly, 0, ep->recv_small, ep->send_small, ly->k, ETP_DTYPE_F32, s));
+        etp__ep_wscatter_args_t sa = {.g_recv = ep->send_small, .t_dev = ly->t_dev,
+                                      .slot_dest = ly->slot_dest, .send_pos = ly->send_pos,
+                                      .send_base = ly->send_base,
+                                      .t_max = ep->cfg.max_tokens_per_rank, .k = ly->k,
+                                      .ranks = ep->R, .out = grad_topk_weights};
+        ETP__TRY(kt->wscatter(be, s->bs, &sa));
+    }
+    return leave(ep, s);
+}
+
+/* ---- reports ------------------------------------------------------------ */
+
+etp_status_t etp_ep_poll(etp_ep_layer_t *ly, etp_ep_report_t *report)
+{
+    if (!ly) return etp__err(ETP_ERR_INVALID_ARGUMENT, "etp_ep_poll: argument 'layer' is NULL");
+    if (report)
+        ETP__CHECK_ARG(report->size == sizeof *report,
+                       "etp_ep_poll: report->size %zu (expected %zu; use ETP_EP_REPORT_INIT)",
+                       report->size, sizeof *report);
+    etp_ep_report_t r = ETP_EP_REPORT_INIT;
+    read_report(ly, &r);
+    if (report) *report = r;
+    return report_status(ly, &r, "etp_ep_poll");
+}
+
+etp_status_t etp_ep_check(etp_ep_layer_t *ly, etp_ep_report_t *report)
+{
+    if (!ly) return etp__err(ETP_ERR_INVALID_ARGUMENT, "etp_ep_check: argument 'layer' is NULL");
+    if (report)
+        ETP__CHECK_ARG(report->size == sizeof *report,
+                       "etp_ep_check: report->size %zu (expected %zu; use ETP_EP_REPORT_INIT)",
+                       report->size, sizeof *report);
+    ETP__TRY(etp__ctx_usable(ly->ep->ctx, "etp_ep_check"));
+    if (ly->prepared_once) ETP__TRY(etp_event_synchronize(ly->prep_ev));
+    etp_ep_report_t r = ETP_EP_REPORT_INIT;
+    read_report(ly, &r);
+    if (report) *report = r;
+    return report_status(ly, &r, "etp_ep_check");
+}
+
+etp_status_t etp_ep_reset_report(etp_ep_layer_t *ly, etp_stream_t *s)
+{
+    const char *fn = "etp_ep_reset_report";
+    if (!ly) return etp__err(ETP_ERR_INVALID_ARGUMENT, "%s: argument 'layer' is NULL", fn);
+    ETP__TRY(check_stream(ly->ep, s, fn));
+    etp_ep_group_t *ep = ly->ep;
+    ETP__TRY(join(ep, s));
+    ETP__TRY(etp_memset_async(s, ly->stats, 0, ETP__EP_ST_COUNT * sizeof(int64_t)));
+    /* The mirror is cleared now and again in stream order, so a copy of an
+     * earlier prepare still queued cannot bring old counters back after. */
+    ETP__TRY(etp_memcpy_async(s, (void *)ly->host_stats, ly->stats,
+                              ETP__EP_ST_COUNT * sizeof(int64_t)));
+    for (int i = 0; i < ETP__EP_ST_COUNT; i++) ly->host_stats[i] = 0;
+    return leave(ep, s);
+}
