@@ -113,6 +113,7 @@ int etp_bench_gather(bench_t *b, int argc, char **argv)
 
         double *t_etp = calloc((size_t)b->iters, sizeof(double));
         double *t_base = calloc((size_t)b->iters, sizeof(double));
+        double *t_coll = calloc((size_t)b->iters, sizeof(double));
         for (int it = -b->warmup; it < b->iters; it++) {
             etp_weight_view_t v = ETP_WEIGHT_VIEW_INIT;
             MPI_Barrier(MPI_COMM_WORLD);
@@ -127,9 +128,16 @@ int etp_bench_gather(bench_t *b, int argc, char **argv)
             bench_timer_stop(tm);
             BENCH_CHECK(b, etp_release(p, ETP_PASS_FORWARD, main_s));
             double us_etp = bench_timer_us(tm);
+            /* etp's collective alone, on the same group: what the gather adds */
+            MPI_Barrier(MPI_COMM_WORLD);
+            bench_timer_start(tm);
+            BENCH_CHECK(b, etp_allgather(g, 0, base.send, base.recv, base.shard_bytes, ETP_DTYPE_U8, main_s));
+            bench_timer_stop(tm);
+            double us_coll = bench_timer_us(tm);
             if (it >= 0) {
                 t_base[it] = us_base;
                 t_etp[it] = us_etp;
+                t_coll[it] = us_coll;
             }
         }
         double us_base = bench_max_over_ranks(bench_median(t_base, b->iters));
@@ -139,7 +147,10 @@ int etp_bench_gather(bench_t *b, int argc, char **argv)
         snprintf(shape, sizeof shape, "[%lld, %ld] bf16 (%.0f MiB)", (long long)rows, cols, mib);
         bench_row_t *rb = bench_add(b, b->backend == ETP_BACKEND_CUDA ? "ncclAllGather" : "MPI_Allgather",
                                     shape, bus, us_base, 0);
+        double us_coll = bench_max_over_ranks(bench_median(t_coll, b->iters));
+        bench_add(b, "etp_allgather (collective)", shape, bus, us_coll, rb->gbps);
         bench_add(b, "etp_gather (cold, bf16)", shape, bus, us_etp, rb->gbps);
+        free(t_coll);
         free(t_etp);
         free(t_base);
         etp_stream_t *ag, *rs;

@@ -17,7 +17,7 @@ rc=$?
 grep -E "tests passed|Passed|Failed|SKIPPED|consumer|\*\*\*" "$out/test.log" | tail -60
 echo "test.sh exit $rc"
 echo "== compute-sanitizer on etp kernels (NCCL's are excluded: they are known to trip it)"
-for t in test_gpu_kernels test_gpu_shard; do
+for t in test_gpu_kernels test_gpu_shard test_quant_gpu test_ep_gpu; do
     [ -x build-test/tests/$t ] || continue
     for tool in memcheck racecheck synccheck; do
         # NCCL probes kernels of other architectures: API errors are its, not ours.
