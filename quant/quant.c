@@ -249,7 +249,7 @@ static etp_status_t check_buffer(const void *p, size_t have, size_t need, size_t
 static etp_status_t check_output(const etp_quantizer_t *q, const etp_quant_output_t *o, size_t i,
                                  size_t rows, size_t cols, const char *fn)
 {
-    etp_quant_sizes_t s;
+    etp_quant_sizes_t s = ETP_QUANT_SIZES_INIT;
     ETP__TRY(sizes_of(q, rows, cols, i, fn, &s));
     ETP__TRY(check_buffer(o->rowwise_data, o->rowwise_data_bytes, s.rowwise_data_bytes, i, rows,
                           cols, "rowwise_data", fn));
@@ -472,7 +472,7 @@ etp_status_t etp_quant_dequantize(etp_quantizer_t *quantizer, size_t n,
             return etp__err(ETP_ERR_INVALID_ARGUMENT,
                             "%s: tensor %zu of [%zu, %zu]: dtype %s is not supported (bf16 or f32)",
                             fn, i, d->rows, d->cols, etp_dtype_name(d->dtype));
-        etp_quant_sizes_t s;
+        etp_quant_sizes_t s = ETP_QUANT_SIZES_INIT;
         ETP__TRY(sizes_of(q, d->rows, d->cols, i, fn, &s));
         ETP__TRY(check_buffer(d->data, d->bytes, d->rows * d->cols * etp_dtype_size(d->dtype), i,
                               d->rows, d->cols, "dest data", fn));
