@@ -71,17 +71,22 @@ typedef struct etp_param_config {
     int alignment;          /* rows pad to group_size * alignment; 0 or 1: group_size */
     int master;             /* 1: keep an FP32 master shard */
     etp_param_quant_t quant;
+    /* Quantized modes: 1 makes gathers return the weight dequantized to
+     * BF16 (for GPUs without block-scaled GEMMs, e.g. Hopper); the wire
+     * still carries 4 or 8 bits. */
+    int gather_dequantized;
 } etp_param_config_t;
 
 #define ETP_PARAM_CONFIG_INIT \
-    {sizeof(etp_param_config_t), NULL, NULL, 1, 0, 0, ETP_DTYPE_BF16, (etp_dtype_t)-1, 0, 0, 0, ETP_PARAM_QUANT_NONE}
+    {sizeof(etp_param_config_t), NULL, NULL, 1, 0, 0, ETP_DTYPE_BF16, (etp_dtype_t)-1, 0, 0, 0, ETP_PARAM_QUANT_NONE, 0}
 
 /* Create a parameter: allocates the shard, main_grad (zeroed) and master
  * shards through the context allocator. Not collective.
  * Errors: ETP_ERR_INVALID_ARGUMENT (shape <= 0, a dtype other than BF16/F32,
  * an alignment the quantization mode cannot use, no group),
- * ETP_ERR_UNSUPPORTED (quantized modes until the quantization module is in),
- * ETP_ERR_OUT_OF_MEMORY. */
+ * ETP_ERR_OUT_OF_MEMORY. Quantized modes keep the quantized shard (both
+ * directions) too, refreshed at the first gather after each
+ * etp_param_mark_updated, and need cols a multiple of the block. */
 ETP_API etp_status_t etp_param_create(etp_context_t *ctx, const etp_param_config_t *config,
                                       etp_param_t **param);
 /* Errors: ETP_ERR_BUSY while the parameter is in a chain. NULL is a no-op. */
@@ -182,16 +187,28 @@ ETP_API etp_status_t etp_chain_cache_report(const etp_chain_t *chain, etp_cache_
 
 /* ---- gathers ---------------------------------------------------------- */
 
+/* A gathered weight. Plain (and dequantized) gathers: data in dtype, ld and
+ * expert_stride in elements. Quantized gathers (quant != NONE): the layouts
+ * of docs/FORMATS.md for the full padded weight [padded_rows, cols] of each
+ * expert (rowwise data for the forward pass, columnwise for the backward),
+ * dtype U8, ld and expert_stride in bytes, row-major (not swizzled) scales,
+ * and for NVFP4 the group-wide per-tensor amax of each expert. Padding rows
+ * quantize to zero codes with zero scales. */
 typedef struct etp_weight_view {
     size_t size;               /* sizeof(etp_weight_view_t) */
     void *data;                /* expert e row i at data + (e * expert_stride + i * ld) elements */
     etp_dtype_t dtype;
     int64_t experts, rows, cols;
-    int64_t ld;                /* elements between rows */
-    int64_t expert_stride;     /* elements between experts (padding rows lie between) */
+    int64_t ld;                /* elements (bytes when quantized) between rows */
+    int64_t expert_stride;     /* elements (bytes when quantized) between experts */
+    etp_param_quant_t quant;   /* NONE for plain and dequantized gathers */
+    void *scales;              /* quantized: expert e's scales at scales + e * scale_expert_stride */
+    int64_t scale_rows, scale_cols, scale_expert_stride; /* bytes */
+    const float *amax;         /* NVFP4: [experts] per-tensor amax; else NULL */
 } etp_weight_view_t;
 
-#define ETP_WEIGHT_VIEW_INIT {sizeof(etp_weight_view_t), NULL, ETP_DTYPE_BF16, 0, 0, 0, 0, 0}
+#define ETP_WEIGHT_VIEW_INIT \
+    {sizeof(etp_weight_view_t), NULL, ETP_DTYPE_BF16, 0, 0, 0, 0, 0, ETP_PARAM_QUANT_NONE, NULL, 0, 0, 0, NULL}
 
 /* The full weight for `pass`, ready for work enqueued on `stream` after this
  * call. Waits (on the device) for the prefetch, or gathers now on a cold

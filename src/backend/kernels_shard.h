@@ -24,6 +24,10 @@ struct etp__shard_kernels {
     etp_status_t (*convert_rows)(etp__be_t *be, etp__bstream_t *s, void *dst, etp_dtype_t dst_dtype,
                                  int64_t dst_stride, const void *src, etp_dtype_t src_dtype,
                                  int64_t src_stride, int64_t src_ld, etp__shard_geom_t g);
+    /* rows x width bytes from src (pitch spitch) to dst (pitch dpitch): the
+     * re-lay of gathered quantized data and scales. */
+    etp_status_t (*copy2d)(etp__be_t *be, etp__bstream_t *s, void *dst, size_t dpitch,
+                           const void *src, size_t spitch, size_t width, size_t rows);
     /* out[0] += sum of x^2 over finite valid elements (in FP64), out[1] +=
      * count of NaN/Inf valid elements. */
     etp_status_t (*grad_stats)(etp__be_t *be, etp__bstream_t *s, const float *x,

@@ -348,15 +348,23 @@ static etp_status_t issue(etp_chain_t *c, int u)
                         c->name, p->name, pass_name(t->pass), t->slot, prev->param->name,
                         pass_name(prev->pass));
     }
+    /* A prefetched tenant nobody gathered (the caller left the planned
+     * order) is evicted: its gather will issue it again. */
+    if (s->tenant >= 0 && s->tenant != u && c->tickets[s->tenant].state == ETP__TICKET_ISSUED)
+        c->tickets[s->tenant].state = ETP__TICKET_IDLE;
     if (s->release_recorded && !(c->skip_edges & ETP__EDGE_SLOT_RELEASE))
         ETP__TRY(etp_stream_wait_event(c->ag, s->released));
     if (p->updated_recorded && !(c->skip_edges & ETP__EDGE_SHARD_WRITER))
         ETP__TRY(etp_stream_wait_event(c->ag, p->updated));
-    size_t es = etp_dtype_size(p->dtype);
-    size_t shard_elems = (size_t)(p->shard_rows * p->cols);
-    ETP__TRY(etp__grouped_allgather(c->group, c->ag_role, p->shard, shard_elems * es, s->ptr,
-                                    (size_t)(p->padded_rows * p->cols) * es, shard_elems, p->dtype,
-                                    p->experts, c->ag));
+    if (p->quant != ETP_PARAM_QUANT_NONE) {
+        ETP__TRY(etp__qgather_issue(c, p, t->pass, s->ptr));
+    } else {
+        size_t es = etp_dtype_size(p->dtype);
+        size_t shard_elems = (size_t)(p->shard_rows * p->cols);
+        ETP__TRY(etp__grouped_allgather(c->group, c->ag_role, p->shard, shard_elems * es, s->ptr,
+                                        (size_t)(p->padded_rows * p->cols) * es, shard_elems,
+                                        p->dtype, p->experts, c->ag));
+    }
     ETP__TRY(etp_event_record(s->ready, c->ag));
     s->tenant = u;
     s->release_recorded = 0;
@@ -434,8 +442,18 @@ etp_status_t etp_gather(etp_param_t *p, etp_pass_t pass, etp_stream_t *stream, e
     tk->state = ETP__TICKET_HELD;
     for (int u = t + 1; u <= last; u++)
         if (c->tickets[u].state == ETP__TICKET_IDLE) ETP__TRY(issue(c, u));
-    etp_weight_view_t v = {sizeof v, s->ptr, p->dtype, p->experts, p->rows, p->cols, p->cols,
-                           p->padded_rows * p->cols};
+    if (p->quant != ETP_PARAM_QUANT_NONE) {
+        etp__qgather_view(p, pass, s->ptr, view);
+        return ETP_SUCCESS;
+    }
+    etp_weight_view_t v = ETP_WEIGHT_VIEW_INIT;
+    v.data = s->ptr;
+    v.dtype = p->dtype;
+    v.experts = p->experts;
+    v.rows = p->rows;
+    v.cols = p->cols;
+    v.ld = p->cols;
+    v.expert_stride = p->padded_rows * p->cols;
     *view = v;
     return ETP_SUCCESS;
 }

@@ -92,8 +92,14 @@ etp_status_t etp_wgrad_buffer(etp_param_t *p, etp_stream_t *stream, etp_weight_v
         ETP__TRY(etp_stream_wait_event(stream, c->ring_done[k]));
     c->ring_next = (k + 1) % c->ring_n;
     p->wgrad_entry = k;
-    etp_weight_view_t v = {sizeof v, c->ring[k], p->wgrad_dtype, p->experts, p->rows, p->cols,
-                           p->cols, p->padded_rows * p->cols};
+    etp_weight_view_t v = ETP_WEIGHT_VIEW_INIT;
+    v.data = c->ring[k];
+    v.dtype = p->wgrad_dtype;
+    v.experts = p->experts;
+    v.rows = p->rows;
+    v.cols = p->cols;
+    v.ld = p->cols;
+    v.expert_stride = p->padded_rows * p->cols;
     *view = v;
     return ETP_SUCCESS;
 }

@@ -12,7 +12,7 @@ static size_t esize(etp_dtype_t t)
 
 size_t etp__param_gather_bytes(const etp_param_t *p, etp_pass_t pass)
 {
-    (void)pass; /* both passes gather the same bytes until quantized modes */
+    if (p->quant != ETP_PARAM_QUANT_NONE) return etp__qgather_bytes(p, pass);
     return (size_t)(p->experts * p->padded_rows * p->cols) * esize(p->dtype);
 }
 
@@ -41,9 +41,8 @@ static etp_status_t check_config(const etp_param_config_t *c, const char *fn)
         ETP__CHECK_ARG(c->cols % block == 0, "%s: %s needs cols a multiple of %d (got %lld)", fn,
                        c->quant == ETP_PARAM_QUANT_MXFP8 ? "MXFP8" : "NVFP4", block,
                        (long long)c->cols);
-        return etp__err(ETP_ERR_UNSUPPORTED,
-                        "%s: quantized gathers are not available yet (they arrive with the "
-                        "quantization module)", fn);
+    } else {
+        ETP__CHECK_ARG(!c->gather_dequantized, "%s: gather_dequantized needs a quantized mode", fn);
     }
     /* Sizes in bytes must fit comfortably in size_t and in the collectives' counts. */
     double elems = (double)(c->experts > 1 ? c->experts : 1) * (double)c->rows * (double)c->cols;
@@ -53,6 +52,7 @@ static etp_status_t check_config(const etp_param_config_t *c, const char *fn)
 
 static void param_free(etp_param_t *p)
 {
+    etp__param_quant_free(p);
     if (p->shard) etp_mem_free(p->ctx, p->shard);
     if (p->main_grad) etp_mem_free(p->ctx, p->main_grad);
     if (p->master) etp_mem_free(p->ctx, p->master);
@@ -94,6 +94,7 @@ etp_status_t etp_param_create(etp_context_t *ctx, const etp_param_config_t *cfg,
     p->quant = cfg->quant;
     p->ticket[0] = p->ticket[1] = -1;
     p->wgrad_entry = -1;
+    p->gather_dequant = cfg->gather_dequantized != 0;
 
     size_t n = (size_t)(p->experts * p->shard_rows * p->cols);
     etp_status_t st = etp_mem_alloc(ctx, n * esize(p->dtype), ETP_MEM_SHARDS, &p->shard);
@@ -102,6 +103,7 @@ etp_status_t etp_param_create(etp_context_t *ctx, const etp_param_config_t *cfg,
     if (st == ETP_SUCCESS && p->has_master)
         st = etp_mem_alloc(ctx, n * sizeof(float), ETP_MEM_SHARDS, (void **)&p->master);
     if (st == ETP_SUCCESS) st = etp_event_create(ctx, &p->updated);
+    if (st == ETP_SUCCESS && p->quant != ETP_PARAM_QUANT_NONE) st = etp__param_quant_init(p);
     if (st == ETP_SUCCESS) {
         /* Zeroed once, synchronously: padding rows stay zero for good. */
         etp_stream_t *s;
@@ -206,6 +208,7 @@ etp_status_t etp_param_mark_updated(etp_param_t *p, etp_stream_t *s)
     ETP__TRY(check_stream(p, s, "etp_param_mark_updated"));
     ETP__TRY(etp_event_record(p->updated, s));
     p->updated_recorded = 1;
+    p->version++; /* the quantized shard is stale */
     return ETP_SUCCESS;
 }
 

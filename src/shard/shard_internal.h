@@ -5,6 +5,7 @@
 #include "../backend/kernels_shard.h"
 #include "../comm/comm_internal.h"
 #include "etp/param.h"
+#include "etp/quant.h"
 
 enum { ETP__TICKET_IDLE = 0, ETP__TICKET_ISSUED, ETP__TICKET_HELD, ETP__TICKET_RELEASED };
 enum { ETP__CHAIN_BUILDING = 0, ETP__CHAIN_RECORDING, ETP__CHAIN_FINALIZED };
@@ -39,6 +40,14 @@ struct etp_param {
     int micro;       /* reductions this step */
     etp_grad_ready_fn_t cb;
     void *cb_user;
+    /* quantized modes (qgather.c) */
+    etp_quantizer_t *qz;
+    int gather_dequant;
+    uint64_t version, q_version; /* bumped by mark_updated; the quantized shard's */
+    etp_quant_sizes_t qs_shard, qs_full; /* per expert */
+    uint8_t *q_store;  /* per expert: row data, row scales, column data, column scales */
+    size_t q_expert_bytes;
+    float *q_amax;     /* [experts]: the group's amax (NVFP4) */
 };
 
 typedef struct etp__ticket {
@@ -103,6 +112,16 @@ etp_status_t etp__grouped_reduce_scatter(etp_group_t *g, int role, const void *s
                                          size_t src_stride, void *dst, size_t dst_stride,
                                          size_t count, etp_dtype_t dtype, int64_t experts,
                                          etp_stream_t *s);
+
+/* qgather.c: quantized modes. */
+etp_status_t etp__param_quant_init(etp_param_t *p);
+void etp__param_quant_free(etp_param_t *p);
+size_t etp__qgather_bytes(const etp_param_t *p, etp_pass_t pass);
+/* Quantize the shard if it changed, then gather data and scales of `pass`
+ * into slot, re-laying where shard layouts do not concatenate; on the
+ * chain's AG stream. */
+etp_status_t etp__qgather_issue(etp_chain_t *c, etp_param_t *p, etp_pass_t pass, void *slot);
+void etp__qgather_view(const etp_param_t *p, etp_pass_t pass, void *slot, etp_weight_view_t *v);
 
 /* Test-only: remove ordering edges (ETP__EDGE_*) from a chain. */
 void etp__chain_test_skip_edges(etp_chain_t *c, unsigned edges);

@@ -50,7 +50,20 @@ static etp_status_t cuda_grad_stats(etp__be_t *be, etp__bstream_t *s, const floa
                                                        g.stride, out));
 }
 
+static etp_status_t cuda_copy2d(etp__be_t *be, etp__bstream_t *s, void *dst, size_t dpitch,
+                                const void *src, size_t spitch, size_t width, size_t rows)
+{
+    if (width == 0 || rows == 0) return ETP_SUCCESS;
+    cudaStream_t cs;
+    ETP__TRY(etp__cuda_stream_for_launch(be, s, &cs));
+    cudaError_t e = cudaMemcpy2DAsync(dst, dpitch, src, spitch, width, rows, cudaMemcpyDefault, cs);
+    if (e != cudaSuccess)
+        return etp__err(ETP_ERR_BACKEND, "cudaMemcpy2DAsync: %s", cudaGetErrorString(e));
+    return ETP_SUCCESS;
+}
+
 const etp__shard_kernels_t etp__cuda_shard_kernels = {
+    .copy2d = cuda_copy2d,
     .accumulate = cuda_accumulate,
     .bf16_to_f32 = cuda_bf16_to_f32,
     .convert_rows = cuda_convert_rows,

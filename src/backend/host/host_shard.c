@@ -1,5 +1,6 @@
 /* Host kernels of the shard module: the reference for cuda_shard.c. */
 #include <math.h>
+#include <string.h>
 
 #include "../../core/half.h"
 #include "../kernels_shard.h"
@@ -123,7 +124,28 @@ static etp_status_t host_grad_stats(etp__be_t *be, etp__bstream_t *s, const floa
     return etp__host_launch(be, s, stats_run, &a, sizeof a);
 }
 
+typedef struct {
+    char *dst;
+    size_t dpitch;
+    const char *src;
+    size_t spitch, width, rows;
+} copy2d_args_t;
+
+static void copy2d_run(void *p)
+{
+    const copy2d_args_t *a = p;
+    for (size_t r = 0; r < a->rows; r++) memcpy(a->dst + r * a->dpitch, a->src + r * a->spitch, a->width);
+}
+
+static etp_status_t host_copy2d(etp__be_t *be, etp__bstream_t *s, void *dst, size_t dpitch,
+                                const void *src, size_t spitch, size_t width, size_t rows)
+{
+    copy2d_args_t a = {dst, dpitch, src, spitch, width, rows};
+    return etp__host_launch(be, s, copy2d_run, &a, sizeof a);
+}
+
 const etp__shard_kernels_t etp__host_shard_kernels = {
+    .copy2d = host_copy2d,
     .accumulate = host_accumulate,
     .bf16_to_f32 = host_bf16_to_f32,
     .convert_rows = host_convert_rows,

@@ -1,0 +1,240 @@
+/*
+ * Quantized gathers. Each rank quantizes its own shard with the split-phase
+ * API (one multi-amax, one amax all-reduce over the group for NVFP4, one
+ * cast, for all experts at once), keeps it until the weight changes, and the
+ * gather moves the quantized data and scales: 4 or 8 bits on the wire.
+ *
+ * Shard layouts concatenate into the full tensor's where a shard is a block
+ * of rows of the full layout (rowwise data of both formats, MXFP8 columnwise
+ * data). They do not for scale matrices (padded to 128 rows or 4 columns
+ * per shard) nor for NVFP4 columnwise data (the transpose: a shard is a block
+ * of columns): those are gathered into staging in the slot and re-laid with
+ * 2D copies. Alignment is a multiple of the block, so no block straddles two
+ * shards and the result equals quantizing the full padded weight with the
+ * group's amax, bit for bit.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "shard_internal.h"
+
+enum { ALIGN = 256 };
+
+static size_t up(size_t x)
+{
+    return (x + ALIGN - 1) / ALIGN * ALIGN;
+}
+
+typedef struct {
+    size_t data_e, scales_e;     /* full, per expert */
+    size_t sdata_e, sscales_e;   /* one shard's, per expert */
+    size_t data, scales, stage_scales, stage_data, amax, bf16, total; /* offsets */
+    int row;
+} qlayout_t;
+
+static void layout(const etp_param_t *p, etp_pass_t pass, qlayout_t *L)
+{
+    size_t E = (size_t)p->experts, R = (size_t)p->group_size;
+    L->row = pass == ETP_PASS_FORWARD;
+    L->data_e = L->row ? p->qs_full.rowwise_data_bytes : p->qs_full.columnwise_data_bytes;
+    L->scales_e = L->row ? p->qs_full.rowwise_scales_bytes : p->qs_full.columnwise_scales_bytes;
+    L->sdata_e = L->row ? p->qs_shard.rowwise_data_bytes : p->qs_shard.columnwise_data_bytes;
+    L->sscales_e = L->row ? p->qs_shard.rowwise_scales_bytes : p->qs_shard.columnwise_scales_bytes;
+    int transposed = p->quant == ETP_PARAM_QUANT_NVFP4 && !L->row;
+    L->data = 0;
+    L->scales = up(L->data + E * L->data_e);
+    L->stage_scales = up(L->scales + E * L->scales_e);
+    L->stage_data = up(L->stage_scales + E * R * L->sscales_e);
+    L->amax = up(L->stage_data + (transposed ? E * R * L->sdata_e : 0));
+    L->bf16 = up(L->amax + E * sizeof(float));
+    L->total = up(L->bf16 + (p->gather_dequant ? E * (size_t)(p->padded_rows * p->cols) * 2 : 0));
+}
+
+size_t etp__qgather_bytes(const etp_param_t *p, etp_pass_t pass)
+{
+    qlayout_t L;
+    layout(p, pass, &L);
+    return L.total;
+}
+
+etp_status_t etp__param_quant_init(etp_param_t *p)
+{
+    etp_quantizer_config_t qc = ETP_QUANTIZER_CONFIG_INIT;
+    qc.format = p->quant == ETP_PARAM_QUANT_MXFP8 ? ETP_QUANT_MXFP8 : ETP_QUANT_NVFP4;
+    /* 2D blocks for NVFP4 weights: rowwise and columnwise copies agree. */
+    qc.nvfp4_block = ETP_QUANT_BLOCK_2D;
+    qc.directions = ETP_QUANT_ROWWISE | ETP_QUANT_COLUMNWISE;
+    ETP__TRY(etp_quantizer_create(p->ctx, &qc, &p->qz));
+    p->qs_shard = (etp_quant_sizes_t)ETP_QUANT_SIZES_INIT;
+    p->qs_full = (etp_quant_sizes_t)ETP_QUANT_SIZES_INIT;
+    ETP__TRY(etp_quant_sizes(p->qz, (size_t)p->shard_rows, (size_t)p->cols, &p->qs_shard));
+    ETP__TRY(etp_quant_sizes(p->qz, (size_t)p->padded_rows, (size_t)p->cols, &p->qs_full));
+    const etp_quant_sizes_t *q = &p->qs_shard;
+    p->q_expert_bytes = up(q->rowwise_data_bytes) + up(q->rowwise_scales_bytes) +
+                        up(q->columnwise_data_bytes) + up(q->columnwise_scales_bytes);
+    ETP__TRY(etp_mem_alloc(p->ctx, (size_t)p->experts * p->q_expert_bytes, ETP_MEM_SHARDS,
+                           (void **)&p->q_store));
+    ETP__TRY(etp_mem_alloc(p->ctx, (size_t)p->experts * sizeof(float), ETP_MEM_SHARDS,
+                           (void **)&p->q_amax));
+    p->q_version = (uint64_t)-1;
+    return ETP_SUCCESS;
+}
+
+void etp__param_quant_free(etp_param_t *p)
+{
+    if (p->q_store) etp_mem_free(p->ctx, p->q_store);
+    if (p->q_amax) etp_mem_free(p->ctx, p->q_amax);
+    if (p->qz) etp_quantizer_destroy(p->qz);
+}
+
+/* Expert e's quantized shard, both directions. */
+static etp_quant_output_t shard_out(const etp_param_t *p, int64_t e)
+{
+    const etp_quant_sizes_t *q = &p->qs_shard;
+    uint8_t *b = p->q_store + (size_t)e * p->q_expert_bytes;
+    size_t o1 = up(q->rowwise_data_bytes), o2 = o1 + up(q->rowwise_scales_bytes),
+           o3 = o2 + up(q->columnwise_data_bytes);
+    etp_quant_output_t out = {b, q->rowwise_data_bytes, b + o1, q->rowwise_scales_bytes,
+                              b + o2, q->columnwise_data_bytes, b + o3, q->columnwise_scales_bytes};
+    return out;
+}
+
+static etp_status_t quantize_shard(etp_chain_t *c, etp_param_t *p)
+{
+    size_t E = (size_t)p->experts;
+    etp_quant_input_t *in = malloc(E * sizeof *in);
+    etp_quant_output_t *out = malloc(E * sizeof *out);
+    if (!in || !out) {
+        free(in);
+        free(out);
+        return etp__err(ETP_ERR_OUT_OF_MEMORY, "quantizing '%s': out of host memory", p->name);
+    }
+    size_t es = etp_dtype_size(p->dtype), shard = (size_t)(p->shard_rows * p->cols);
+    for (size_t e = 0; e < E; e++) {
+        in[e] = (etp_quant_input_t){(const char *)p->shard + e * shard * es, p->dtype,
+                                    (size_t)p->shard_rows, (size_t)p->cols};
+        out[e] = shard_out(p, (int64_t)e);
+    }
+    /* NVFP4: local amaxes, one all-reduce (max) over the group, one cast. */
+    etp_status_t st = etp_quant_quantize(p->qz, E, in, p->q_amax, E, c->group, c->ag_role, out, c->ag);
+    free(in);
+    free(out);
+    if (st == ETP_SUCCESS) p->q_version = p->version;
+    return st;
+}
+
+etp_status_t etp__qgather_issue(etp_chain_t *c, etp_param_t *p, etp_pass_t pass, void *slot)
+{
+    if (p->q_version != p->version) ETP__TRY(quantize_shard(c, p));
+    const etp__shard_kernels_t *k = p->ctx->be->ops->kernels->shard;
+    etp__be_t *be = p->ctx->be;
+    etp__bstream_t *ag = c->ag->bs;
+    qlayout_t L;
+    layout(p, pass, &L);
+    uint8_t *s = slot;
+    size_t E = (size_t)p->experts, R = (size_t)p->group_size;
+    size_t sr = (size_t)p->shard_rows, pr = (size_t)p->padded_rows, K = (size_t)p->cols;
+    etp_quant_output_t first = shard_out(p, 0);
+    const uint8_t *sdata = L.row ? first.rowwise_data : first.columnwise_data;
+    const uint8_t *sscales = L.row ? first.rowwise_scales : first.columnwise_scales;
+    int transposed = p->quant == ETP_PARAM_QUANT_NVFP4 && !L.row;
+
+    /* Data. */
+    if (!transposed) {
+        ETP__TRY(etp__grouped_allgather(c->group, c->ag_role, sdata, p->q_expert_bytes, s + L.data,
+                                        L.data_e, L.sdata_e, ETP_DTYPE_U8, p->experts, c->ag));
+    } else {
+        /* [K][M/2]: rank r's shard is a block of columns of each row. */
+        ETP__TRY(etp__grouped_allgather(c->group, c->ag_role, sdata, p->q_expert_bytes,
+                                        s + L.stage_data, R * L.sdata_e, L.sdata_e, ETP_DTYPE_U8,
+                                        p->experts, c->ag));
+        for (size_t e = 0; e < E; e++)
+            for (size_t r = 0; r < R; r++)
+                ETP__TRY(k->copy2d(be, ag, s + L.data + e * L.data_e + r * (sr / 2), pr / 2,
+                                   s + L.stage_data + (e * R + r) * L.sdata_e, sr / 2, sr / 2, K));
+    }
+    /* Scales: gathered whole, then re-laid into a zeroed full matrix. */
+    ETP__TRY(etp__grouped_allgather(c->group, c->ag_role, sscales, p->q_expert_bytes,
+                                    s + L.stage_scales, R * L.sscales_e, L.sscales_e, ETP_DTYPE_U8,
+                                    p->experts, c->ag));
+    ETP__TRY(etp_memset_async(c->ag, s + L.scales, 0, E * L.scales_e));
+    for (size_t e = 0; e < E; e++)
+        for (size_t r = 0; r < R; r++) {
+            uint8_t *dst = s + L.scales + e * L.scales_e;
+            const uint8_t *src = s + L.stage_scales + (e * R + r) * L.sscales_e;
+            if (L.row) {
+                /* one scale row per weight row (both formats) */
+                size_t sc = p->qs_full.rowwise_scale_cols;
+                ETP__TRY(k->copy2d(be, ag, dst + r * sr * sc, sc, src, sc, sc, sr));
+            } else if (p->quant == ETP_PARAM_QUANT_MXFP8) {
+                /* one scale row per 32 weight rows */
+                size_t sc = p->qs_full.columnwise_scale_cols;
+                ETP__TRY(k->copy2d(be, ag, dst + r * (sr / 32) * sc, sc, src, sc, sc, sr / 32));
+            } else {
+                /* NVFP4 columnwise: one scale column per 16 weight rows */
+                ETP__TRY(k->copy2d(be, ag, dst + r * (sr / 16), p->qs_full.columnwise_scale_cols,
+                                   src, p->qs_shard.columnwise_scale_cols, sr / 16, K));
+            }
+        }
+    if (p->quant == ETP_PARAM_QUANT_NVFP4)
+        ETP__TRY(etp_memcpy_async(c->ag, s + L.amax, p->q_amax, E * sizeof(float)));
+    if (p->gather_dequant) {
+        etp_quant_output_t *q = calloc(E, sizeof *q);
+        etp_quant_dest_t *d = calloc(E, sizeof *d);
+        etp_status_t st = (q && d) ? ETP_SUCCESS
+                                   : etp__err(ETP_ERR_OUT_OF_MEMORY, "dequantizing '%s': out of host memory", p->name);
+        for (size_t e = 0; e < E && st == ETP_SUCCESS; e++) {
+            uint8_t *dd = s + L.data + e * L.data_e, *ss = s + L.scales + e * L.scales_e;
+            if (L.row) {
+                q[e].rowwise_data = dd;
+                q[e].rowwise_data_bytes = L.data_e;
+                q[e].rowwise_scales = ss;
+                q[e].rowwise_scales_bytes = L.scales_e;
+            } else {
+                q[e].columnwise_data = dd;
+                q[e].columnwise_data_bytes = L.data_e;
+                q[e].columnwise_scales = ss;
+                q[e].columnwise_scales_bytes = L.scales_e;
+            }
+            d[e] = (etp_quant_dest_t){s + L.bf16 + e * pr * K * 2, ETP_DTYPE_BF16, pr, K, pr * K * 2};
+        }
+        if (st == ETP_SUCCESS)
+            st = etp_quant_dequantize(p->qz, E, q, p->quant == ETP_PARAM_QUANT_NVFP4 ? (float *)(s + L.amax) : NULL,
+                                      E, L.row ? ETP_QUANT_ROWWISE : ETP_QUANT_COLUMNWISE, d, c->ag);
+        free(q);
+        free(d);
+        ETP__TRY(st);
+    }
+    return ETP_SUCCESS;
+}
+
+void etp__qgather_view(const etp_param_t *p, etp_pass_t pass, void *slot, etp_weight_view_t *v)
+{
+    qlayout_t L;
+    layout(p, pass, &L);
+    uint8_t *s = slot;
+    etp_weight_view_t out = ETP_WEIGHT_VIEW_INIT;
+    out.experts = p->experts;
+    out.rows = p->rows;
+    out.cols = p->cols;
+    if (p->gather_dequant) {
+        out.data = s + L.bf16;
+        out.dtype = ETP_DTYPE_BF16;
+        out.ld = p->cols;
+        out.expert_stride = p->padded_rows * p->cols;
+    } else {
+        int transposed = p->quant == ETP_PARAM_QUANT_NVFP4 && !L.row;
+        int fp4 = p->quant == ETP_PARAM_QUANT_NVFP4;
+        out.data = s + L.data;
+        out.dtype = ETP_DTYPE_U8;
+        out.ld = transposed ? p->padded_rows / 2 : fp4 ? p->cols / 2 : p->cols;
+        out.expert_stride = (int64_t)L.data_e;
+        out.quant = p->quant;
+        out.scales = s + L.scales;
+        out.scale_rows = (int64_t)(L.row ? p->qs_full.rowwise_scale_rows : p->qs_full.columnwise_scale_rows);
+        out.scale_cols = (int64_t)(L.row ? p->qs_full.rowwise_scale_cols : p->qs_full.columnwise_scale_cols);
+        out.scale_expert_stride = (int64_t)L.scales_e;
+        out.amax = fp4 ? (const float *)(s + L.amax) : NULL;
+    }
+    *v = out;
+}

@@ -1,0 +1,231 @@
+/*
+ * Quantized gathers (MXFP8, NVFP4; 1 to 64 experts) equal quantizing the full
+ * padded weight with the host reference (NVFP4 with the group's amax), data
+ * and scales, forward (rowwise) and backward (columnwise); the dequantized
+ * variant equals the reference dequantization. Host backend in shuffle mode,
+ * or the CUDA backend when built as tests/gpu/test_gpu_shard_quant.c.
+ */
+#include <math.h>
+
+#include "core/half.h"
+#include "mpi_util.h"
+#include "quant/formats/quant_ref.h"
+#include "shard/shard_internal.h"
+
+typedef struct {
+    etp_param_quant_t quant;
+    int64_t experts, rows, cols;
+    int alignment;
+    etp_dtype_t dtype;
+    int dequant;
+} qspec_t;
+
+static const qspec_t qspecs[] = {
+    {ETP_PARAM_QUANT_MXFP8, 1, 70, 64, 32, ETP_DTYPE_BF16, 0},
+    {ETP_PARAM_QUANT_NVFP4, 1, 45, 32, 16, ETP_DTYPE_F32, 0},
+    {ETP_PARAM_QUANT_NVFP4, 3, 100, 48, 16, ETP_DTYPE_BF16, 0},
+    {ETP_PARAM_QUANT_MXFP8, 3, 33, 32, 64, ETP_DTYPE_F32, 0},
+    {ETP_PARAM_QUANT_NVFP4, 64, 16, 16, 16, ETP_DTYPE_BF16, 0},
+    {ETP_PARAM_QUANT_MXFP8, 64, 20, 32, 32, ETP_DTYPE_BF16, 0},
+    {ETP_PARAM_QUANT_NVFP4, 2, 130, 64, 32, ETP_DTYPE_BF16, 1},
+    {ETP_PARAM_QUANT_MXFP8, 2, 40, 64, 32, ETP_DTYPE_F32, 1},
+};
+#define NQ (sizeof qspecs / sizeof qspecs[0])
+
+/* Values over many binades, both signs, so scales differ per block. */
+static float value(int p, int step, int64_t e, int64_t r, int64_t c)
+{
+    uint64_t x = tu_rand(g_seed, 300 + (uint64_t)p, (uint64_t)step, (uint64_t)((e * 4096 + r) * 4096 + c));
+    float m = (float)(x & 0xffff) / 65536.0f;
+    int ex = (int)((x >> 16) % 12) - 6 + (int)(r / 16 % 3);
+    return ((x >> 63) ? -1.0f : 1.0f) * ldexpf(0.5f + m, ex);
+}
+
+static void put(void *b, etp_dtype_t t, size_t i, float v)
+{
+    if (t == ETP_DTYPE_BF16)
+        ((uint16_t *)b)[i] = etp__f32_to_bf16(v);
+    else
+        ((float *)b)[i] = v;
+}
+
+static etp_context_t *make_qctx(int64_t seed)
+{
+#ifdef ETP_SHARD_TEST_CUDA
+    (void)seed;
+    etp_context_config_t cfg = ETP_CONTEXT_CONFIG_INIT;
+    cfg.backend = ETP_BACKEND_CUDA;
+    etp_context_t *ctx = NULL;
+    ETP_OK(etp_context_create_mpi(MPI_COMM_WORLD, &cfg, &ctx));
+    return ctx;
+#else
+    return tu_host_ctx(MPI_COMM_WORLD, ETP_HOST_STREAMS_SHUFFLE, seed, -1, -1);
+#endif
+}
+
+/* Copy n bytes the device holds into a fresh host buffer (main is synced). */
+static void *fetch(etp_stream_t *s, const void *src, size_t n)
+{
+    void *h = malloc(n ? n : 1);
+    assert_non_null(h);
+    tu_poison(h, n);
+    if (n) ETP_OK(etp_memcpy_async(s, h, src, n));
+    ETP_OK(etp_stream_synchronize(s));
+    return h;
+}
+
+static long check_param(int i, const qspec_t *q, etp_param_t *p, etp_stream_t *main_s, int step)
+{
+    etp_param_info_t info = ETP_PARAM_INFO_INIT;
+    ETP_OK(etp_param_info(p, &info));
+    int64_t pr = info.padded_rows, K = q->cols;
+    etp__qref_cfg_t cfg = {q->quant == ETP_PARAM_QUANT_MXFP8 ? ETP__QB_MXFP8 : ETP__QB_NVFP4, 0,
+                           q->quant == ETP_PARAM_QUANT_NVFP4, 0, 0, 0, 0};
+    long bad = 0;
+    for (int pass = 0; pass < 2; pass++) {
+        etp_weight_view_t v = ETP_WEIGHT_VIEW_INIT;
+        ETP_OK(etp_gather(p, (etp_pass_t)pass, main_s, &v));
+        assert_int_equal(v.experts, q->experts);
+        assert_int_equal(v.rows, q->rows);
+        size_t data_bytes = (size_t)(v.expert_stride * v.experts) * (q->dequant ? 2 : 1);
+        uint8_t *data = fetch(main_s, v.data, data_bytes);
+        uint8_t *scales = q->dequant ? NULL : fetch(main_s, v.scales, (size_t)(v.scale_expert_stride * v.experts));
+        float *amax = (!q->dequant && v.amax) ? fetch(main_s, v.amax, (size_t)q->experts * sizeof(float)) : NULL;
+        ETP_OK(etp_release(p, (etp_pass_t)pass, main_s));
+        if (q->dequant) {
+            assert_int_equal(v.dtype, ETP_DTYPE_BF16);
+            assert_int_equal(v.quant, ETP_PARAM_QUANT_NONE);
+        } else {
+            assert_int_equal(v.quant, q->quant);
+            assert_int_equal(v.dtype, ETP_DTYPE_U8);
+        }
+        for (int64_t e = 0; e < q->experts; e++) {
+            /* the full padded weight, as every rank can build it */
+            float *full = calloc((size_t)(pr * K), sizeof(float));
+            for (int64_t r = 0; r < q->rows; r++)
+                for (int64_t c = 0; c < K; c++) {
+                    float x = value(i, step, e, r, c);
+                    /* round as the parameter stores it */
+                    full[r * K + c] = q->dtype == ETP_DTYPE_BF16 ? etp__bf16_to_f32(etp__f32_to_bf16(x)) : x;
+                }
+            float ref_amax = q->quant == ETP_PARAM_QUANT_NVFP4
+                                 ? etp__qref_amax(full, ETP__QB_F32, (size_t)pr, (size_t)K) : 0.0f;
+            size_t rd = (size_t)(pr * K);
+            size_t rs = pass == 0 ? p->qs_full.rowwise_scales_bytes : p->qs_full.columnwise_scales_bytes;
+            uint8_t *ref_data = calloc(rd, 1), *ref_scales = calloc(rs + 1, 1);
+            if (pass == 0)
+                etp__qref_quantize(&cfg, full, ETP__QB_F32, (size_t)pr, (size_t)K, ref_amax, ref_data,
+                                   ref_scales, NULL, NULL);
+            else
+                etp__qref_quantize(&cfg, full, ETP__QB_F32, (size_t)pr, (size_t)K, ref_amax, NULL, NULL,
+                                   ref_data, ref_scales);
+            if (q->dequant) {
+                uint16_t *deq = calloc((size_t)(pr * K), sizeof(uint16_t));
+                etp__qref_dequantize(&cfg, pass == 0 ? 1u : 2u, (size_t)pr, (size_t)K, ref_amax, ref_data,
+                                     ref_scales, deq, ETP__QB_BF16);
+                const uint16_t *got = (const uint16_t *)data + e * v.expert_stride;
+                for (int64_t k = 0; k < q->rows * K; k++) bad += got[k] != deq[k];
+                free(deq);
+            } else {
+                bad += memcmp(data + e * v.expert_stride, ref_data, (size_t)v.expert_stride) != 0;
+                bad += memcmp(scales + e * v.scale_expert_stride, ref_scales, (size_t)v.scale_expert_stride) != 0;
+                if (amax) bad += memcmp(&amax[e], &ref_amax, sizeof(float)) != 0;
+                if (getenv("ETP_TEST_VERBOSE") && bad)
+                    printf("rank %d param %d pass %d expert %lld: mismatch\n", g_rank, i, pass, (long long)e);
+            }
+            free(full);
+            free(ref_data);
+            free(ref_scales);
+        }
+        free(data);
+        free(scales);
+        free(amax);
+    }
+    return bad;
+}
+
+static void run_quant_gathers(int64_t seed)
+{
+    etp_context_t *ctx = make_qctx(seed);
+    etp_group_t *world, *tp;
+    ETP_OK(etp_context_world(ctx, &world));
+    etp_group_config_t gc = ETP_GROUP_CONFIG_INIT;
+    gc.num_roles = 2;
+    ETP_OK(etp_group_split(world, 0, g_rank, &gc, &tp));
+    etp_stream_t *main_s;
+    ETP_OK(etp_stream_create(ctx, ETP_STREAM_PRIORITY_NORMAL, &main_s));
+    etp_chain_config_t cc = ETP_CHAIN_CONFIG_INIT;
+    cc.group = tp;
+    etp_chain_t *chain;
+    ETP_OK(etp_chain_create(ctx, &cc, &chain));
+    etp_param_t *p[NQ];
+    for (size_t i = 0; i < NQ; i++) {
+        const qspec_t *q = &qspecs[i];
+        etp_param_config_t pc = ETP_PARAM_CONFIG_INIT;
+        pc.group = tp;
+        pc.experts = q->experts;
+        pc.rows = q->rows;
+        pc.cols = q->cols;
+        pc.alignment = q->alignment;
+        pc.dtype = q->dtype;
+        pc.quant = q->quant;
+        pc.gather_dequantized = q->dequant;
+        ETP_OK(etp_param_create(ctx, &pc, &p[i]));
+        ETP_OK(etp_chain_add(chain, p[i]));
+    }
+    ETP_OK(etp_chain_finalize(chain));
+    long bad = 0;
+    for (int step = 0; step < 2; step++) {
+        /* new weights each step: the quantized shard must be refreshed */
+        void *hold[NQ];
+        for (size_t i = 0; i < NQ; i++) {
+            const qspec_t *q = &qspecs[i];
+            size_t n = (size_t)(q->experts * q->rows * q->cols);
+            hold[i] = malloc(n * etp_dtype_size(q->dtype));
+            for (int64_t e = 0; e < q->experts; e++)
+                for (int64_t r = 0; r < q->rows; r++)
+                    for (int64_t c = 0; c < q->cols; c++)
+                        put(hold[i], q->dtype, (size_t)((e * q->rows + r) * q->cols + c),
+                            value((int)i, step, e, r, c));
+            ETP_OK(etp_param_load_full(p[i], hold[i], main_s));
+        }
+        /* Each parameter forward then backward: out of the planned order on
+         * purpose, so prefetched tickets get evicted and gathered again. */
+        for (size_t i = 0; i < NQ; i++) bad += check_param((int)i, &qspecs[i], p[i], main_s, step);
+        ETP_OK(etp_stream_synchronize(main_s));
+        for (size_t i = 0; i < NQ; i++) free(hold[i]);
+    }
+    long all = 0;
+    MPI_Allreduce(&bad, &all, 1, MPI_LONG, MPI_SUM, MPI_COMM_WORLD);
+    if (all && g_rank == 0) printf("seed %lld: %ld mismatches\n", (long long)seed, all);
+    assert_int_equal(all, 0);
+    etp_stream_t *ag, *rs;
+    ETP_OK(etp_chain_streams(chain, &ag, &rs));
+    ETP_OK(etp_stream_synchronize(ag));
+    ETP_OK(etp_chain_destroy(chain));
+    for (size_t i = 0; i < NQ; i++) ETP_OK(etp_param_destroy(p[i]));
+    ETP_OK(etp_stream_destroy(main_s));
+    ETP_OK(etp_group_destroy(tp));
+    ETP_OK(etp_context_destroy(ctx));
+}
+
+static void test_quantized_gathers(void **state)
+{
+    (void)state;
+    const int64_t seeds[] = {0, 1, 42};
+    for (size_t k = 0; k < sizeof seeds / sizeof seeds[0]; k++) run_quant_gathers(seeds[k]);
+}
+
+int main(int argc, char **argv)
+{
+    tu_mpi_init(&argc, &argv, "test_shard_quant");
+#ifdef ETP_SHARD_TEST_CUDA
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
+        if (g_rank == 0) printf("no GPU present: skipping GPU quantized-gather tests\n");
+        return tu_mpi_finish(0);
+    }
+#endif
+    const struct CMUnitTest tests[] = {cmocka_unit_test(test_quantized_gathers)};
+    return tu_mpi_finish(cmocka_run_group_tests(tests, NULL, NULL));
+}
