@@ -11,9 +11,17 @@ cmake --build build-bench -j"$(nproc)" --target etp-bench >/dev/null || exit 1
 nvidia-smi -L | tee "$out/machine.txt"
 [ $# -gt 0 ] || set -- "gather --mib 64,256,1024" "chain"
 i=0
+# An argument may start with VAR=VALUE settings for that run only:
+#   "ETP_NCCL_FAST_LAUNCH=1 gather --mib 64"
 for sub in "$@"; do
     i=$((i + 1))
+    envs=()
+    while [[ "$sub" =~ ^([A-Z_][A-Z0-9_]*=[^ ]*)\ (.*)$ ]]; do
+        envs+=(-x "${BASH_REMATCH[1]}")
+        sub="${BASH_REMATCH[2]}"
+    done
     name="${sub%% *}-$i"
-    mpirun -np 2 --allow-run-as-root --bind-to none build-bench/tools/etp-bench $sub \
+    echo "== etp-bench $sub ${envs[*]}"
+    mpirun -np 2 --allow-run-as-root --bind-to none "${envs[@]}" build-bench/tools/etp-bench $sub \
         --csv "$out/bench-$name.csv" 2>&1 | tee "$out/bench-$name.log"
 done

@@ -126,6 +126,7 @@ typedef struct etp__be_config {
     int64_t shuffle_seed;
     double timeout_s;     /* 0: none */
     int check_collectives;
+    int nccl_fast_launch; /* cuda: launch on blocking twins of the communicators */
 } etp__be_config_t;
 
 /* The part of every backend instance the layers above may read. Each

@@ -83,6 +83,7 @@ etp_status_t etp__ctx_init(const etp_context_config_t *config, etp_context_t **o
     becfg->timeout_s = cfg.timeout_s >= 0 ? cfg.timeout_s : ctx->env.timeout_s;
     becfg->check_collectives =
         cfg.check_collectives >= 0 ? cfg.check_collectives : ctx->env.check_collectives;
+    becfg->nccl_fast_launch = ctx->env.nccl_fast_launch;
     ctx->requested_backend = cfg.backend;
     *out = ctx;
     return ETP_SUCCESS;

@@ -97,6 +97,7 @@ typedef struct etp__env {
     int check_collectives;  /* ETP_CHECK_COLLECTIVES */
     int host_streams;       /* ETP_HOST_STREAMS: eager or shuffle */
     int64_t shuffle_seed;   /* ETP_HOST_SHUFFLE_SEED */
+    int nccl_fast_launch;   /* ETP_NCCL_FAST_LAUNCH */
 } etp__env_t;
 
 /* One row of the settings table, for docs and `etp-demo --env`. */

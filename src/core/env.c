@@ -22,6 +22,10 @@ static const etp__env_doc_t env_docs[] = {
     {"ETP_HOST_SHUFFLE_SEED", "0",
      "seed of the shuffle-mode scheduler; 0 runs producers as late as allowed, 1 in "
      "program order, others a seeded random order"},
+    {"ETP_NCCL_FAST_LAUNCH", "0",
+     "1: CUDA collectives launch on a blocking twin of each NCCL communicator, connected and "
+     "warmed up at creation (lower launch latency; a launch needing new connections can then "
+     "block until its peers arrive)"},
     {NULL, NULL, NULL},
 };
 
@@ -49,7 +53,7 @@ static etp_status_t parse_int64(const char *name, const char *v, int64_t *out)
 
 etp_status_t etp__env_load(etp__env_t *env)
 {
-    etp__env_t e = {ETP_LOG_NONE, ETP_SUBSYS_ALL, 300.0, 0, 0, 0};
+    etp__env_t e = {ETP_LOG_NONE, ETP_SUBSYS_ALL, 300.0, 0, 0, 0, 0};
     const char *v;
 
     if ((v = get("ETP_LOG_LEVEL"))) {
@@ -96,6 +100,14 @@ etp_status_t etp__env_load(etp__env_t *env)
         if (e.shuffle_seed < 0)
             return etp__err(ETP_ERR_INVALID_ARGUMENT,
                             "environment ETP_HOST_SHUFFLE_SEED='%s': expected >= 0", v);
+    }
+    if ((v = get("ETP_NCCL_FAST_LAUNCH"))) {
+        int64_t x = 0;
+        ETP__TRY(parse_int64("ETP_NCCL_FAST_LAUNCH", v, &x));
+        if (x != 0 && x != 1)
+            return etp__err(ETP_ERR_INVALID_ARGUMENT,
+                            "environment ETP_NCCL_FAST_LAUNCH='%s': expected 0 or 1", v);
+        e.nccl_fast_launch = (int)x;
     }
     *env = e;
     return ETP_SUCCESS;

@@ -101,14 +101,79 @@ static etp__bcomm_t *comm_new(etp__cuda_t *cb, const char *name)
     return c;
 }
 
+static void fill_nccl_config(etp__cuda_t *cb, ncclConfig_t *conf, const etp_group_config_t *g,
+                             const char *name);
+static etp_status_t cuda_error(const char *what, cudaError_t e);
+
+/* ETP_NCCL_FAST_LAUNCH: split a blocking twin from c->nccl (the split is
+ * polled under the timeout like any other) and establish its connections
+ * now, while every rank is known to be here: one all-gather and one
+ * reduce-scatter large enough for NCCL's full channel count, an all-reduce,
+ * and a send/recv with every peer. Later launches then find their
+ * connections and return at once. */
+static etp_status_t make_fast(etp__cuda_t *cb, etp__bcomm_t *c, const etp_group_config_t *g)
+{
+    ncclConfig_t conf;
+    fill_nccl_config(cb, &conf, g, c->name);
+    conf.blocking = 1;
+    ncclResult_t r = ncclCommSplit(c->nccl, 0, c->rank, &c->fast, &conf);
+    if (r != ncclSuccess && r != ncclInProgress)
+        return etp__err(ETP_ERR_BACKEND, "group '%s': splitting the fast-launch twin: %s (%s)",
+                        c->name, ncclGetErrorString(r), ncclGetLastError(c->nccl));
+    char what[128];
+    snprintf(what, sizeof what, "splitting the fast-launch twin of group '%s'", c->name);
+    ETP__TRY(etp__cuda_nccl_wait(cb, &c->nccl, 1, what, ETP__CUDA_SETUP_MIN_S));
+    if (c->fast == NULL)
+        return etp__err(ETP_ERR_INTERNAL, "group '%s': the fast-launch twin split returned none", c->name);
+    const size_t big = (size_t)32 << 20, per = big / (size_t)c->size;
+    cudaStream_t ws = NULL;
+    char *buf = NULL;
+    cudaError_t e = cudaStreamCreateWithFlags(&ws, cudaStreamNonBlocking);
+    if (e == cudaSuccess) e = cudaMalloc((void **)&buf, 2 * big);
+    if (e != cudaSuccess) {
+        if (ws) cudaStreamDestroy(ws);
+        return cuda_error("fast-launch warm-up", e);
+    }
+    r = ncclAllGather(buf, buf + big, per, ncclUint8, c->fast, ws);
+    if (r == ncclSuccess) r = ncclReduceScatter(buf + big, buf, per / 4, ncclFloat32, ncclSum, c->fast, ws);
+    if (r == ncclSuccess) r = ncclAllReduce(buf, buf, 1024, ncclFloat32, ncclMax, c->fast, ws);
+    if (r == ncclSuccess) {
+        r = ncclGroupStart();
+        for (int p = 0; p < c->size && r == ncclSuccess; p++) {
+            if (p == c->rank) continue;
+            r = ncclSend(buf, 1 << 20, ncclUint8, p, c->fast, ws);
+            if (r == ncclSuccess) r = ncclRecv(buf + big + ((size_t)p << 20) % big, 1 << 20, ncclUint8, p, c->fast, ws);
+        }
+        ncclResult_t r2 = ncclGroupEnd();
+        if (r == ncclSuccess) r = r2;
+    }
+    etp_status_t st = ETP_SUCCESS;
+    if (r != ncclSuccess)
+        st = etp__err(ETP_ERR_BACKEND, "group '%s': fast-launch warm-up: %s (%s)", c->name,
+                      ncclGetErrorString(r), ncclGetLastError(c->fast));
+    else
+        st = etp__cuda_wait_stream(cb, ws, "fast-launch warm-up", NULL);
+    cudaFree(buf);
+    cudaStreamDestroy(ws);
+    return st;
+}
+
 /* Learn rank and size of a ready communicator and make it live. */
-static etp_status_t comm_attach(etp__cuda_t *cb, etp__bcomm_t *c)
+static etp_status_t comm_attach(etp__cuda_t *cb, etp__bcomm_t *c, const etp_group_config_t *g)
 {
     ncclResult_t r = ncclCommUserRank(c->nccl, &c->rank);
     if (r == ncclSuccess) r = ncclCommCount(c->nccl, &c->size);
     if (r != ncclSuccess)
         return etp__err(ETP_ERR_BACKEND, "group '%s': querying the new NCCL communicator: %s (%s)",
                         c->name, ncclGetErrorString(r), ncclGetLastError(c->nccl));
+    if (cb->base.cfg.nccl_fast_launch) {
+        etp_status_t st = make_fast(cb, c, g);
+        if (st != ETP_SUCCESS) {
+            if (c->fast) (void)ncclCommAbort(c->fast);
+            c->fast = NULL;
+            return st;
+        }
+    }
     etp__bcomm_t **pp = &cb->comms;
     while (*pp) pp = &(*pp)->next;
     *pp = c;
@@ -129,6 +194,8 @@ static void comm_unlink(etp__cuda_t *cb, etp__bcomm_t *c)
 static void abort_all(etp__cuda_t *cb)
 {
     for (etp__bcomm_t *c = cb->comms; c; c = c->next) {
+        if (c->fast) (void)ncclCommAbort(c->fast);
+        c->fast = NULL;
         if (c->nccl == NULL) continue;
         ncclResult_t r = ncclCommAbort(c->nccl);
         if (r != ncclSuccess)
@@ -202,6 +269,10 @@ static etp_status_t check_async(etp__cuda_t *cb)
         ncclResult_t state = ncclSuccess;
         ncclResult_t r = ncclCommGetAsyncError(c->nccl, &state);
         if (r != ncclSuccess) state = r;
+        if ((state == ncclSuccess || state == ncclInProgress) && c->fast) {
+            r = ncclCommGetAsyncError(c->fast, &state);
+            if (r != ncclSuccess) state = r;
+        }
         if (state == ncclSuccess || state == ncclInProgress) continue;
         etp__err(ETP_ERR_BACKEND,
                  "NCCL reported an asynchronous error on group '%s' role %d (rank %d of %d): "
@@ -344,6 +415,12 @@ static void release_comms(etp__cuda_t *cb, etp__bcomm_t **cs, size_t n)
     }
     for (size_t i = 0; i < n; i++) {
         etp__bcomm_t *c = cs[i];
+        if (c->fast != NULL) {
+            /* Its work was waited for with the context's streams. */
+            if (abandon || ncclCommFinalize(c->fast) != ncclSuccess || ncclCommDestroy(c->fast) != ncclSuccess)
+                (void)ncclCommAbort(c->fast);
+            c->fast = NULL;
+        }
         if (c->nccl != NULL) {
             ncclResult_t r;
             if (abandon || pending == NULL || pending[i] == NULL)
@@ -726,7 +803,7 @@ static etp_status_t cuda_comm_split(etp__be_t *be, etp__bcomm_t *parent, int col
         *out = NULL;
         return ETP_SUCCESS;
     }
-    st = comm_attach(cb, c);
+    st = comm_attach(cb, c, cfg);
     if (st != ETP_SUCCESS) {
         (void)ncclCommAbort(c->nccl);
         free(c);
@@ -881,7 +958,7 @@ static etp_status_t be_new(const etp__be_config_t *cfg, etp__logger_t *log, int 
 static etp_status_t finish_world(etp__cuda_t *cb, etp__bcomm_t *c, etp__be_t **be,
                                  etp__bcomm_t **world)
 {
-    etp_status_t st = comm_attach(cb, c);
+    etp_status_t st = comm_attach(cb, c, NULL);
     if (st != ETP_SUCCESS) {
         (void)ncclCommAbort(c->nccl);
         free(c);

@@ -322,13 +322,13 @@ static ncclResult_t issue(const etp__bcomm_t *c, const etp__coll_t *op, ncclData
     switch (op->kind) {
     case ETP__COLL_ALLGATHER:
         *call = "ncclAllGather";
-        return ncclAllGather(op->send, op->recv, op->count, dt, c->nccl, s);
+        return ncclAllGather(op->send, op->recv, op->count, dt, etp__cuda_launch_comm(c), s);
     case ETP__COLL_REDUCE_SCATTER:
         *call = "ncclReduceScatter";
-        return ncclReduceScatter(op->send, op->recv, op->count, dt, rop, c->nccl, s);
+        return ncclReduceScatter(op->send, op->recv, op->count, dt, rop, etp__cuda_launch_comm(c), s);
     case ETP__COLL_ALLREDUCE:
         *call = "ncclAllReduce";
-        return ncclAllReduce(op->send, op->recv, op->count, dt, rop, c->nccl, s);
+        return ncclAllReduce(op->send, op->recv, op->count, dt, rop, etp__cuda_launch_comm(c), s);
     case ETP__COLL_ALLTOALLV: {
         *call = "ncclSend/ncclRecv (alltoallv)";
         const char *send = op->send;
@@ -336,9 +336,9 @@ static ncclResult_t issue(const etp__bcomm_t *c, const etp__coll_t *op, ncclData
         ncclResult_t r = ncclGroupStart();
         for (int p = 0; p < c->size && r == ncclSuccess; p++) {
             if (op->sendcounts[p] > 0)
-                r = ncclSend(send + op->sdispls[p] * esize, op->sendcounts[p], dt, p, c->nccl, s);
+                r = ncclSend(send + op->sdispls[p] * esize, op->sendcounts[p], dt, p, etp__cuda_launch_comm(c), s);
             if (r == ncclSuccess && op->recvcounts[p] > 0)
-                r = ncclRecv(recv + op->rdispls[p] * esize, op->recvcounts[p], dt, p, c->nccl, s);
+                r = ncclRecv(recv + op->rdispls[p] * esize, op->recvcounts[p], dt, p, etp__cuda_launch_comm(c), s);
         }
         ncclResult_t r_end = ncclGroupEnd();
         return r == ncclSuccess ? r_end : r;

@@ -73,6 +73,9 @@ typedef struct etp__cuda etp__cuda_t;
 struct etp__bcomm {
     etp__cuda_t *cb;
     ncclComm_t nccl;     /* NULL once aborted or destroyed */
+    /* ETP_NCCL_FAST_LAUNCH: a blocking twin split from nccl and warmed up at
+     * creation; collectives launch on it (no NCCL launch thread, no poll). */
+    ncclComm_t fast;
     int rank, size;
     int role;            /* role of the last collective issued (-1: none yet) */
     int in_batch;        /* issued work in the open batch */
@@ -120,6 +123,12 @@ struct etp__cuda {
     int warned_check_capture;  /* fingerprints skipped under capture: said once */
     int warned_check_batch;    /* fingerprints skipped inside a batch: said once */
 };
+
+/* The communicator collectives launch on. */
+static inline ncclComm_t etp__cuda_launch_comm(const etp__bcomm_t *c)
+{
+    return c->fast ? c->fast : c->nccl;
+}
 
 static inline etp__cuda_t *etp__cuda_of(etp__be_t *be)
 {
