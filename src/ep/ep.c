@@ -23,6 +23,7 @@
 
 #include "backend/kernels_ep.h"
 #include "comm/comm_internal.h"
+#include "ep/ep_hook.h"
 #include "etp/ep.h"
 
 enum { EP_NAME_MAX = 64 };
@@ -43,6 +44,9 @@ struct etp_ep_group {
     etp_event_t *last_ev;
     const etp_stream_t *last_stream;
     int layers, next_layer_id;
+    /* the benchmark's phase hook (ep_hook.h), or NULL */
+    etp__ep_phase_fn_t hook;
+    void *hook_user;
 };
 
 enum { LAYER_EMPTY = 0, LAYER_PREPARED = 1 };
@@ -106,6 +110,19 @@ static etp_status_t leave(etp_ep_group_t *ep, etp_stream_t *s)
 {
     ETP__TRY(etp_event_record(ep->last_ev, s));
     ep->last_stream = s;
+    return ETP_SUCCESS;
+}
+
+static void phase(etp_ep_group_t *ep, int which, etp_stream_t *s)
+{
+    if (ep->hook) ep->hook(ep->hook_user, which, s);
+}
+
+etp_status_t etp__ep_set_phase_hook(etp_ep_group_t *ep, etp__ep_phase_fn_t fn, void *user)
+{
+    ETP__CHECK_NULL(ep, "etp__ep_set_phase_hook");
+    ep->hook = fn;
+    ep->hook_user = fn ? user : NULL;
     return ETP_SUCCESS;
 }
 
@@ -706,6 +723,7 @@ etp_status_t etp_ep_dispatch(etp_ep_layer_t *ly, const void *tokens, etp_dtype_t
     ETP__TRY(join(ep, s));
     etp__ep_pack_args_t pa = pack_args(ly, tokens, topk_weights);
     ETP__TRY(kt->pack(be, s->bs, &pa));
+    phase(ep, ETP__EP_PHASE_EXCHANGE_BEGIN, s);
     ETP__TRY(etp_batch_begin(ep->ctx));
     etp_status_t st = exchange(ly, 1, ep->send_tok, ep->recv_tok, ep->cfg.hidden, dtype, s);
     if (st == ETP_SUCCESS && topk_weights)
@@ -713,6 +731,7 @@ etp_status_t etp_ep_dispatch(etp_ep_layer_t *ly, const void *tokens, etp_dtype_t
     etp_status_t st_end = etp_batch_end(ep->ctx);
     ETP__TRY(st);
     ETP__TRY(st_end);
+    phase(ep, ETP__EP_PHASE_EXCHANGE_END, s);
     etp__ep_expand_args_t xa = {
         .recv_tok = ep->recv_tok, .recv_w = topk_weights ? ep->recv_small : NULL,
         .row_src = ly->row_src, .rows = ly->rows, .hidden = ep->cfg.hidden, .k = ly->k,
@@ -743,6 +762,7 @@ static etp_status_t rows_to_tokens(etp_ep_layer_t *ly, const void *in, const flo
                                    .g = ep->recv_small};
         ETP__TRY(kt->wgrad(be, s->bs, &wa));
     }
+    phase(ep, ETP__EP_PHASE_EXCHANGE_BEGIN, s);
     ETP__TRY(etp_batch_begin(ep->ctx));
     etp_status_t st = exchange(ly, 0, ep->recv_tok, ep->send_tok, ep->cfg.hidden, ETP_DTYPE_F32, s);
     if (st == ETP_SUCCESS && grad_topk_w)
@@ -750,6 +770,7 @@ static etp_status_t rows_to_tokens(etp_ep_layer_t *ly, const void *in, const flo
     etp_status_t st_end = etp_batch_end(ep->ctx);
     ETP__TRY(st);
     ETP__TRY(st_end);
+    phase(ep, ETP__EP_PHASE_EXCHANGE_END, s);
     etp__ep_reduce_args_t ra = {.partial = ep->send_tok, .t_dev = ly->t_dev,
                                 .send_pos = ly->send_pos, .send_base = ly->send_base,
                                 .t_max = ep->cfg.max_tokens_per_rank, .hidden = ep->cfg.hidden,

@@ -1,0 +1,852 @@
+/*
+ * etp-bench ep: expert-parallel dispatch and combine (etp/ep.h) against a
+ * plain grouped send/recv of the same inter-rank bytes and a device copy,
+ * all measured in the same run, interleaved iteration by iteration.
+ *
+ *   etp-bench ep [--tokens 4096[,...]] [--hidden 7168] [--topk 8] [--experts 64]
+ *                [--skew uniform|zipf:S[,...]] [--transport exact|capacity[:C][,...]]
+ *                [--layout packed|fixed[,...]] [--capacity-factor 1.25] [--dtype bf16|f32]
+ *                [--align 1] [--unweighted] [--rows N] [--seed 1]
+ *
+ * Every combination of the listed tokens, skews, transports and layouts is
+ * one case (default: exact and capacity at c = 1.25, packed, uniform, 4096
+ * tokens per rank, H 7168 BF16, top-8 of 64 experts, weighted).
+ *
+ * Routing: each rank draws its own topk_idx on the host (seed + rank): k
+ * distinct experts per token, uniformly or by Zipf popularity (expert of
+ * popularity rank i has weight 1/(i+1)^S; popularity ranks are a random
+ * permutation of the experts, the same on every rank, so hot experts are
+ * spread over the ranks the way a trained router spreads them). The same
+ * routing is replayed every iteration; the receive capacity is exactly what
+ * it needs (the busiest rank's rows, padded to the alignment), or --rows.
+ *
+ * What one iteration times, each after an MPI barrier, on one stream, with
+ * CUDA events (wall clock around synchronized regions on the host backend):
+ *   baseline D   ncclGroupStart/ncclSend/ncclRecv/ncclGroupEnd on a blocking
+ *                communicator of the bench's own (MPI_Alltoallv on the host
+ *                backend) moving dispatch's inter-rank bytes, peer by peer
+ *   prepare      etp_ep_prepare (EXACT includes its host synchronization)
+ *   dispatch     etp_ep_dispatch, split by the EP phase hook (src/ep/ep_hook.h)
+ *                into pack | exchange | expand
+ *   baseline C   the same baseline moving combine's inter-rank bytes
+ *   combine      etp_ep_combine, split into pre-sum | exchange | token sum
+ *   copy         a device-to-device copy of the expanded rows' bytes
+ * Each row of the table is the slowest rank's median.
+ *
+ * Bytes:
+ * - exchange: the token rows that cross between ranks (not a rank's own),
+ *   times the row bytes (dispatch: H x dtype + k FP32 weights when
+ *   weighted; combine: H x FP32 partials), for the rank that sends or
+ *   receives the most. CAPACITY moves whole slabs, but only the useful rows
+ *   count (its wasted slab bytes show as a lower GB/s). The baseline moves
+ *   exactly these bytes, so ratio = baseline time / exchange time.
+ * - logical (whole call rows): token rows received per rank, one per
+ *   (token, destination rank), the rank's own included, times H x dtype:
+ *   the metric DeepEP reports, over the whole call.
+ * - expand and pre-sum: the expanded rows (one per kept (token, expert)),
+ *   times H x dtype: what expand writes and pre-sum reads; the copy row
+ *   copies the same bytes, so ratio = copy time / kernel time.
+ * - pack: the rows it writes (all destinations); token sum: the FP32
+ *   partials it reads. Their ratios are against the copy's GB/s.
+ */
+#include <math.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../src/ep/ep_hook.h"
+#include "etp/ep.h"
+#include "etp_bench.h"
+#if ETP_HAVE_CUDA
+#include "etp/cuda.h"
+#endif
+
+enum { MAX_LIST = 8 };
+
+typedef struct {
+    int64_t tokens[MAX_LIST];
+    int ntokens;
+    double zipf[MAX_LIST]; /* 0: uniform */
+    int nskew;
+    etp_ep_transport_t transport[MAX_LIST];
+    double cf[MAX_LIST];
+    int ntransport;
+    etp_ep_layout_t layout[MAX_LIST];
+    int nlayout;
+    int64_t hidden, experts, rows;
+    int topk, align, weighted;
+    etp_dtype_t dtype;
+    double default_cf;
+    uint64_t seed;
+} opts_t;
+
+/* One case, and what its routing implies. */
+typedef struct {
+    int64_t T, H, E, L;
+    int k, align, weighted;
+    double zipf, cf;
+    etp_dtype_t dt;
+    size_t es;
+    etp_ep_transport_t transport;
+    etp_ep_layout_t layout;
+    char shape[96];
+} case_t;
+
+#define BENCH_CUDA(b, expr)                                                                 \
+    do {                                                                                    \
+        int e_ = (int)(expr);                                                               \
+        if (e_ != 0) {                                                                      \
+            fprintf(stderr, "etp-bench rank %d: %s failed (error %d)\n", (b)->rank, #expr, e_); \
+            MPI_Abort(MPI_COMM_WORLD, 1);                                                   \
+        }                                                                                   \
+    } while (0)
+
+static void die(bench_t *b, const char *what)
+{
+    fprintf(stderr, "etp-bench rank %d: %s\n", b->rank, what);
+    MPI_Abort(MPI_COMM_WORLD, 1);
+}
+
+/* ---- phase timer: marks 0 (start) .. 3 (end) on one stream -------------- */
+
+typedef struct {
+    bench_t *b;
+    etp_stream_t *s;
+    int marked[4];
+    double t[4];
+#if ETP_HAVE_CUDA
+    cudaEvent_t ev[4];
+#endif
+} phases_t;
+
+static void phases_init(phases_t *p, bench_t *b, etp_stream_t *s)
+{
+    memset(p, 0, sizeof *p);
+    p->b = b;
+    p->s = s;
+#if ETP_HAVE_CUDA
+    if (b->backend == ETP_BACKEND_CUDA)
+        for (int i = 0; i < 4; i++) BENCH_CUDA(b, cudaEventCreate(&p->ev[i]));
+#endif
+}
+
+static void phases_fini(phases_t *p)
+{
+#if ETP_HAVE_CUDA
+    if (p->b->backend == ETP_BACKEND_CUDA)
+        for (int i = 0; i < 4; i++) BENCH_CUDA(p->b, cudaEventDestroy(p->ev[i]));
+#endif
+    (void)p;
+}
+
+/* Mark i on stream s (the call's stream: the hook passes it). */
+static void phases_mark(phases_t *p, int i, etp_stream_t *s)
+{
+    p->marked[i] = 1;
+#if ETP_HAVE_CUDA
+    if (p->b->backend == ETP_BACKEND_CUDA) {
+        cudaStream_t cs;
+        BENCH_CHECK(p->b, etp_stream_get_cuda(s, &cs));
+        BENCH_CUDA(p->b, cudaEventRecord(p->ev[i], cs));
+        return;
+    }
+#endif
+    BENCH_CHECK(p->b, etp_stream_synchronize(s));
+    p->t[i] = MPI_Wtime();
+}
+
+static void phase_hook(void *user, int phase, etp_stream_t *s)
+{
+    phases_t *p = user;
+    phases_mark(p, phase == ETP__EP_PHASE_EXCHANGE_BEGIN ? 1 : 2, s);
+}
+
+static void phases_start(phases_t *p)
+{
+    memset(p->marked, 0, sizeof p->marked);
+    phases_mark(p, 0, p->s);
+}
+
+/* End the region; out[0..2] = the three phases, out[3] = the whole, in us. */
+static void phases_stop(phases_t *p, double out[4])
+{
+    phases_mark(p, 3, p->s);
+    if (!p->marked[1] || !p->marked[2]) die(p->b, "the EP phase hook was not called");
+    BENCH_CHECK(p->b, etp_stream_synchronize(p->s));
+    for (int i = 0; i < 4; i++) {
+        int a = i < 3 ? i : 0, z = i < 3 ? i + 1 : 3;
+#if ETP_HAVE_CUDA
+        if (p->b->backend == ETP_BACKEND_CUDA) {
+            float ms = 0;
+            BENCH_CUDA(p->b, cudaEventElapsedTime(&ms, p->ev[a], p->ev[z]));
+            out[i] = 1000.0 * ms;
+            continue;
+        }
+#endif
+        out[i] = 1e6 * (p->t[z] - p->t[a]);
+    }
+}
+
+/* ---- baseline: grouped send/recv of the inter-rank bytes ----------------- */
+
+typedef struct {
+    bench_t *b;
+    etp_stream_t *s;
+    MPI_Comm mpi;
+#if ETP_HAVE_CUDA
+    ncclComm_t nccl;
+#endif
+    void *send, *recv;
+    size_t cap;                   /* bytes of send and of recv */
+    size_t *sc, *sd, *rc, *rd;    /* bytes per peer (self: 0) and offsets */
+    int *isc, *isd, *irc, *ird;   /* the same as int, for MPI */
+} baseline_t;
+
+static void baseline_init(baseline_t *x, bench_t *b, etp_stream_t *s)
+{
+    memset(x, 0, sizeof *x);
+    x->b = b;
+    x->s = s;
+    const size_t R = (size_t)b->size;
+    x->sc = calloc(4 * R, sizeof(size_t));
+    x->isc = calloc(4 * R, sizeof(int));
+    if (!x->sc || !x->isc) die(b, "out of host memory");
+    x->sd = x->sc + R;
+    x->rc = x->sd + R;
+    x->rd = x->rc + R;
+    x->isd = x->isc + R;
+    x->irc = x->isd + R;
+    x->ird = x->irc + R;
+    if (MPI_Comm_dup(MPI_COMM_WORLD, &x->mpi) != MPI_SUCCESS) die(b, "MPI_Comm_dup failed");
+#if ETP_HAVE_CUDA
+    if (b->backend == ETP_BACKEND_CUDA) {
+        ncclUniqueId id;
+        if (b->rank == 0) BENCH_CUDA(b, ncclGetUniqueId(&id));
+        if (MPI_Bcast(&id, sizeof id, MPI_BYTE, 0, MPI_COMM_WORLD) != MPI_SUCCESS)
+            die(b, "MPI_Bcast failed");
+        int dev = 0;
+        BENCH_CHECK(b, etp_context_cuda_device(b->ctx, &dev));
+        BENCH_CUDA(b, cudaSetDevice(dev));
+        /* blocking (the default config): the plain NCCL a user would call */
+        BENCH_CUDA(b, ncclCommInitRank(&x->nccl, b->size, id, b->rank));
+    }
+#endif
+}
+
+static void baseline_fini(baseline_t *x)
+{
+#if ETP_HAVE_CUDA
+    if (x->b->backend == ETP_BACKEND_CUDA) BENCH_CUDA(x->b, ncclCommDestroy(x->nccl));
+#endif
+    MPI_Comm_free(&x->mpi);
+    free(x->sc);
+    free(x->isc);
+}
+
+/* Per-peer byte counts: send rows_to[p] rows of send_row bytes to p and
+ * receive rows_from[p] rows of recv_row bytes from p, self excluded. */
+static void baseline_set(baseline_t *x, const int64_t *rows_to, size_t send_row,
+                         const int64_t *rows_from, size_t recv_row)
+{
+    size_t so = 0, ro = 0;
+    for (int p = 0; p < x->b->size; p++) {
+        int self = p == x->b->rank;
+        x->sc[p] = self ? 0 : (size_t)rows_to[p] * send_row;
+        x->rc[p] = self ? 0 : (size_t)rows_from[p] * recv_row;
+        x->sd[p] = so;
+        x->rd[p] = ro;
+        so += x->sc[p];
+        ro += x->rc[p];
+        if (so > INT32_MAX || ro > INT32_MAX) die(x->b, "baseline: more than 2 GiB per rank");
+        x->isc[p] = (int)x->sc[p];
+        x->isd[p] = (int)x->sd[p];
+        x->irc[p] = (int)x->rc[p];
+        x->ird[p] = (int)x->rd[p];
+    }
+    if (so > x->cap || ro > x->cap) die(x->b, "baseline: buffers too small");
+}
+
+static void baseline_run(baseline_t *x)
+{
+#if ETP_HAVE_CUDA
+    if (x->b->backend == ETP_BACKEND_CUDA) {
+        cudaStream_t cs;
+        BENCH_CHECK(x->b, etp_stream_get_cuda(x->s, &cs));
+        const char *send = x->send;
+        char *recv = x->recv;
+        BENCH_CUDA(x->b, ncclGroupStart());
+        for (int p = 0; p < x->b->size; p++) {
+            if (x->sc[p]) BENCH_CUDA(x->b, ncclSend(send + x->sd[p], x->sc[p], ncclUint8, p, x->nccl, cs));
+            if (x->rc[p]) BENCH_CUDA(x->b, ncclRecv(recv + x->rd[p], x->rc[p], ncclUint8, p, x->nccl, cs));
+        }
+        BENCH_CUDA(x->b, ncclGroupEnd());
+        return;
+    }
+#endif
+    BENCH_CHECK(x->b, etp_stream_synchronize(x->s));
+    if (MPI_Alltoallv(x->send, x->isc, x->isd, MPI_BYTE, x->recv, x->irc, x->ird, MPI_BYTE,
+                      x->mpi) != MPI_SUCCESS)
+        die(x->b, "MPI_Alltoallv failed");
+}
+
+/* ---- routing ------------------------------------------------------------ */
+
+static uint64_t rng_next(uint64_t *s)
+{
+    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+static double rng_unit(uint64_t *s)
+{
+    return (double)(rng_next(s) >> 11) * 0x1p-53;
+}
+
+/* topk_idx [T, k]: k distinct experts per token, drawn without replacement
+ * by weight (uniform, or Zipf over a permutation common to all ranks). */
+static void make_routing(bench_t *b, const case_t *c, uint64_t seed, int64_t *idx)
+{
+    const int64_t E = c->E;
+    double *w = malloc((size_t)E * sizeof *w), *left = malloc((size_t)E * sizeof *left);
+    int64_t *perm = malloc((size_t)E * sizeof *perm);
+    if (!w || !left || !perm) die(b, "out of host memory");
+    uint64_t common = seed ^ 0x5bd1e995ull;
+    for (int64_t e = 0; e < E; e++) perm[e] = e;
+    for (int64_t e = E - 1; e > 0; e--) {
+        int64_t j = (int64_t)(rng_next(&common) % (uint64_t)(e + 1));
+        int64_t t = perm[e];
+        perm[e] = perm[j];
+        perm[j] = t;
+    }
+    for (int64_t i = 0; i < E; i++) w[perm[i]] = c->zipf > 0 ? pow((double)(i + 1), -c->zipf) : 1.0;
+    uint64_t st = seed + 0x1000003ull * (uint64_t)(b->rank + 1);
+    for (int64_t t = 0; t < c->T; t++) {
+        double total = 0;
+        for (int64_t e = 0; e < E; e++) total += (left[e] = w[e]);
+        for (int j = 0; j < c->k; j++) {
+            double u = rng_unit(&st) * total, acc = 0;
+            int64_t pick = -1, last = -1;
+            for (int64_t e = 0; e < E && pick < 0; e++) {
+                if (left[e] <= 0) continue;
+                last = e;
+                acc += left[e];
+                if (u < acc) pick = e;
+            }
+            if (pick < 0) pick = last; /* u at the rounded top of the sum */
+            idx[t * c->k + j] = pick;
+            total -= left[pick];
+            left[pick] = 0;
+        }
+    }
+    free(w);
+    free(left);
+    free(perm);
+}
+
+/* ---- one case ------------------------------------------------------------ */
+
+typedef struct {
+    double base_d, prep, d[4], base_c, c[4], copy;
+} sample_t;
+
+static void fill_tokens(bench_t *b, const case_t *c, etp_stream_t *s, void *dev, uint64_t seed)
+{
+    const size_t n = (size_t)c->T * (size_t)c->H;
+    void *h = malloc(n * c->es);
+    if (!h) die(b, "out of host memory");
+    uint64_t st = seed * 31 + (uint64_t)b->rank;
+    for (size_t i = 0; i < n; i++) {
+        float v = (float)(rng_unit(&st) * 2.0 - 1.0);
+        if (c->dt == ETP_DTYPE_F32) {
+            ((float *)h)[i] = v;
+        } else {
+            uint32_t u;
+            memcpy(&u, &v, 4);
+            ((uint16_t *)h)[i] = (uint16_t)(u >> 16); /* truncation: any bf16 value does */
+        }
+    }
+    BENCH_CHECK(b, etp_memcpy_async(s, dev, h, n * c->es));
+    BENCH_CHECK(b, etp_stream_synchronize(s));
+    free(h);
+}
+
+static double med_max(bench_t *b, double *v, int stride, int n)
+{
+    double *tmp = malloc((size_t)n * sizeof *tmp);
+    if (!tmp) die(b, "out of host memory");
+    for (int i = 0; i < n; i++) tmp[i] = v[(size_t)i * (size_t)stride];
+    double m = bench_median(tmp, n);
+    free(tmp);
+    return bench_max_over_ranks(m);
+}
+
+static double max_over_ranks_i(int64_t x)
+{
+    return bench_max_over_ranks((double)x);
+}
+
+static void run_case(bench_t *b, const opts_t *o, case_t *c, etp_group_t *world,
+                     etp_stream_t *s, baseline_t *base, phases_t *ph, bench_timer_t *tm)
+{
+    const int R = b->size, me = b->rank;
+    const int64_t T = c->T, H = c->H, E = c->E, L = c->L;
+    const int k = c->k;
+    const size_t rb = (size_t)H * c->es;
+
+    /* Routing and what it implies, on the host. */
+    int64_t *idx = malloc((size_t)T * (size_t)k * sizeof *idx);
+    float *wts = malloc((size_t)T * (size_t)k * sizeof *wts);
+    int64_t *to = calloc((size_t)R, sizeof *to), *from = calloc((size_t)R, sizeof *from);
+    int64_t *ecnt = calloc((size_t)E, sizeof *ecnt);
+    char *hit = malloc((size_t)R);
+    if (!idx || !wts || !to || !from || !ecnt || !hit) die(b, "out of host memory");
+    make_routing(b, c, o->seed, idx);
+    uint64_t wst = o->seed * 7 + (uint64_t)me;
+    for (int64_t i = 0; i < T * k; i++) wts[i] = (float)(0.05 + 0.9 * rng_unit(&wst));
+    for (int64_t t = 0; t < T; t++) {
+        memset(hit, 0, (size_t)R);
+        for (int j = 0; j < k; j++) {
+            int64_t e = idx[t * k + j];
+            ecnt[e]++;
+            hit[e / L] = 1;
+        }
+        for (int d = 0; d < R; d++) to[d] += hit[d];
+    }
+    if (MPI_Allreduce(MPI_IN_PLACE, ecnt, (int)E, MPI_INT64_T, MPI_SUM, MPI_COMM_WORLD) != MPI_SUCCESS)
+        die(b, "MPI_Allreduce failed");
+
+    /* Receive capacity: what the busiest rank's layout needs, or --rows. */
+    const int64_t a = c->align > 1 ? c->align : 1;
+    int64_t need_packed = 0, slots = a;
+    for (int r = 0; r < R; r++) {
+        int64_t n = 0;
+        for (int64_t e = r * L; e < (r + 1) * L; e++) {
+            int64_t pad = (ecnt[e] + a - 1) / a * a;
+            n += pad;
+            if (pad > slots) slots = pad;
+        }
+        if (n > need_packed) need_packed = n;
+    }
+    int64_t expanded_me = 0;
+    for (int64_t e = (int64_t)me * L; e < (int64_t)(me + 1) * L; e++) expanded_me += ecnt[e];
+    int64_t cap;
+    if (o->rows > 0)
+        cap = (o->rows + a - 1) / a * a;
+    else if (c->layout == ETP_EP_LAYOUT_FIXED_SLOTS)
+        cap = slots * L;
+    else
+        cap = need_packed > a ? need_packed : a;
+
+    etp_ep_group_config_t gc = ETP_EP_GROUP_CONFIG_INIT;
+    gc.name = "bench";
+    gc.role = 0;
+    gc.num_experts = E;
+    gc.hidden = H;
+    gc.token_dtype = c->dt;
+    gc.max_tokens_per_rank = T;
+    gc.max_topk = k;
+    gc.recv_capacity_per_rank = cap;
+    gc.overflow = ETP_EP_OVERFLOW_DROP;
+    gc.transport = c->transport;
+    gc.capacity_factor = c->cf;
+    etp_ep_group_t *ep;
+    BENCH_CHECK(b, etp_ep_group_create(world, &gc, &ep));
+    etp_ep_group_info_t info = ETP_EP_GROUP_INFO_INIT;
+    BENCH_CHECK(b, etp_ep_group_info(ep, &info));
+    etp_ep_layer_config_t lc = ETP_EP_LAYER_CONFIG_INIT;
+    lc.name = "moe";
+    lc.topk = k;
+    lc.alignment = (int)a;
+    lc.layout = c->layout;
+    lc.weighted = c->weighted;
+    lc.slots_per_expert = c->layout == ETP_EP_LAYOUT_FIXED_SLOTS && o->rows == 0 ? slots : 0;
+    etp_ep_layer_t *ly;
+    BENCH_CHECK(b, etp_ep_layer_create(ep, &lc, &ly));
+    int64_t rows = 0;
+    BENCH_CHECK(b, etp_ep_layer_rows(ly, &rows));
+    BENCH_CHECK(b, etp__ep_set_phase_hook(ep, phase_hook, ph));
+
+    /* Rows that actually cross: CAPACITY sends at most a slab per peer. */
+    for (int d = 0; d < R; d++)
+        if (c->transport == ETP_EP_TRANSPORT_CAPACITY && to[d] > info.slab_rows) to[d] = info.slab_rows;
+    if (MPI_Alltoall(to, 1, MPI_INT64_T, from, 1, MPI_INT64_T, MPI_COMM_WORLD) != MPI_SUCCESS)
+        die(b, "MPI_Alltoall failed");
+    int64_t x_to = 0, x_from = 0, all_to = 0, all_from = 0;
+    for (int p = 0; p < R; p++) {
+        all_to += to[p];
+        all_from += from[p];
+        if (p == me) continue;
+        x_to += to[p];
+        x_from += from[p];
+    }
+    const size_t drow = rb + (c->weighted ? (size_t)k * 4 : 0), crow = (size_t)H * 4;
+    const double x_rows = max_over_ranks_i(x_to > x_from ? x_to : x_from);
+    const double bytes_xd = x_rows * (double)drow, bytes_xc = x_rows * (double)crow;
+    const double bytes_logical = max_over_ranks_i(all_from) * (double)rb;
+    const double bytes_pack = max_over_ranks_i(all_to) * (double)rb;
+    const double bytes_sum = max_over_ranks_i(all_to) * (double)crow;
+
+    /* Buffers. */
+    void *tokens, *topk_idx, *topk_w, *recv, *recv_w, *out;
+    etp_context_t *ctx = b->ctx;
+    BENCH_CHECK(b, etp_mem_alloc(ctx, (size_t)T * rb, ETP_MEM_WORKSPACE, &tokens));
+    BENCH_CHECK(b, etp_mem_alloc(ctx, (size_t)T * (size_t)k * 8, ETP_MEM_WORKSPACE, &topk_idx));
+    BENCH_CHECK(b, etp_mem_alloc(ctx, (size_t)T * (size_t)k * 4, ETP_MEM_WORKSPACE, &topk_w));
+    BENCH_CHECK(b, etp_mem_alloc(ctx, (size_t)rows * rb, ETP_MEM_WORKSPACE, &recv));
+    BENCH_CHECK(b, etp_mem_alloc(ctx, (size_t)rows * 4, ETP_MEM_WORKSPACE, &recv_w));
+    BENCH_CHECK(b, etp_mem_alloc(ctx, (size_t)T * rb, ETP_MEM_WORKSPACE, &out));
+    size_t bcap = 1;
+    {
+        size_t sd = (size_t)x_to * drow, rd = (size_t)x_from * drow;
+        size_t sc = (size_t)x_from * crow, rc = (size_t)x_to * crow;
+        size_t m[4] = {sd, rd, sc, rc};
+        for (int i = 0; i < 4; i++)
+            if (m[i] > bcap) bcap = m[i];
+    }
+    base->cap = bcap;
+    BENCH_CHECK(b, etp_mem_alloc(ctx, bcap, ETP_MEM_WORKSPACE, &base->send));
+    BENCH_CHECK(b, etp_mem_alloc(ctx, bcap, ETP_MEM_WORKSPACE, &base->recv));
+    BENCH_CHECK(b, etp_memset_async(s, base->send, 1, bcap));
+    BENCH_CHECK(b, etp_memcpy_async(s, topk_idx, idx, (size_t)T * (size_t)k * 8));
+    BENCH_CHECK(b, etp_memcpy_async(s, topk_w, wts, (size_t)T * (size_t)k * 4));
+    BENCH_CHECK(b, etp_stream_synchronize(s));
+    fill_tokens(b, c, s, tokens, o->seed);
+
+    /* The rows etp lays out: the routing's, less what a full slab dropped
+     * (reported below); without drops they must match the count above. */
+    BENCH_CHECK(b, etp_ep_prepare(ly, topk_idx, ETP_DTYPE_I64, T, NULL, s));
+    int64_t expanded = 0;
+    {
+        int32_t *cnt = malloc((size_t)L * sizeof *cnt);
+        if (!cnt) die(b, "out of host memory");
+        BENCH_CHECK(b, etp_ep_layout_host(ly, s, cnt, NULL));
+        for (int64_t e = 0; e < L; e++) expanded += cnt[e];
+        free(cnt);
+        etp_ep_report_t rep = ETP_EP_REPORT_INIT;
+        BENCH_CHECK(b, etp_ep_check(ly, &rep));
+        if (expanded != expanded_me && rep.flags == 0)
+            fprintf(stderr, "etp-bench ep rank %d: %s: %lld rows laid out, the routing has %lld\n",
+                    me, c->shape, (long long)expanded, (long long)expanded_me);
+    }
+    const double bytes_exp = max_over_ranks_i(expanded) * (double)rb;
+    /* the copy baseline copies the expanded bytes out of the received rows */
+    void *copy_dst;
+    const size_t copy_bytes = (size_t)expanded * rb;
+    BENCH_CHECK(b, etp_mem_alloc(ctx, copy_bytes ? copy_bytes : 1, ETP_MEM_WORKSPACE, &copy_dst));
+
+    const int n = b->iters;
+    sample_t *smp = calloc((size_t)n, sizeof *smp);
+    if (!smp) die(b, "out of host memory");
+    const void *wptr = c->weighted ? topk_w : NULL;
+    float *rwptr = c->weighted ? recv_w : NULL;
+    for (int it = -b->warmup; it < n; it++) {
+        sample_t x;
+        baseline_set(base, to, drow, from, drow);
+        MPI_Barrier(MPI_COMM_WORLD);
+        bench_timer_start(tm);
+        baseline_run(base);
+        bench_timer_stop(tm);
+        x.base_d = bench_timer_us(tm);
+
+        MPI_Barrier(MPI_COMM_WORLD);
+        bench_timer_start(tm);
+        BENCH_CHECK(b, etp_ep_prepare(ly, topk_idx, ETP_DTYPE_I64, T, NULL, s));
+        bench_timer_stop(tm);
+        x.prep = bench_timer_us(tm);
+
+        MPI_Barrier(MPI_COMM_WORLD);
+        phases_start(ph);
+        BENCH_CHECK(b, etp_ep_dispatch(ly, tokens, c->dt, wptr, ETP_DTYPE_F32, recv, rwptr, rows, s));
+        phases_stop(ph, x.d);
+
+        baseline_set(base, from, crow, to, crow);
+        MPI_Barrier(MPI_COMM_WORLD);
+        bench_timer_start(tm);
+        baseline_run(base);
+        bench_timer_stop(tm);
+        x.base_c = bench_timer_us(tm);
+
+        /* the received rows stand in for the expert outputs */
+        MPI_Barrier(MPI_COMM_WORLD);
+        phases_start(ph);
+        BENCH_CHECK(b, etp_ep_combine(ly, recv, c->dt, rows, out, s));
+        phases_stop(ph, x.c);
+
+        MPI_Barrier(MPI_COMM_WORLD);
+        bench_timer_start(tm);
+        if (copy_bytes) BENCH_CHECK(b, etp_memcpy_async(s, copy_dst, recv, copy_bytes));
+        bench_timer_stop(tm);
+        x.copy = bench_timer_us(tm);
+        if (it >= 0) smp[it] = x;
+    }
+    etp_ep_report_t rep = ETP_EP_REPORT_INIT;
+    BENCH_CHECK(b, etp_ep_check(ly, &rep));
+    const double dropped =
+        bench_max_over_ranks((double)(rep.transport_dropped_slots + rep.rows_dropped_slots) /
+                             (double)(rep.prepares > 0 ? rep.prepares : 1));
+
+    /* Table rows (every rank computes the same maxima; rank 0 prints). */
+    const int st = (int)(sizeof(sample_t) / sizeof(double));
+    double *v = (double *)smp;
+    const int o_bd = (int)(offsetof(sample_t, base_d) / sizeof(double));
+    const int o_pr = (int)(offsetof(sample_t, prep) / sizeof(double));
+    const int o_d = (int)(offsetof(sample_t, d) / sizeof(double));
+    const int o_bc = (int)(offsetof(sample_t, base_c) / sizeof(double));
+    const int o_c = (int)(offsetof(sample_t, c) / sizeof(double));
+    const int o_cp = (int)(offsetof(sample_t, copy) / sizeof(double));
+    double us_bd = med_max(b, v + o_bd, st, n), us_bc = med_max(b, v + o_bc, st, n);
+    double us_prep = med_max(b, v + o_pr, st, n), us_copy = med_max(b, v + o_cp, st, n);
+    double us_d[4], us_c[4];
+    for (int i = 0; i < 4; i++) {
+        us_d[i] = med_max(b, v + o_d + i, st, n);
+        us_c[i] = med_max(b, v + o_c + i, st, n);
+    }
+    const int cuda = b->backend == ETP_BACKEND_CUDA;
+    const char *bname = cuda ? "nccl send/recv" : "MPI_Alltoallv";
+    char nm[64];
+    const char *sh = c->shape;
+    bench_row_t *cp = bench_add(b, "copy: expanded rows", sh, bytes_exp, us_copy, 0);
+    const double copy_gbps = cp->gbps;
+    bench_add(b, "ep prepare", sh, 0, us_prep, 0);
+    snprintf(nm, sizeof nm, "%s: dispatch bytes", bname);
+    bench_row_t *bd = bench_add(b, nm, sh, bytes_xd, us_bd, 0);
+    bench_add(b, "dispatch: whole call (logical)", sh, bytes_logical, us_d[3], 0);
+    bench_add(b, "dispatch: pack / copy", sh, bytes_pack, us_d[0], copy_gbps);
+    bench_add(b, "dispatch: exchange / send-recv", sh, bytes_xd, us_d[1], bd->gbps);
+    bench_add(b, "dispatch: expand / copy", sh, bytes_exp, us_d[2], copy_gbps);
+    snprintf(nm, sizeof nm, "%s: combine bytes", bname);
+    bench_row_t *bc = bench_add(b, nm, sh, bytes_xc, us_bc, 0);
+    bench_add(b, "combine: whole call (logical)", sh, bytes_logical, us_c[3], 0);
+    bench_add(b, "combine: pre-sum / copy", sh, bytes_exp, us_c[0], copy_gbps);
+    bench_add(b, "combine: exchange / send-recv", sh, bytes_xc, us_c[1], bc->gbps);
+    bench_add(b, "combine: token sum / copy", sh, bytes_sum, us_c[2], copy_gbps);
+    if (me == 0) {
+        printf("etp-bench ep: %s: layout rows %lld per rank, receive buffer %lld token rows, "
+               "%s %lld rows per peer, %.1f slots dropped per prepare (busiest rank)\n",
+               sh, (long long)rows, (long long)info.recv_token_rows,
+               c->transport == ETP_EP_TRANSPORT_CAPACITY ? "slab" : "exact, up to",
+               (long long)(c->transport == ETP_EP_TRANSPORT_CAPACITY ? info.slab_rows : T),
+               dropped);
+        fflush(stdout);
+    }
+
+    free(smp);
+    BENCH_CHECK(b, etp_stream_synchronize(s));
+    BENCH_CHECK(b, etp__ep_set_phase_hook(ep, NULL, NULL));
+    BENCH_CHECK(b, etp_ep_layer_destroy(ly));
+    BENCH_CHECK(b, etp_ep_group_destroy(ep));
+    void *bufs[] = {tokens, topk_idx, topk_w, recv, recv_w, out, copy_dst, base->send, base->recv};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) BENCH_CHECK(b, etp_mem_free(ctx, bufs[i]));
+    base->send = base->recv = NULL;
+    free(idx);
+    free(wts);
+    free(to);
+    free(from);
+    free(ecnt);
+    free(hit);
+}
+
+/* ---- options ------------------------------------------------------------ */
+
+static int parse_list(bench_t *b, const char *opt, const char *arg, opts_t *o)
+{
+    char buf[256];
+    snprintf(buf, sizeof buf, "%s", arg);
+    int n = 0;
+    for (char *tok = strtok(buf, ","); tok; tok = strtok(NULL, ",")) {
+        if (n == MAX_LIST) {
+            if (b->rank == 0) fprintf(stderr, "etp-bench ep: %s: at most %d values\n", opt, MAX_LIST);
+            return 0;
+        }
+        char *end = NULL;
+        if (strcmp(opt, "--tokens") == 0) {
+            long long t = strtoll(tok, &end, 10);
+            if (*end || t < 1) goto bad;
+            o->tokens[n] = t;
+        } else if (strcmp(opt, "--skew") == 0) {
+            if (strcmp(tok, "uniform") == 0) {
+                o->zipf[n] = 0;
+            } else if (strncmp(tok, "zipf", 4) == 0) {
+                double s = 1.0;
+                if (tok[4] == ':') {
+                    s = strtod(tok + 5, &end);
+                    if (*end || !(s > 0)) goto bad;
+                } else if (tok[4]) {
+                    goto bad;
+                }
+                o->zipf[n] = s;
+            } else {
+                goto bad;
+            }
+        } else if (strcmp(opt, "--transport") == 0) {
+            if (strcmp(tok, "exact") == 0) {
+                o->transport[n] = ETP_EP_TRANSPORT_EXACT;
+                o->cf[n] = 0;
+            } else if (strncmp(tok, "capacity", 8) == 0) {
+                o->transport[n] = ETP_EP_TRANSPORT_CAPACITY;
+                o->cf[n] = 0; /* --capacity-factor, applied after parsing */
+                if (tok[8] == ':') {
+                    o->cf[n] = strtod(tok + 9, &end);
+                    if (*end || !(o->cf[n] > 0)) goto bad;
+                } else if (tok[8]) {
+                    goto bad;
+                }
+            } else {
+                goto bad;
+            }
+        } else { /* --layout */
+            if (strcmp(tok, "packed") == 0) o->layout[n] = ETP_EP_LAYOUT_PACKED;
+            else if (strcmp(tok, "fixed") == 0) o->layout[n] = ETP_EP_LAYOUT_FIXED_SLOTS;
+            else goto bad;
+        }
+        n++;
+        continue;
+    bad:
+        if (b->rank == 0) fprintf(stderr, "etp-bench ep: %s: bad value '%s'\n", opt, tok);
+        return 0;
+    }
+    if (n == 0) {
+        if (b->rank == 0) fprintf(stderr, "etp-bench ep: %s: empty list\n", opt);
+        return 0;
+    }
+    if (strcmp(opt, "--tokens") == 0) o->ntokens = n;
+    else if (strcmp(opt, "--skew") == 0) o->nskew = n;
+    else if (strcmp(opt, "--transport") == 0) o->ntransport = n;
+    else o->nlayout = n;
+    return 1;
+}
+
+static int parse_int(bench_t *b, const char *opt, const char *arg, int64_t lo, int64_t *v)
+{
+    char *end = NULL;
+    long long x = strtoll(arg, &end, 10);
+    if (*end || x < lo) {
+        if (b->rank == 0) fprintf(stderr, "etp-bench ep: %s: bad value '%s'\n", opt, arg);
+        return 0;
+    }
+    *v = x;
+    return 1;
+}
+
+static const char usage[] =
+    "usage: etp-bench ep [--tokens 4096[,...]] [--hidden 7168] [--topk 8] [--experts 64]\n"
+    "                    [--skew uniform|zipf:S[,...]] [--transport exact|capacity[:C][,...]]\n"
+    "                    [--layout packed|fixed[,...]] [--capacity-factor 1.25]\n"
+    "                    [--dtype bf16|f32] [--align 1] [--unweighted] [--rows N] [--seed 1]\n";
+
+int etp_bench_ep(bench_t *b, int argc, char **argv)
+{
+    opts_t o;
+    memset(&o, 0, sizeof o);
+    o.tokens[0] = 4096;
+    o.ntokens = 1;
+    o.nskew = 1; /* uniform */
+    o.transport[0] = ETP_EP_TRANSPORT_EXACT;
+    o.transport[1] = ETP_EP_TRANSPORT_CAPACITY;
+    o.ntransport = 2;
+    o.layout[0] = ETP_EP_LAYOUT_PACKED;
+    o.nlayout = 1;
+    o.hidden = 7168;
+    o.experts = 64;
+    o.topk = 8;
+    o.align = 1;
+    o.weighted = 1;
+    o.dtype = ETP_DTYPE_BF16;
+    o.default_cf = 1.25;
+    o.seed = 1;
+    for (int i = 0; i < argc; i++) {
+        const char *opt = argv[i];
+        int has = i + 1 < argc, ok = 1;
+        int64_t v = 0;
+        if (strcmp(opt, "--unweighted") == 0) {
+            o.weighted = 0;
+            continue;
+        }
+        if (!has) {
+            ok = 0;
+        } else if (strcmp(opt, "--tokens") == 0 || strcmp(opt, "--skew") == 0 ||
+                   strcmp(opt, "--transport") == 0 || strcmp(opt, "--layout") == 0) {
+            ok = parse_list(b, opt, argv[++i], &o);
+        } else if (strcmp(opt, "--hidden") == 0) {
+            ok = parse_int(b, opt, argv[++i], 1, &o.hidden);
+        } else if (strcmp(opt, "--experts") == 0) {
+            ok = parse_int(b, opt, argv[++i], 1, &o.experts);
+        } else if (strcmp(opt, "--topk") == 0) {
+            ok = parse_int(b, opt, argv[++i], 1, &v);
+            o.topk = (int)v;
+        } else if (strcmp(opt, "--align") == 0) {
+            ok = parse_int(b, opt, argv[++i], 1, &v) && v <= 65536;
+            o.align = (int)v;
+        } else if (strcmp(opt, "--rows") == 0) {
+            ok = parse_int(b, opt, argv[++i], 1, &o.rows);
+        } else if (strcmp(opt, "--seed") == 0) {
+            ok = parse_int(b, opt, argv[++i], 0, &v);
+            o.seed = (uint64_t)v;
+        } else if (strcmp(opt, "--capacity-factor") == 0) {
+            char *end = NULL;
+            o.default_cf = strtod(argv[++i], &end);
+            ok = !*end && o.default_cf > 0;
+        } else if (strcmp(opt, "--dtype") == 0) {
+            const char *d = argv[++i];
+            if (strcmp(d, "bf16") == 0) o.dtype = ETP_DTYPE_BF16;
+            else if (strcmp(d, "f32") == 0) o.dtype = ETP_DTYPE_F32;
+            else ok = 0;
+        } else {
+            ok = 0;
+        }
+        if (!ok) {
+            if (b->rank == 0) fprintf(stderr, "etp-bench ep: cannot use option %s\n%s", opt, usage);
+            return 2;
+        }
+    }
+    if (o.experts % b->size != 0 || o.topk > o.experts) {
+        if (b->rank == 0)
+            fprintf(stderr, "etp-bench ep: --experts %lld must be a multiple of the %d ranks and "
+                            ">= --topk %d\n", (long long)o.experts, b->size, o.topk);
+        return 2;
+    }
+    for (int i = 0; i < o.ntransport; i++)
+        if (o.transport[i] == ETP_EP_TRANSPORT_CAPACITY && o.cf[i] == 0) o.cf[i] = o.default_cf;
+
+    etp_group_t *world;
+    BENCH_CHECK(b, etp_context_world(b->ctx, &world));
+    etp_stream_t *s;
+    BENCH_CHECK(b, etp_stream_create(b->ctx, ETP_STREAM_PRIORITY_NORMAL, &s));
+    baseline_t base;
+    baseline_init(&base, b, s);
+    phases_t ph;
+    phases_init(&ph, b, s);
+    bench_timer_t *tm = bench_timer_create(b, s);
+    for (int it = 0; it < o.ntokens; it++)
+        for (int is = 0; is < o.nskew; is++)
+            for (int itr = 0; itr < o.ntransport; itr++)
+                for (int il = 0; il < o.nlayout; il++) {
+                    case_t c = {.T = o.tokens[it], .H = o.hidden, .E = o.experts,
+                                .L = o.experts / b->size, .k = o.topk, .align = o.align,
+                                .weighted = o.weighted, .zipf = o.zipf[is], .cf = o.cf[itr],
+                                .dt = o.dtype, .es = etp_dtype_size(o.dtype),
+                                .transport = o.transport[itr], .layout = o.layout[il]};
+                    char tr[32], sk[32];
+                    if (c.transport == ETP_EP_TRANSPORT_CAPACITY)
+                        snprintf(tr, sizeof tr, "capacity:%g", c.cf);
+                    else
+                        snprintf(tr, sizeof tr, "exact");
+                    if (c.zipf > 0)
+                        snprintf(sk, sizeof sk, "zipf:%g", c.zipf);
+                    else
+                        snprintf(sk, sizeof sk, "uniform");
+                    snprintf(c.shape, sizeof c.shape, "%s %s %s T%lld H%lld k%d E%lld %s%s", tr,
+                             c.layout == ETP_EP_LAYOUT_PACKED ? "packed" : "fixed", sk,
+                             (long long)c.T, (long long)c.H, c.k, (long long)c.E,
+                             etp_dtype_name(c.dt), c.weighted ? "" : " unw");
+                    run_case(b, &o, &c, world, s, &base, &ph, tm);
+                }
+    bench_timer_destroy(tm);
+    phases_fini(&ph);
+    baseline_fini(&base);
+    BENCH_CHECK(b, etp_stream_destroy(s));
+    return 0;
+}
