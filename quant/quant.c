@@ -21,6 +21,7 @@ struct etp_quantizer {
     etp_context_t *ctx;
     etp_quantizer_config_t cfg;
     void *workspace;     /* the backend's device scratch (NULL: it needs none) */
+    uint32_t sms;        /* the backend's launch width (0: none), for every batch */
     etp__qbatch_t batch; /* scratch of the launch path, one thread at a time */
 };
 
@@ -84,6 +85,13 @@ etp_status_t etp_quantizer_create(etp_context_t *ctx, const etp_quantizer_config
     q->ctx = ctx;
     q->cfg = cfg;
     const etp__quant_kernels_t *k = ctx->be->ops->kernels->quant;
+    if (k->launch_width) {
+        etp_status_t st = k->launch_width(ctx->be, &q->sms);
+        if (st != ETP_SUCCESS) {
+            free(q);
+            return st;
+        }
+    }
     if (k->workspace_bytes) {
         etp_status_t st = etp_mem_alloc(ctx, k->workspace_bytes, ETP_MEM_WORKSPACE, &q->workspace);
         if (st == ETP_SUCCESS) st = k->workspace_init(ctx->be, q->workspace);
@@ -277,6 +285,7 @@ static void batch_header(etp_quantizer_t *q, uint32_t op)
     b->seed = q->cfg.seed;
     b->noop = q->cfg.noop_flag;
     b->workspace = q->workspace;
+    b->sms = q->sms;
 }
 
 /* Launch the batch's header over tensors [0, n), ETP__QB_MAX at a time; fill(i, t)

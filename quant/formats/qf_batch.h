@@ -48,7 +48,8 @@ typedef struct etp__qbatch {
                                      index and the stochastic-rounding tensor id */
     uint32_t e5m2, block2d, swizzle, stochastic;
     uint32_t direction;           /* DEQUANT: ETP_QUANT_ROWWISE or ETP_QUANT_COLUMNWISE */
-    uint32_t pad_;
+    uint32_t sms;                 /* the device's multiprocessor count (read once, at
+                                     quantizer creation), to size grids; 0: unknown */
     uint64_t seed;
     const int32_t *noop;          /* non-NULL and non-zero at run time: do nothing */
     float *amax_row, *amax_col;   /* AMAX outputs (either may be NULL), index first + i */

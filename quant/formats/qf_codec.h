@@ -213,6 +213,66 @@ ETP__QF_HD uint8_t etp__qf_e2m1_sr_satfinite(float x, uint32_t r)
     return (uint8_t)(s | (draw < frac ? k + 1 : k));
 }
 
+/* ---- fast equivalents of the rne_satfinite conversions ------------------ */
+
+/* Branch-free versions of etp__qf_{e4m3,e5m2,e2m1}_rne_satfinite for the
+ * kernels' hot loops, equal to them for every one of the 2^32 FP32 inputs
+ * (tests/unit/test_quant_formats.c sweeps them; the generic
+ * etp__qf_rne_code stays the definition). In a normal binade of the narrow
+ * format, rounding to `mbits` mantissa bits is an integer add on the FP32
+ * bits: add half an output unit minus one, plus the lowest kept bit (ties go
+ * to the even code), and shift; a carry out of the mantissa lands on the
+ * next exponent as it should. Below the smallest normal the unit is fixed:
+ * v * 2^k is a small integer plus a fraction, rounded to nearest even by
+ * adding and subtracting 2^23 (both exact IEEE operations; v * 2^k is exact,
+ * a scaling by a power of two). Codes past the largest finite one (and
+ * +-Inf) are clamped to it. `minnorm` is the FP32 bits of the smallest
+ * normal, `bias_code` the code offset between the FP32 exponent and the
+ * narrow one, `sub_scale` 2^k with 2^-k the subnormal unit. */
+ETP__QF_HD uint32_t etp__qf_rne_code_fast(uint32_t a, int mbits, uint32_t minnorm, uint32_t bias_code,
+                                          float sub_scale, uint32_t maxcode)
+{
+    const int sh = 23 - mbits;
+    const uint32_t n = (a + ((1u << (sh - 1)) - 1u) + ((a >> sh) & 1u)) >> sh;
+    const uint32_t normal = n - bias_code; /* only used when a >= minnorm: no wrap */
+    /* the subnormal path on a value that cannot overflow when a is large */
+    const float f = etp__qf_float(a < minnorm ? a : 0u) * sub_scale;
+    const uint32_t sub = (uint32_t)((f + 8388608.0f) - 8388608.0f);
+    const uint32_t code = a < minnorm ? sub : normal;
+    return code < maxcode ? code : maxcode;
+}
+
+ETP__QF_HD uint8_t etp__qf_e4m3_rne_satfinite_fast(float x)
+{
+    const uint32_t u = etp__qf_bits(x), s = (u >> 24) & 0x80u, a = u & 0x7fffffffu;
+    if (a > 0x7f800000u) return 0x7fu;
+    /* smallest normal 2^-6, exponent offset (127 - 7) << 3, subnormal unit 2^-9 */
+    return (uint8_t)(s | etp__qf_rne_code_fast(a, 3, 0x3c800000u, 960u, 512.0f, 0x7eu));
+}
+
+ETP__QF_HD uint8_t etp__qf_e5m2_rne_satfinite_fast(float x)
+{
+    const uint32_t u = etp__qf_bits(x), s = (u >> 24) & 0x80u, a = u & 0x7fffffffu;
+    if (a > 0x7f800000u) return 0x7eu;
+    /* smallest normal 2^-14, exponent offset (127 - 15) << 2, subnormal unit 2^-16 */
+    return (uint8_t)(s | etp__qf_rne_code_fast(a, 2, 0x38800000u, 448u, 65536.0f, 0x7bu));
+}
+
+ETP__QF_HD uint8_t etp__qf_e2m1_rne_satfinite_fast(float x)
+{
+    const uint32_t u = etp__qf_bits(x), s = (u >> 28) & 0x8u, a = u & 0x7fffffffu;
+    if (a > 0x7f800000u) return 0x7u;
+    /* smallest normal 1, exponent offset (127 - 1) << 1, subnormal unit 1/2 */
+    return (uint8_t)(s | etp__qf_rne_code_fast(a, 1, 0x3f800000u, 252u, 2.0f, 0x7u));
+}
+
+/* MXFP8 element with the fast conversion (etp__qf_mxfp8_encode's result). */
+ETP__QF_HD uint8_t etp__qf_mxfp8_encode_fast(float x, float s, int e5m2)
+{
+    const float v = x * s;
+    return e5m2 ? etp__qf_e5m2_rne_satfinite_fast(v) : etp__qf_e4m3_rne_satfinite_fast(v);
+}
+
 /* ---- E8M0 (float8_e8m0fnu): 2^(c - 127), c = 0..254, 0xFF NaN ----------- */
 
 /* Round up to a power of two, as TransformerEngine's software path does:

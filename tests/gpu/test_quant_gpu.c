@@ -86,11 +86,18 @@ typedef struct {
     size_t arena;
 } gpu_t;
 
+/* `mis` bytes past a 256-byte boundary: the kernels' vector loads and
+ * stores must fall back on element accesses for such buffers. */
+static slot_t take_at(size_t *cursor, size_t bytes, size_t mis)
+{
+    slot_t sl = {*cursor + mis, bytes};
+    *cursor += align256(bytes + 1 + mis);
+    return sl;
+}
+
 static slot_t take(size_t *cursor, size_t bytes)
 {
-    slot_t sl = {*cursor, bytes};
-    *cursor += align256(bytes + 1);
-    return sl;
+    return take_at(cursor, bytes, 0);
 }
 
 static void down(gpu_t *g)
@@ -133,10 +140,12 @@ static void run_config(gpu_t *g, etp_quantizer_config_t cfg, size_t n, uint64_t 
         sh[i] = shape_of(&cfg, g_rank, i, tag);
         sz[i] = (etp_quant_sizes_t)ETP_QUANT_SIZES_INIT;
         ETP_OK(etp_quant_sizes(q, sh[i].rows, sh[i].cols, &sz[i]));
-        sx[i] = take(&cur, sh[i].rows * sh[i].cols * etp_dtype_size(sh[i].dtype));
-        so[i][0] = take(&cur, sz[i].rowwise_data_bytes);
+        /* every third config: inputs 4 bytes and data outputs 1 byte off alignment */
+        const size_t mis = tag % 3 == 2 ? 1 : 0;
+        sx[i] = take_at(&cur, sh[i].rows * sh[i].cols * etp_dtype_size(sh[i].dtype), 4 * mis);
+        so[i][0] = take_at(&cur, sz[i].rowwise_data_bytes, mis);
         so[i][1] = take(&cur, sz[i].rowwise_scales_bytes);
-        so[i][2] = take(&cur, sz[i].columnwise_data_bytes);
+        so[i][2] = take_at(&cur, sz[i].columnwise_data_bytes, mis);
         so[i][3] = take(&cur, sz[i].columnwise_scales_bytes);
         sy[i] = take(&cur, sh[i].rows * sh[i].cols * 4);
     }
@@ -285,6 +294,62 @@ static void run_config(gpu_t *g, etp_quantizer_config_t cfg, size_t n, uint64_t 
     free(global);
 }
 
+/* Multi-amax over more work than the device holds at once: 256 tensors of
+ * up to 26 units of 16384 elements (about 1600 in all), so blocks take
+ * several units and cross from one tensor into the next, and every fourth
+ * tensor starts off 16-byte alignment. */
+static void run_amax_many(gpu_t *g, uint64_t tag)
+{
+    etp_quantizer_t *q;
+    ETP_OK(etp_quantizer_create(g->ctx, NULL, &q));
+    const size_t n = 256;
+    shape_t *sh = calloc(n, sizeof *sh);
+    slot_t *sx = calloc(n, sizeof *sx);
+    etp_quant_input_t *in = calloc(n, sizeof *in);
+    size_t cur = 0;
+    const slot_t s_amax = take(&cur, n * sizeof(float));
+    for (size_t i = 0; i < n; i++) {
+        const uint64_t r = tu_rand(g_seed, tag * 131 + (uint64_t)g_rank, 7, i);
+        sh[i].rows = 1 + r % 1400;
+        sh[i].cols = 1 + (r >> 10) % 300;
+        if (i % 17 == 3) sh[i].rows = 0;
+        sh[i].dtype = (r >> 40) & 1 ? ETP_DTYPE_BF16 : ETP_DTYPE_F32;
+        sx[i] = take_at(&cur, sh[i].rows * sh[i].cols * etp_dtype_size(sh[i].dtype), i % 4 == 1 ? 4 : 0);
+    }
+    g->arena = cur;
+    ETP_OK(etp_mem_alloc(g->ctx, cur, ETP_MEM_USER, (void **)&g->dev));
+    g->host = malloc(cur);
+    tu_poison(g->host, cur);
+    for (size_t i = 0; i < n; i++) {
+        fill(g->host + sx[i].off, &sh[i], g_rank, i, tag);
+        in[i] = (etp_quant_input_t){g->dev + sx[i].off, sh[i].dtype, sh[i].rows, sh[i].cols};
+    }
+    ETP_OK(etp_memcpy_async(g->s, g->dev, g->host, cur));
+    /* twice: the workspace must be left clean by the first launch */
+    for (int pass = 0; pass < 2; pass++) {
+        ETP_OK(etp_memset_async(g->s, g->dev + s_amax.off, 0xA5, n * sizeof(float)));
+        ETP_OK(etp_quant_multi_amax(q, n, in, (float *)(g->dev + s_amax.off), NULL, n, g->s));
+        down(g);
+        for (size_t i = 0; i < n; i++) {
+            const float want = etp__qref_amax(g->host + sx[i].off,
+                                              sh[i].dtype == ETP_DTYPE_BF16 ? ETP__QB_BF16 : ETP__QB_F32,
+                                              sh[i].rows, sh[i].cols);
+            float got;
+            memcpy(&got, g->host + s_amax.off + i * 4, 4);
+            if (got != want)
+                print_error("many-unit amax: tensor %zu [%zu, %zu]: %g, expected %g\n", i, sh[i].rows,
+                            sh[i].cols, (double)got, (double)want);
+            assert_true(got == want);
+        }
+    }
+    ETP_OK(etp_quantizer_destroy(q));
+    ETP_OK(etp_mem_free(g->ctx, g->dev));
+    free(g->host);
+    free(sh);
+    free(sx);
+    free(in);
+}
+
 static void test_quant_kernels_match_host(void **state)
 {
     (void)state;
@@ -326,6 +391,7 @@ static void test_quant_kernels_match_host(void **state)
         c.seed = g_seed * 7 + 1;
         run_config(&g, c, 40, tag++);
     }
+    run_amax_many(&g, tag++);
     ETP_OK(etp_stream_destroy(g.s));
     ETP_OK(etp_context_destroy(g.ctx));
 }

@@ -134,6 +134,33 @@ static void test_vectors_e8m0(void **state)
 }
 
 /* Saturation, special values and the E8M0 exceptions, from the definitions. */
+/* The kernels' branch-free conversions equal the definitions: every BF16
+ * pattern (with several low halves: ties, one past, all ones) and a stride
+ * through all 2^32 FP32 patterns. (An exhaustive sweep of all 2^32 agreed
+ * when they were written; it takes a minute, too long for every run.) */
+static void check_fast(uint32_t u, size_t *bad)
+{
+    const float f = etp__qf_float(u);
+    if (etp__qf_e4m3_rne_satfinite_fast(f) != etp__qf_e4m3_rne_satfinite(f) ||
+        etp__qf_e5m2_rne_satfinite_fast(f) != etp__qf_e5m2_rne_satfinite(f) ||
+        etp__qf_e2m1_rne_satfinite_fast(f) != etp__qf_e2m1_rne_satfinite(f)) {
+        if (*bad == 0) print_error("fast conversion differs for 0x%08x\n", u);
+        ++*bad;
+    }
+}
+
+static void test_fast_conversions(void **state)
+{
+    (void)state;
+    size_t bad = 0;
+    const uint32_t lows[] = {0x0000u, 0x0001u, 0x3fffu, 0x4000u, 0x4001u, 0x7fffu, 0x8000u,
+                             0x8001u, 0xbfffu, 0xc000u, 0xffffu, 0x1234u};
+    for (uint32_t hi = 0; hi < 0x10000u; hi++)
+        for (size_t l = 0; l < sizeof lows / sizeof lows[0]; l++) check_fast((hi << 16) | lows[l], &bad);
+    for (uint64_t u = 0; u < 0x100000000ull; u += 4093) check_fast((uint32_t)u, &bad);
+    assert_int_equal(bad, 0);
+}
+
 static void test_saturation_and_specials(void **state)
 {
     (void)state;
@@ -597,6 +624,7 @@ int main(void)
         cmocka_unit_test(test_vectors_e5m2),
         cmocka_unit_test(test_vectors_e2m1),
         cmocka_unit_test(test_vectors_e8m0),
+        cmocka_unit_test(test_fast_conversions),
         cmocka_unit_test(test_saturation_and_specials),
         cmocka_unit_test(test_round_trip_all_codes),
         cmocka_unit_test(test_stochastic_rounding),

@@ -15,6 +15,19 @@ static etp_status_t cuda_quant_workspace_init(etp__be_t *be, void *ws)
     return ETP_SUCCESS;
 }
 
+/* The multiprocessor count of the context's device, asked once per
+ * quantizer (a device query on every launch would cost host time). */
+static etp_status_t cuda_quant_launch_width(etp__be_t *be, uint32_t *sms)
+{
+    int n = 0;
+    cudaError_t e = cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, etp__cuda_of(be)->device);
+    if (e != cudaSuccess)
+        return etp__err(ETP_ERR_BACKEND, "quantizer: multiprocessor count of device %d: %s",
+                        etp__cuda_of(be)->device, cudaGetErrorString(e));
+    *sms = n > 0 ? (uint32_t)n : 0;
+    return ETP_SUCCESS;
+}
+
 static etp_status_t cuda_quant_run(etp__be_t *be, etp__bstream_t *s, const etp__qbatch_t *b)
 {
     cudaStream_t cs;
@@ -29,5 +42,6 @@ static etp_status_t cuda_quant_run(etp__be_t *be, etp__bstream_t *s, const etp__
 const etp__quant_kernels_t etp__cuda_quant_kernels = {
     .workspace_bytes = ETP__CUDA_QUANT_WORKSPACE_BYTES,
     .workspace_init = cuda_quant_workspace_init,
+    .launch_width = cuda_quant_launch_width,
     .run = cuda_quant_run,
 };

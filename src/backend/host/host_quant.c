@@ -19,5 +19,6 @@ static etp_status_t host_quant_run(etp__be_t *be, etp__bstream_t *s, const etp__
 const etp__quant_kernels_t etp__host_quant_kernels = {
     .workspace_bytes = 0, /* the reference needs no scratch */
     .workspace_init = NULL,
+    .launch_width = NULL, /* the reference runs on one thread */
     .run = host_quant_run,
 };
