@@ -7,11 +7,15 @@
  * collectives, fingerprints, batches, and the per-communicator ring of
  * issued collectives that timeouts are reported from).
  *
- * Every NCCL communicator etp owns is non-blocking (ncclConfig_t.blocking =
+ * Every NCCL communicator etp creates is non-blocking (ncclConfig_t.blocking =
  * 0): an NCCL call may return ncclInProgress and finish in an NCCL thread, so
  * every such call is followed by a bounded poll of ncclCommGetAsyncError.
- * That keeps every wait of etp under the context's timeout, and lets a hung
- * communicator be aborted from the thread that noticed.
+ * That keeps creation and splits under the context's timeout, and lets a hung
+ * communicator be aborted from the thread that noticed. Because every launch
+ * on a non-blocking communicator is handed to an NCCL thread (tens of
+ * microseconds), ETP_NCCL_FAST_LAUNCH (default 1) gives each one a blocking
+ * twin, split and warmed up at creation, that collectives launch on; waits
+ * stay bounded (they poll streams and abort both).
  *
  * There is no watchdog or progress thread: timeouts and asynchronous NCCL
  * errors are noticed by the waiting caller (stream/event/device waits poll
