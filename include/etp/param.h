@@ -142,7 +142,15 @@ typedef struct etp_chain_config {
     const char *name;
     etp_group_t *group;     /* every parameter of the chain uses this group */
     int depth;              /* prefetch depth, >= 0 (default 1) */
-    int graphed;            /* 1: prefetches never cross forward -> backward */
+    /* 1: a graphed chain, whose steps may be captured into CUDA graphs:
+     * prefetches never cross forward -> backward (capture them apart or
+     * together); its side streams fork from the caller's stream at every
+     * gather and reduce_grad, so the shard's writer (mark_updated) and every
+     * release must be on the stream that gathers (or ordered before it);
+     * each step must end with etp_wait_grads on that stream, which joins
+     * the side streams back; quantized weights are re-quantized at each
+     * forward gather. */
+    int graphed;
     int ag_role, rs_role;   /* communicator roles of the group (default 0 and 1) */
     int wgrad_ring;         /* wgrad buffers in the ring, >= 1 (default 2) */
     int num_microbatches;   /* reduce_grad calls per parameter per step (default 1) */

@@ -333,8 +333,9 @@ void etp__chain_test_skip_edges(etp_chain_t *c, unsigned edges)
 
 /* ---- gathers ---------------------------------------------------------- */
 
-/* Issue ticket u into its slot on the AG stream. */
-static etp_status_t issue(etp_chain_t *c, int u)
+/* Issue ticket u into its slot on the AG stream. `caller` is the stream of
+ * the gather that issues it. */
+static etp_status_t issue(etp_chain_t *c, int u, etp_stream_t *caller)
 {
     etp__ticket_t *t = &c->tickets[u];
     etp__slot_t *s = &c->slots[t->slot];
@@ -352,10 +353,22 @@ static etp_status_t issue(etp_chain_t *c, int u)
      * order) is evicted: its gather will issue it again. */
     if (s->tenant >= 0 && s->tenant != u && c->tickets[s->tenant].state == ETP__TICKET_ISSUED)
         c->tickets[s->tenant].state = ETP__TICKET_IDLE;
-    if (s->release_recorded && !(c->skip_edges & ETP__EDGE_SLOT_RELEASE))
-        ETP__TRY(etp_stream_wait_event(c->ag, s->released));
-    if (p->updated_recorded && !(c->skip_edges & ETP__EDGE_SHARD_WRITER))
-        ETP__TRY(etp_stream_wait_event(c->ag, p->updated));
+    if (c->graphed) {
+        /* A graphed chain forks the AG stream from the caller's stream: under
+         * a capture that puts the AG work into the graph, and it orders the
+         * gather after the shard's writer and the slot's last reader, which
+         * a graphed chain requires on the caller's stream (no wait on an
+         * event recorded outside the capture). */
+        if (!(c->skip_edges & (ETP__EDGE_SLOT_RELEASE | ETP__EDGE_SHARD_WRITER))) {
+            ETP__TRY(etp_event_record(c->scratch, caller));
+            ETP__TRY(etp_stream_wait_event(c->ag, c->scratch));
+        }
+    } else {
+        if (s->release_recorded && !(c->skip_edges & ETP__EDGE_SLOT_RELEASE))
+            ETP__TRY(etp_stream_wait_event(c->ag, s->released));
+        if (p->updated_recorded && !(c->skip_edges & ETP__EDGE_SHARD_WRITER))
+            ETP__TRY(etp_stream_wait_event(c->ag, p->updated));
+    }
     if (p->quant != ETP_PARAM_QUANT_NONE) {
         ETP__TRY(etp__qgather_issue(c, p, t->pass, s->ptr));
     } else {
@@ -414,6 +427,14 @@ etp_status_t etp_gather(etp_param_t *p, etp_pass_t pass, etp_stream_t *stream, e
                                 "released", fn, p->name, pass_name(pass), c->name,
                                 c->tickets[i].param->name, pass_name(c->tickets[i].pass));
         for (int i = 0; i < c->ntickets; i++) c->tickets[i].state = ETP__TICKET_IDLE;
+        if (c->graphed) {
+            /* The last step ended with etp_wait_grads on the caller's stream
+             * (a graphed chain's contract), so the events of that step are
+             * behind us: waiting on them again would reach outside a capture
+             * that starts here. */
+            for (int k = 0; k < c->ring_n; k++) c->ring_done_recorded[k] = 0;
+            for (int i = 0; i < c->nslots; i++) c->slots[i].release_recorded = 0;
+        }
     }
     /* Check every gather this call will issue before changing anything, so
      * a refused call leaves the chain as it was. */
@@ -436,12 +457,12 @@ etp_status_t etp_gather(etp_param_t *p, etp_pass_t pass, etp_stream_t *stream, e
                             c->tickets[u].slot, c->tickets[ten].param->name,
                             pass_name(c->tickets[ten].pass));
     }
-    if (tk->state == ETP__TICKET_IDLE) ETP__TRY(issue(c, t)); /* a cold start */
+    if (tk->state == ETP__TICKET_IDLE) ETP__TRY(issue(c, t, stream)); /* a cold start */
     etp__slot_t *s = &c->slots[tk->slot];
     if (!(c->skip_edges & ETP__EDGE_GATHER_READY)) ETP__TRY(etp_stream_wait_event(stream, s->ready));
     tk->state = ETP__TICKET_HELD;
     for (int u = t + 1; u <= last; u++)
-        if (c->tickets[u].state == ETP__TICKET_IDLE) ETP__TRY(issue(c, u));
+        if (c->tickets[u].state == ETP__TICKET_IDLE) ETP__TRY(issue(c, u, stream));
     if (p->quant != ETP_PARAM_QUANT_NONE) {
         etp__qgather_view(p, pass, s->ptr, view);
         return ETP_SUCCESS;

@@ -125,7 +125,10 @@ static etp_status_t quantize_shard(etp_chain_t *c, etp_param_t *p)
 
 etp_status_t etp__qgather_issue(etp_chain_t *c, etp_param_t *p, etp_pass_t pass, void *slot)
 {
-    if (p->q_version != p->version) ETP__TRY(quantize_shard(c, p));
+    /* A graphed chain quantizes at every forward gather: a replayed graph
+     * cannot know whether the weight changed since the capture. */
+    if (p->q_version != p->version || (c->graphed && pass == ETP_PASS_FORWARD))
+        ETP__TRY(quantize_shard(c, p));
     const etp__shard_kernels_t *k = p->ctx->be->ops->kernels->shard;
     etp__be_t *be = p->ctx->be;
     etp__bstream_t *ag = c->ag->bs;

@@ -31,6 +31,7 @@ int main(int argc, char **argv)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_chain_every_seed),
         cmocka_unit_test(test_grad_stats),
+        cmocka_unit_test(test_graphed_chain),
         cmocka_unit_test(test_recorded_chain),
         cmocka_unit_test(test_errors),
     };

@@ -120,7 +120,8 @@ static etp_context_t *make_ctx(int64_t seed)
 #endif
 }
 
-static void open_run(run_t *r, int64_t seed, int nparams, int depth, int ring, unsigned skip)
+static void open_run(run_t *r, int64_t seed, int nparams, int depth, int ring, unsigned skip,
+                     int graphed)
 {
     memset(r, 0, sizeof *r);
     r->ctx = make_ctx(seed);
@@ -136,6 +137,7 @@ static void open_run(run_t *r, int64_t seed, int nparams, int depth, int ring, u
     cc.depth = depth;
     cc.wgrad_ring = ring;
     cc.num_microbatches = 2;
+    cc.graphed = graphed;
     ETP_OK(etp_chain_create(r->ctx, &cc, &r->chain));
     r->nparams = nparams;
     for (int i = 0; i < nparams; i++) {
@@ -319,7 +321,7 @@ static void test_chain_every_seed(void **state)
     (void)state;
     for (size_t k = 0; k < NSEEDS; k++) {
         run_t r;
-        open_run(&r, seeds[k], (int)NSPECS, 1 + (int)(k % 3), 2, 0);
+        open_run(&r, seeds[k], (int)NSPECS, 1 + (int)(k % 3), 2, 0, 0);
         etp_cache_report_t rep = ETP_CACHE_REPORT_INIT;
         ETP_OK(etp_chain_cache_report(r.chain, &rep));
         assert_int_equal(rep.tickets, 2 * (int)NSPECS);
@@ -332,12 +334,27 @@ static void test_chain_every_seed(void **state)
     }
 }
 
+/* A graphed chain (side streams forked from the caller's at each gather and
+ * reduction, no prefetch across forward -> backward) is as correct, in
+ * shuffle mode, over several seeds and prefetch depths. */
+static void test_graphed_chain(void **state)
+{
+    (void)state;
+    const int64_t gseeds[] = {0, 42, 99991};
+    for (size_t k = 0; k < sizeof gseeds / sizeof gseeds[0]; k++) {
+        run_t r;
+        open_run(&r, gseeds[k], (int)NSPECS, 1 + (int)k, 2, 0, 1);
+        assert_int_equal(run_steps(&r, 3), 0);
+        close_run(&r);
+    }
+}
+
 /* Grad norm over the chain equals the sum computed from the reference. */
 static void test_grad_stats(void **state)
 {
     (void)state;
     run_t r;
-    open_run(&r, 7, 5, 1, 2, 0);
+    open_run(&r, 7, 5, 1, 2, 0, 0);
     assert_int_equal(run_steps(&r, 1), 0);
     double sumsq = -1;
     int64_t nonfinite = -1;
@@ -359,17 +376,22 @@ static void test_grad_stats(void **state)
 
 #ifndef ETP_SHARD_TEST_CUDA
 /* Each edge, removed, gives wrong numbers under seed 0; present, right ones. */
-static void check_edge(unsigned edge, const char *name)
+static void check_edge_kind(unsigned edge, const char *name, int graphed)
 {
     run_t r;
-    open_run(&r, 0, 4, 1, 2, edge);
+    open_run(&r, 0, 4, 1, 2, edge, graphed);
     long bad = run_steps(&r, 2);
     if (g_rank == 0) printf("without edge %s: %ld wrong elements\n", name, bad);
     assert_true(bad > 0);
     close_run(&r);
-    open_run(&r, 0, 4, 1, 2, 0);
+    open_run(&r, 0, 4, 1, 2, 0, graphed);
     assert_int_equal(run_steps(&r, 2), 0);
     close_run(&r);
+}
+
+static void check_edge(unsigned edge, const char *name)
+{
+    check_edge_kind(edge, name, 0);
 }
 
 static void test_edge_shard_writer(void **s) { (void)s; check_edge(ETP__EDGE_SHARD_WRITER, "shard writer"); }
@@ -378,6 +400,9 @@ static void test_edge_gather_ready(void **s) { (void)s; check_edge(ETP__EDGE_GAT
 static void test_edge_wgrad_writer(void **s) { (void)s; check_edge(ETP__EDGE_WGRAD_WRITER, "wgrad writer"); }
 static void test_edge_ring_reuse(void **s) { (void)s; check_edge(ETP__EDGE_RING_REUSE, "ring reuse"); }
 static void test_edge_grads_join(void **s) { (void)s; check_edge(ETP__EDGE_GRADS_JOIN, "grads join"); }
+/* A graphed chain's fork of the AG stream from the caller's stands for both
+ * the shard-writer and the slot-release edges. */
+static void test_edge_graphed_fork(void **s) { (void)s; check_edge_kind(ETP__EDGE_SLOT_RELEASE, "graphed fork", 1); }
 #endif
 
 /* A chain recorded during one eager step plans the same tickets. */
@@ -427,7 +452,7 @@ static void test_errors(void **state)
 {
     (void)state;
     run_t r;
-    open_run(&r, 1, 3, 1, 2, 0);
+    open_run(&r, 1, 3, 1, 2, 0, 0);
     etp_weight_view_t v = ETP_WEIGHT_VIEW_INIT;
     etp_param_config_t pc = ETP_PARAM_CONFIG_INIT;
     pc.group = r.tp;
@@ -488,6 +513,7 @@ int main(int argc, char **argv)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_chain_every_seed),
         cmocka_unit_test(test_grad_stats),
+        cmocka_unit_test(test_graphed_chain),
         cmocka_unit_test(test_recorded_chain),
         cmocka_unit_test(test_edge_shard_writer),
         cmocka_unit_test(test_edge_slot_release),
@@ -495,6 +521,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_edge_wgrad_writer),
         cmocka_unit_test(test_edge_ring_reuse),
         cmocka_unit_test(test_edge_grads_join),
+        cmocka_unit_test(test_edge_graphed_fork),
         cmocka_unit_test(test_errors),
     };
     return tu_mpi_finish(cmocka_run_group_tests(tests, NULL, NULL));
