@@ -6,7 +6,14 @@
  * iteration by iteration. Bandwidth is the all-gather bus bandwidth:
  * (n - 1) / n * full bytes / time.
  *
+ * Then, unless --no-quant, the same weight with MXFP8 and NVFP4 gathers (the
+ * quantized shard cached: the steady state of micro-batches and backward;
+ * and quantize + gather after a weight update; and NVFP4 dequantized to
+ * BF16 for Hopper), as BF16-equivalent bandwidth against the BF16 gather of
+ * the same run: the ratio is how much faster than BF16 the weight arrives.
+ *
  *   etp-bench gather [--mib 64,256] [--cols 4096] [--max-ctas N (the etp group's NCCL CTA cap)]
+ *                    [--no-quant]
  */
 #include <stdlib.h>
 #include <string.h>
@@ -45,15 +52,69 @@ static void baseline_run(baseline_t *x)
                   x->mpi);
 }
 
+/* One quantized weight [rows, cols]: median microseconds of a gather with the
+ * quantized shard cached (update 0) or after a weight update (update 1). */
+static double time_quant_gather(bench_t *b, etp_group_t *g, etp_stream_t *s, bench_timer_t *tm,
+                                int64_t rows, long cols, etp_param_quant_t q, int dequant,
+                                int update)
+{
+    etp_param_config_t pc = ETP_PARAM_CONFIG_INIT;
+    pc.name = "wq";
+    pc.group = g;
+    pc.rows = rows;
+    pc.cols = cols;
+    pc.dtype = ETP_DTYPE_BF16;
+    pc.alignment = 32;
+    pc.quant = q;
+    pc.gather_dequantized = dequant;
+    etp_param_t *p;
+    BENCH_CHECK(b, etp_param_create(b->ctx, &pc, &p));
+    etp_param_info_t info = ETP_PARAM_INFO_INIT;
+    BENCH_CHECK(b, etp_param_info(p, &info));
+    /* 0x3c3c: BF16 1.18, a finite value in every block */
+    BENCH_CHECK(b, etp_memset_async(s, info.shard, 0x3c, (size_t)(info.shard_rows * cols) * 2));
+    BENCH_CHECK(b, etp_param_mark_updated(p, s));
+    etp_chain_config_t cc = ETP_CHAIN_CONFIG_INIT;
+    cc.group = g;
+    cc.depth = 0;
+    etp_chain_t *chain;
+    BENCH_CHECK(b, etp_chain_create(b->ctx, &cc, &chain));
+    BENCH_CHECK(b, etp_chain_add(chain, p));
+    BENCH_CHECK(b, etp_chain_finalize(chain));
+    double *t = calloc((size_t)b->iters, sizeof(double));
+    for (int it = -b->warmup; it < b->iters; it++) {
+        etp_weight_view_t v = ETP_WEIGHT_VIEW_INIT;
+        BENCH_CHECK(b, etp_stream_synchronize(s));
+        MPI_Barrier(MPI_COMM_WORLD);
+        bench_timer_start(tm);
+        if (update) BENCH_CHECK(b, etp_param_mark_updated(p, s));
+        BENCH_CHECK(b, etp_gather(p, ETP_PASS_FORWARD, s, &v));
+        bench_timer_stop(tm);
+        BENCH_CHECK(b, etp_release(p, ETP_PASS_FORWARD, s));
+        double us = bench_timer_us(tm);
+        if (it >= 0) t[it] = us;
+    }
+    double us = bench_max_over_ranks(bench_median(t, b->iters));
+    free(t);
+    etp_stream_t *ag, *rs;
+    BENCH_CHECK(b, etp_chain_streams(chain, &ag, &rs));
+    BENCH_CHECK(b, etp_stream_synchronize(ag));
+    BENCH_CHECK(b, etp_stream_synchronize(s));
+    BENCH_CHECK(b, etp_chain_destroy(chain));
+    BENCH_CHECK(b, etp_param_destroy(p));
+    return us;
+}
+
 int etp_bench_gather(bench_t *b, int argc, char **argv)
 {
     char mibs[256] = "64,256";
     long cols = 4096;
-    int max_ctas = -1;
+    int max_ctas = -1, quant = 1;
     for (int i = 0; i < argc; i++) {
         if (strcmp(argv[i], "--mib") == 0 && i + 1 < argc) snprintf(mibs, sizeof mibs, "%s", argv[++i]);
         else if (strcmp(argv[i], "--cols") == 0 && i + 1 < argc) cols = atol(argv[++i]);
         else if (strcmp(argv[i], "--max-ctas") == 0 && i + 1 < argc) max_ctas = atoi(argv[++i]);
+        else if (strcmp(argv[i], "--no-quant") == 0) quant = 0;
         else {
             if (b->rank == 0) fprintf(stderr, "etp-bench gather: unknown option %s\n", argv[i]);
             return 2;
@@ -149,7 +210,26 @@ int etp_bench_gather(bench_t *b, int argc, char **argv)
                                     shape, bus, us_base, 0);
         double us_coll = bench_max_over_ranks(bench_median(t_coll, b->iters));
         bench_add(b, "etp_allgather (collective)", shape, bus, us_coll, rb->gbps);
-        bench_add(b, "etp_gather (cold, bf16)", shape, bus, us_etp, rb->gbps);
+        bench_row_t *re = bench_add(b, "etp_gather (cold, bf16)", shape, bus, us_etp, rb->gbps);
+        if (quant && rows % (32 * b->size) == 0 && cols % 32 == 0) {
+            const struct {
+                const char *name;
+                etp_param_quant_t q;
+                int dequant, update;
+            } qv[] = {
+                {"etp_gather mxfp8 (cached)", ETP_PARAM_QUANT_MXFP8, 0, 0},
+                {"etp_gather nvfp4 (cached)", ETP_PARAM_QUANT_NVFP4, 0, 0},
+                {"etp_gather mxfp8 (quantize+gather)", ETP_PARAM_QUANT_MXFP8, 0, 1},
+                {"etp_gather nvfp4 (quantize+gather)", ETP_PARAM_QUANT_NVFP4, 0, 1},
+                {"etp_gather nvfp4->bf16 (cached)", ETP_PARAM_QUANT_NVFP4, 1, 0},
+            };
+            /* bandwidth in BF16-equivalent bytes: ratio = speed-up over BF16 */
+            for (size_t k = 0; k < sizeof qv / sizeof qv[0]; k++) {
+                double us_q = time_quant_gather(b, g, main_s, tm, rows, cols, qv[k].q, qv[k].dequant,
+                                                qv[k].update);
+                bench_add(b, qv[k].name, shape, bus, us_q, re->gbps);
+            }
+        }
         free(t_coll);
         free(t_etp);
         free(t_base);
