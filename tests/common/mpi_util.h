@@ -45,4 +45,21 @@ static inline etp_context_t *tu_host_ctx(MPI_Comm comm, int mode, int64_t seed, 
     return ctx;
 }
 
+/* The backend a test file runs on: the host backend in shuffle mode, or,
+ * when the file is built for the GPU with ETP_SHARD_TEST_CUDA defined, the
+ * CUDA backend (where the seed does not matter). */
+static inline etp_context_t *tu_test_ctx(int64_t seed)
+{
+#ifdef ETP_SHARD_TEST_CUDA
+    (void)seed;
+    etp_context_config_t cfg = ETP_CONTEXT_CONFIG_INIT;
+    cfg.backend = ETP_BACKEND_CUDA;
+    etp_context_t *ctx = NULL;
+    ETP_OK(etp_context_create_mpi(MPI_COMM_WORLD, &cfg, &ctx));
+    return ctx;
+#else
+    return tu_host_ctx(MPI_COMM_WORLD, ETP_HOST_STREAMS_SHUFFLE, seed, -1, -1);
+#endif
+}
+
 #endif

@@ -104,27 +104,12 @@ static void on_grad(void *user, etp_param_t *param, etp_stream_t *final_stream)
         if (r->p[i] == param) r->callbacks[i]++;
 }
 
-/* The host backend in shuffle mode; or, built as tests/gpu/test_gpu_shard.c,
- * the CUDA backend (where the seed does not matter). */
-static etp_context_t *make_ctx(int64_t seed)
-{
-#ifdef ETP_SHARD_TEST_CUDA
-    (void)seed;
-    etp_context_config_t cfg = ETP_CONTEXT_CONFIG_INIT;
-    cfg.backend = ETP_BACKEND_CUDA;
-    etp_context_t *ctx = NULL;
-    ETP_OK(etp_context_create_mpi(MPI_COMM_WORLD, &cfg, &ctx));
-    return ctx;
-#else
-    return tu_host_ctx(MPI_COMM_WORLD, ETP_HOST_STREAMS_SHUFFLE, seed, -1, -1);
-#endif
-}
 
 static void open_run(run_t *r, int64_t seed, int nparams, int depth, int ring, unsigned skip,
                      int graphed)
 {
     memset(r, 0, sizeof *r);
-    r->ctx = make_ctx(seed);
+    r->ctx = tu_test_ctx(seed);
     ETP_OK(etp_context_world(r->ctx, &r->world));
     etp_group_config_t gc = ETP_GROUP_CONFIG_INIT;
     gc.name = "etp";
@@ -411,7 +396,7 @@ static void test_recorded_chain(void **state)
     (void)state;
     run_t r;
     memset(&r, 0, sizeof r);
-    r.ctx = make_ctx(3);
+    r.ctx = tu_test_ctx(3);
     ETP_OK(etp_context_world(r.ctx, &r.world));
     etp_group_config_t gc = ETP_GROUP_CONFIG_INIT;
     gc.num_roles = 2;

@@ -49,19 +49,6 @@ static void put(void *b, etp_dtype_t t, size_t i, float v)
         ((float *)b)[i] = v;
 }
 
-static etp_context_t *make_qctx(int64_t seed)
-{
-#ifdef ETP_SHARD_TEST_CUDA
-    (void)seed;
-    etp_context_config_t cfg = ETP_CONTEXT_CONFIG_INIT;
-    cfg.backend = ETP_BACKEND_CUDA;
-    etp_context_t *ctx = NULL;
-    ETP_OK(etp_context_create_mpi(MPI_COMM_WORLD, &cfg, &ctx));
-    return ctx;
-#else
-    return tu_host_ctx(MPI_COMM_WORLD, ETP_HOST_STREAMS_SHUFFLE, seed, -1, -1);
-#endif
-}
 
 /* Copy n bytes the device holds into a fresh host buffer (main is synced). */
 static void *fetch(etp_stream_t *s, const void *src, size_t n)
@@ -146,7 +133,7 @@ static long check_param(int i, const qspec_t *q, etp_param_t *p, etp_stream_t *m
 
 static void run_quant_gathers(int64_t seed)
 {
-    etp_context_t *ctx = make_qctx(seed);
+    etp_context_t *ctx = tu_test_ctx(seed);
     etp_group_t *world, *tp;
     ETP_OK(etp_context_world(ctx, &world));
     etp_group_config_t gc = ETP_GROUP_CONFIG_INIT;
