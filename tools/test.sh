@@ -34,6 +34,13 @@ if nm -D --defined-only build-test/libetp.so | awk '{print $3}' | grep -v '^etp_
 fi
 echo "(none)"
 
+if grep -q 'ETP_HAVE_CUDA 1' build-test/include/etp/etp_config.h; then
+    echo "== the library for sm_90 and sm_100 (B200), compile only"
+    cmake -S . -B build-sm100 -DETP_CUDA_SM100=ON -DETP_BUILD_TESTS=OFF -DETP_BUILD_TOOLS=OFF \
+          -DETP_WARNINGS_AS_ERRORS=ON >/dev/null
+    cmake --build build-sm100 -j"$jobs" >/dev/null
+fi
+
 echo "== unit and MPI tests under ASan+UBSan (host backend)"
 cmake -S . -B build-asan -DETP_WARNINGS_AS_ERRORS=ON -DETP_SANITIZE=ON -DETP_WITH_CUDA=OFF -DETP_BUILD_TOOLS=OFF >/dev/null
 cmake --build build-asan -j"$jobs"
