@@ -1,6 +1,9 @@
 # The ep module's tests (included by tests/CMakeLists.txt).
 if(ETP_WITH_MPI)
   etp_add_mpi_test(test_ep mpi/test_ep.c ep 2 3 4)
+  # MXFP8 dispatch against the quant module's host reference (quant_ref.h):
+  # linked to the static archive.
+  etp_add_mpi_test_internal(test_ep_mxfp8 mpi/test_ep_mxfp8.c "ep,quant" 2 3 4)
   # The long memory run: 10,000 steps of random routing (label soak).
   add_test(NAME test_ep_soak_np2
     COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 2 --oversubscribe --bind-to none
@@ -9,6 +12,7 @@ if(ETP_WITH_MPI)
     ENVIRONMENT "${ETP_TEST_ENV};ETP_EP_STEPS=10000" TIMEOUT 7200 PROCESSORS 2)
 endif()
 if(ETP_WITH_CUDA AND ETP_WITH_MPI)
-  etp_add_gpu_test(test_ep_gpu gpu/test_ep_gpu.c OFF ep 1 2)
+  # internal: the MXFP8 steps use the quant module's host reference
+  etp_add_gpu_test(test_ep_gpu gpu/test_ep_gpu.c ON "ep,quant" 1 2)
   target_include_directories(test_ep_gpu PRIVATE ${CMAKE_CURRENT_SOURCE_DIR}/mpi)
 endif()

@@ -88,8 +88,17 @@
  * Thread safety: an EP group and its layers are used by one thread at a
  * time, like their context.
  *
- * Not yet supported: MXFP8 tokens (dispatch of quantized data with its E8M0
- * scales; ETP_ERR_UNSUPPORTED) and the NVLink transport (v2).
+ * MXFP8 dispatch: a group made with token_dtype ETP_EP_TOKEN_MXFP8 takes
+ * BF16 tokens in dispatch (etp_ep_dispatch_ex), quantizes each token row once
+ * on its rank (MXFP8 rowwise, E4M3 elements, one E8M0 scale per 32 elements:
+ * exactly etp/quant.h's MXFP8 rowwise format), sends data and scales together
+ * (H + H/32 bytes per token instead of 2H), and writes the received rows as
+ * MXFP8: recv_tokens [rows, H] E4M3 bytes and recv_scales [rows, H/32] E8M0
+ * bytes, both row-major (scales not swizzled, no padding), the layout a
+ * grouped MXFP8 GEMM reads through counts/offsets. combine, dispatch_bwd and
+ * combine_bwd of such a group move BF16, as in a BF16 group.
+ *
+ * Not yet supported: the NVLink transport (v2).
  */
 #ifndef ETP_EP_H
 #define ETP_EP_H
@@ -113,10 +122,23 @@ typedef enum etp_ep_transport {
     ETP_EP_TRANSPORT_CAPACITY = 1  /* fixed slabs per peer, counts on the device; capturable */
 } etp_ep_transport_t;
 
-/* A dtype value that is not an etp_dtype_t: MXFP8 tokens (data + E8M0
- * scales), reserved for the quantization module; refused for now with
- * ETP_ERR_UNSUPPORTED. */
+/* A token dtype that is not an etp_dtype_t, for etp_ep_group_config_t's
+ * token_dtype only: MXFP8 dispatch. The group's hidden size must be a
+ * multiple of ETP_EP_MXFP8_BLOCK. dispatch (etp_ep_dispatch_ex) takes BF16
+ * tokens and writes MXFP8 rows: E4M3 elements (float8_e4m3fn, round to
+ * nearest even, saturating to +-448; NaN -> 0x7F) and one E8M0 scale
+ * (float8_e8m0fnu, 2^(e-127)) per 32 consecutive elements of a row, the
+ * scale of a block being the power of two at or above amax / 448 (amax over
+ * the block's non-NaN elements): etp/quant.h's MXFP8 rowwise E4M3 result,
+ * bit for bit (docs/FORMATS.md). The quantization happens once per token on
+ * the token's rank; every copy of a token (one per expert it selected)
+ * carries the same bytes. Every other call of an MXFP8 group (combine,
+ * dispatch_bwd, combine_bwd) takes and returns BF16; passing
+ * ETP_EP_TOKEN_MXFP8 to them is ETP_ERR_INVALID_ARGUMENT. */
 #define ETP_EP_TOKEN_MXFP8 ((etp_dtype_t)100)
+
+/* Elements per E8M0 scale of MXFP8 tokens. */
+#define ETP_EP_MXFP8_BLOCK 32
 
 typedef struct etp_ep_group_config {
     size_t size;                   /* sizeof(etp_ep_group_config_t) */
@@ -124,7 +146,8 @@ typedef struct etp_ep_group_config {
     int role;                      /* the group role whose communicator EP uses */
     int64_t num_experts;           /* E, a multiple of the group size R */
     int64_t hidden;                /* H, elements per token row */
-    etp_dtype_t token_dtype;       /* ETP_DTYPE_BF16 or ETP_DTYPE_F32 */
+    etp_dtype_t token_dtype;       /* ETP_DTYPE_BF16, ETP_DTYPE_F32, or ETP_EP_TOKEN_MXFP8
+                                    * (BF16 in, MXFP8 out of dispatch; BF16 elsewhere) */
     int64_t max_tokens_per_rank;   /* the largest T any call will pass (> 0) */
     int max_topk;                  /* the largest top-k of any layer (>= 1) */
     int64_t recv_capacity_per_rank; /* expanded rows a rank's layout holds (> 0) */
@@ -150,9 +173,10 @@ typedef struct etp_ep_group_config {
  * event of the context. The group must outlive the EP group.
  * Errors: ETP_ERR_INVALID_ARGUMENT (NULLs, a config of the wrong size, E not
  * a multiple of R, sizes <= 0, a role the group lacks, capacity_factor <= 0,
- * a token dtype other than BF16/F32), ETP_ERR_UNSUPPORTED (MXFP8 tokens),
- * ETP_ERR_OUT_OF_MEMORY, ETP_ERR_ABORTED. On failure nothing is left
- * allocated and *ep is untouched. */
+ * a token dtype other than BF16/F32/ETP_EP_TOKEN_MXFP8, MXFP8 with a hidden
+ * size that is not a multiple of 32), ETP_ERR_OUT_OF_MEMORY,
+ * ETP_ERR_ABORTED. On failure nothing is left allocated and *ep is
+ * untouched. */
 ETP_API etp_status_t etp_ep_group_create(etp_group_t *group, const etp_ep_group_config_t *config,
                                          etp_ep_group_t **ep);
 
@@ -262,17 +286,58 @@ ETP_API etp_status_t etp_ep_layout_host(etp_ep_layer_t *layer, etp_stream_t *str
  * combine_bwd.
  * Errors: ETP_ERR_INVALID_ARGUMENT (NULLs, a dtype other than the group's
  * or F32 for weights, rows too small, weights missing for a weighted
- * layer), ETP_ERR_UNSUPPORTED (MXFP8), ETP_ERR_INVALID_STATE (before
- * prepare), ETP_ERR_ABORTED. */
+ * layer, an MXFP8 group: it needs etp_ep_dispatch_ex for its scales),
+ * ETP_ERR_INVALID_STATE (before prepare), ETP_ERR_ABORTED. */
 ETP_API etp_status_t etp_ep_dispatch(etp_ep_layer_t *layer, const void *tokens, etp_dtype_t dtype,
                                      const void *topk_weights, etp_dtype_t weights_dtype,
                                      void *recv_tokens, float *recv_weights, int64_t rows,
                                      etp_stream_t *stream);
 
+/* The arguments of etp_ep_dispatch_ex: those of etp_ep_dispatch, plus the
+ * receive buffer of MXFP8 scales. */
+typedef struct etp_ep_dispatch_args {
+    size_t size;                /* sizeof(etp_ep_dispatch_args_t) */
+    const void *tokens;         /* [T, H] of dtype */
+    etp_dtype_t dtype;          /* the group's token dtype; MXFP8 groups: ETP_DTYPE_BF16 */
+    const void *topk_weights;   /* [T, k] of weights_dtype, or NULL (unweighted layers) */
+    etp_dtype_t weights_dtype;  /* ETP_DTYPE_F32 */
+    /* [rows, H] of the group's token dtype; MXFP8 groups: rows x H bytes of
+     * E4M3, row r at byte r * H */
+    void *recv_tokens;
+    /* MXFP8 groups (required): rows x H/32 bytes of E8M0, row r's scale of
+     * elements [32 b, 32 b + 32) at byte r * (H/32) + b: row-major, not
+     * swizzled, no padding. Other groups: NULL. */
+    void *recv_scales;
+    float *recv_weights;        /* [rows] FP32, or NULL */
+    int64_t rows;               /* rows recv_tokens, recv_scales and recv_weights hold */
+} etp_ep_dispatch_args_t;
+
+#define ETP_EP_DISPATCH_ARGS_INIT                                                        \
+    {                                                                                    \
+        sizeof(etp_ep_dispatch_args_t), NULL, ETP_DTYPE_BF16, NULL, ETP_DTYPE_F32, NULL, \
+            NULL, NULL, 0                                                                \
+    }
+
+/* Dispatch, with every argument in a struct: etp_ep_dispatch for any group,
+ * and the only dispatch of an MXFP8 group (ETP_EP_TOKEN_MXFP8). Collective.
+ * MXFP8 groups: tokens are BF16 [T, H]; each token row is quantized once on
+ * this rank (MXFP8 rowwise E4M3, ETP_EP_TOKEN_MXFP8 defines it); data and
+ * scales travel together; row r of the layer's layout gets the token's H
+ * data bytes in recv_tokens and its H/32 scale bytes in recv_scales. Rows of
+ * [0, layer rows) that hold no token are zero (data, scales and weights:
+ * a zero scale byte is 2^-127); rows beyond are not touched. A token
+ * expanded to several experts' rows carries the same data and scales in
+ * each.
+ * Errors: as etp_ep_dispatch; also ETP_ERR_INVALID_ARGUMENT for args NULL
+ * or of the wrong size, recv_scales missing (MXFP8 group) or given (other
+ * groups), and tokens of a dtype other than BF16 in an MXFP8 group. */
+ETP_API etp_status_t etp_ep_dispatch_ex(etp_ep_layer_t *layer, const etp_ep_dispatch_args_t *args,
+                                        etp_stream_t *stream);
+
 /* Combine the expert outputs of the last dispatch back to their tokens.
- * Collective. expert_out: [rows, H] of dtype (the token dtype), in the
- * layout of recv_tokens; out: [T, H] of dtype. Weighted layers multiply by
- * the weights the last dispatch carried.
+ * Collective. expert_out: [rows, H] of dtype (the token dtype; BF16 in an
+ * MXFP8 group), in the layout of recv_tokens; out: [T, H] of dtype.
+ * Weighted layers multiply by the weights the last dispatch carried.
  * Errors: as dispatch; ETP_ERR_INVALID_STATE for a weighted layer that has
  * not dispatched since its prepare. */
 ETP_API etp_status_t etp_ep_combine(etp_ep_layer_t *layer, const void *expert_out,
@@ -280,7 +345,9 @@ ETP_API etp_status_t etp_ep_combine(etp_ep_layer_t *layer, const void *expert_ou
                                     etp_stream_t *stream);
 
 /* The adjoint of dispatch. Collective.
- *   grad_rows: [rows, H] of dtype; grad_row_weights: [rows] FP32 or NULL.
+ *   grad_rows: [rows, H] of dtype (the token dtype; BF16 in an MXFP8 group:
+ *     the gradient passes the quantization straight through);
+ *   grad_row_weights: [rows] FP32 or NULL.
  *   grad_tokens: [T, H] of dtype: the sum of the rows of each token (the
  *     order and rounding of an unweighted combine).
  *   grad_topk_weights: [T, k] FP32: slot (t, j) gets grad_row_weights of the
@@ -293,7 +360,8 @@ ETP_API etp_status_t etp_ep_dispatch_bwd(etp_ep_layer_t *layer, const void *grad
                                          float *grad_topk_weights, etp_stream_t *stream);
 
 /* The adjoint of combine. Collective.
- *   grad_out: [T, H] of dtype; expert_out: [rows, H] of dtype, the forward's
+ *   grad_out: [T, H] of dtype (the token dtype; BF16 in an MXFP8 group);
+ *   expert_out: [rows, H] of dtype, the forward's
  *     input (read only by weighted layers; may be NULL for unweighted ones).
  *   grad_rows: [rows, H] of dtype: w * grad_out[t] (weighted, one rounding)
  *     or grad_out[t]; rows holding no token are zero.

@@ -5,11 +5,16 @@
  * results are bit-identical; the weight-gradient dot product uses the
  * fixed 256-lane order (ETP__EP_DOT_LANES). Each kernel takes its argument
  * struct by value; T and the counts are read on the device, so a captured
- * graph replays with new routing.
+ * graph replays with new routing. MXFP8 dispatch quantizes with the quant
+ * module's codecs (quant/formats/qf_codec.h), shared with the host
+ * reference; this file is compiled with --fmad=false (src/ep/sources.cmake)
+ * so that no multiply and add are contracted where the host does not
+ * (every FMA here is an explicit fmaf).
  */
 #include <stdint.h>
 
 #include "ep_kernels.h"
+#include "quant/formats/qf_codec.h"
 
 namespace {
 
@@ -429,6 +434,76 @@ __global__ void pack_kernel(etp__ep_pack_args_t a)
     }
 }
 
+/* MXFP8 dispatch, one block per token: each thread quantizes 32-element
+ * blocks of the token once (ep_args.h: etp__ep_pack_args_t) and stores the
+ * 32 data bytes and the scale byte in every send row of the token. */
+__global__ void pack_mx_kernel(etp__ep_pack_args_t a)
+{
+    const int64_t t = blockIdx.x;
+    if (t >= tokens_of(a.t_dev, a.t_max)) return;
+    const int R = a.ranks, k = a.k;
+    const int64_t H = a.hidden, nb = H / ETP__EP_MX_BLOCK, rb = ETP__EP_MX_ROW_BYTES(H);
+    const int32_t *sp = a.send_pos + t * R;
+    char *send = static_cast<char *>(a.send_tok);
+    const float inv_max = etp__qf_mxfp8_inv_max(0);
+    const bool vec = a.dtype == ETP__EP_BF16 && (reinterpret_cast<uintptr_t>(a.tokens) & 15u) == 0;
+    /* rows are 16-byte multiples: 16-byte stores when the buffer is aligned
+     * (always with the default allocators; a user allocator might not be) */
+    const bool vst = (reinterpret_cast<uintptr_t>(a.send_tok) & 15u) == 0;
+    for (int64_t b = threadIdx.x; b < nb; b += blockDim.x) {
+        const int64_t h0 = t * H + b * ETP__EP_MX_BLOCK;
+        float x[ETP__EP_MX_BLOCK];
+        if (vec) {
+            const uint4 *src = reinterpret_cast<const uint4 *>(static_cast<const uint16_t *>(a.tokens) + h0);
+#pragma unroll
+            for (int q = 0; q < 4; q++) {
+                const uint4 v = src[q];
+                const uint32_t pair[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+                for (int c = 0; c < 4; c++) {
+                    x[q * 8 + 2 * c] = etp__qf_bf16_to_f32((uint16_t)(pair[c] & 0xffffu));
+                    x[q * 8 + 2 * c + 1] = etp__qf_bf16_to_f32((uint16_t)(pair[c] >> 16));
+                }
+            }
+        } else {
+#pragma unroll
+            for (int c = 0; c < ETP__EP_MX_BLOCK; c++) x[c] = load(a.tokens, a.dtype, h0 + c);
+        }
+        float amax = 0.0f;
+#pragma unroll
+        for (int c = 0; c < ETP__EP_MX_BLOCK; c++) amax = etp__qf_amax_step(amax, x[c]);
+        const uint8_t e = etp__qf_mxfp8_scale(amax, inv_max);
+        const float s = etp__qf_mxfp8_multiplier(e);
+        uint32_t w[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+#pragma unroll
+        for (int c = 0; c < ETP__EP_MX_BLOCK; c++)
+            w[c / 4] |= (uint32_t)etp__qf_mxfp8_encode_fast(x[c], s, 0) << (8 * (c % 4));
+        const uint4 lo = make_uint4(w[0], w[1], w[2], w[3]), hi = make_uint4(w[4], w[5], w[6], w[7]);
+        for (int d = 0; d < R; d++) {
+            if (sp[d] < 0) continue;
+            char *row = send + ((int64_t)a.send_base[d] + sp[d]) * rb;
+            if (vst) {
+                uint4 *dst = reinterpret_cast<uint4 *>(row + b * ETP__EP_MX_BLOCK);
+                dst[0] = lo;
+                dst[1] = hi;
+            } else {
+#pragma unroll
+                for (int c = 0; c < ETP__EP_MX_BLOCK; c++)
+                    row[b * ETP__EP_MX_BLOCK + c] = (char)(w[c / 4] >> (8 * (c % 4)));
+            }
+            row[H + b] = (char)e;
+        }
+    }
+    for (int d = 0; d < R; d++) {
+        if (sp[d] < 0) continue;
+        const int64_t row = (int64_t)a.send_base[d] + sp[d];
+        for (int64_t i = H + nb + threadIdx.x; i < rb; i += blockDim.x) send[row * rb + i] = 0;
+        if (a.send_w)
+            for (int j = threadIdx.x; j < k; j += blockDim.x)
+                a.send_w[row * k + j] = a.slot_dest[t * k + j] == d ? a.weights[t * k + j] : 0.0f;
+    }
+}
+
 /* One block per output row. */
 __global__ void expand_kernel(etp__ep_expand_args_t a)
 {
@@ -436,7 +511,20 @@ __global__ void expand_kernel(etp__ep_expand_args_t a)
     const int32_t src = a.row_src[r];
     const int64_t H = a.hidden, rb = H * esize(a.dtype);
     char *o = static_cast<char *>(a.out) + r * rb;
-    if (src < 0) {
+    if (a.mx) {
+        /* MXFP8: H data bytes and H/32 scale bytes per row */
+        const int64_t nb = H / ETP__EP_MX_BLOCK;
+        char *od = static_cast<char *>(a.out) + r * H;
+        char *os = static_cast<char *>(a.out_scales) + r * nb;
+        if (src < 0) {
+            zero_row(od, H);
+            zero_row(os, nb);
+        } else {
+            const char *in = static_cast<const char *>(a.recv_tok) + (int64_t)(src / a.k) * ETP__EP_MX_ROW_BYTES(H);
+            copy_row(od, in, H);
+            copy_row(os, in + H, nb);
+        }
+    } else if (src < 0) {
         zero_row(o, rb);
     } else {
         const int64_t i = src / a.k;
@@ -571,6 +659,7 @@ extern "C" cudaError_t etp__cuda_ep_layout(cudaStream_t s, const etp__ep_layout_
 
 extern "C" cudaError_t etp__cuda_ep_pack(cudaStream_t s, const etp__ep_pack_args_t *a)
 {
+    if (a->mx) return launch(pack_mx_kernel, (unsigned)a->t_max, kThreads, s, *a);
     return launch(pack_kernel, (unsigned)a->t_max, kThreads, s, *a);
 }
 

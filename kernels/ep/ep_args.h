@@ -56,6 +56,13 @@ enum {
 /* Token dtypes the kernels move (values of etp_dtype_t). */
 enum { ETP__EP_BF16 = 4, ETP__EP_F32 = 5 };
 
+/* MXFP8 dispatch (ETP_EP_TOKEN_MXFP8): a token row of H elements travels as
+ * H E4M3 bytes, then H/32 E8M0 scale bytes, then zeros up to a multiple of
+ * 16 bytes (so rows start 16-byte aligned for vector copies). H is a
+ * multiple of ETP__EP_MX_BLOCK. */
+#define ETP__EP_MX_BLOCK 32
+#define ETP__EP_MX_ROW_BYTES(H) ((((H) + (H) / ETP__EP_MX_BLOCK) + 15) / 16 * 16)
+
 /* Route: validate topk_idx, assign send positions, write the metadata rows
  * (local expert of each slot that targets d, -1 otherwise) into the send
  * buffer, count. Tokens t >= T get slot_dest -1 and send_pos -1.
@@ -98,13 +105,18 @@ typedef struct etp__ep_layout_args {
 
 /* Dispatch, token side: copy token t to row send_base[d] + send_pos[t*R+d]
  * of send_tok for every d it goes to; weights (optional) likewise, k per
- * row, 0 in slots that target another rank. */
+ * row, 0 in slots that target another rank.
+ * mx: tokens are BF16 (dtype); a token sent anywhere is quantized once to
+ * MXFP8 rowwise E4M3 (per 32-element block b: amax with etp__qf_amax_step,
+ * scale e = etp__qf_mxfp8_scale(amax, 1/448), elements
+ * etp__qf_mxfp8_encode(x, etp__qf_mxfp8_multiplier(e), E4M3)) and the same
+ * ETP__EP_MX_ROW_BYTES(H) bytes go to each of its send rows. */
 typedef struct etp__ep_pack_args {
     const void *tokens;
     const float *weights;
     const int32_t *t_dev, *slot_dest, *send_pos, *send_base;
     int64_t t_max, hidden;
-    int k, ranks, dtype;
+    int k, ranks, dtype, mx;
     void *send_tok;
     float *send_w;
 } etp__ep_pack_args_t;
@@ -112,14 +124,18 @@ typedef struct etp__ep_pack_args {
 /* Expand, expert side: row r of out = received token row_src[r] / k
  * (scaled by scale_w[r] in FP32 and rounded once, when scale_w is set), or
  * zero. out_w / keep_w (optional) get the slot's received weight (0 for
- * empty rows). */
+ * empty rows).
+ * mx: received rows are MXFP8 (ETP__EP_MX_ROW_BYTES(H) bytes each); out
+ * row r gets its H data bytes (at r * H), out_scales row r its H/32 scale
+ * bytes (at r * H/32); both zero for empty rows. scale_w is NULL. */
 typedef struct etp__ep_expand_args {
     const void *recv_tok;
     const float *recv_w, *scale_w;
     const int32_t *row_src;
     int64_t rows, hidden;
-    int k, dtype;
+    int k, dtype, mx;
     void *out;
+    void *out_scales;
     float *out_w, *keep_w;
 } etp__ep_expand_args_t;
 

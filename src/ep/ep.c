@@ -15,6 +15,11 @@
  * per token row: routing metadata, weights, weight gradients). A layer owns
  * its routing state (one device allocation) and a pinned host mirror of its
  * counters plus, for EXACT, the host copy of the count matrix.
+ *
+ * MXFP8 groups (ETP_EP_TOKEN_MXFP8) compute in BF16 (`dt`): only dispatch
+ * differs, its pack kernel quantizing each token once into an MXFP8 wire
+ * row (ETP__EP_MX_ROW_BYTES, exchanged as bytes) and its expand kernel
+ * splitting received rows into the caller's data and scale matrices.
  */
 #include <math.h>
 #include <stdio.h>
@@ -35,6 +40,8 @@ struct etp_ep_group {
     const etp__ep_kernels_t *kt;
     char name[EP_NAME_MAX];
     etp_ep_group_config_t cfg;
+    etp_dtype_t dt;             /* the dtype of the data calls: BF16 for MXFP8 groups */
+    int mx;                     /* MXFP8 dispatch */
     int rank, R;
     int64_t L, slab, tok_cap, send_rows;
     void *send_tok, *recv_tok, *send_small, *recv_small;
@@ -128,21 +135,33 @@ etp_status_t etp__ep_set_phase_hook(etp_ep_group_t *ep, etp__ep_phase_fn_t fn, v
 
 static int token_dtype_ok(etp_dtype_t t)
 {
-    return t == ETP_DTYPE_BF16 || t == ETP_DTYPE_F32;
+    return t == ETP_DTYPE_BF16 || t == ETP_DTYPE_F32 || t == ETP_EP_TOKEN_MXFP8;
 }
 
+static const char *token_dtype_name(etp_dtype_t t)
+{
+    return t == ETP_EP_TOKEN_MXFP8 ? "mxfp8" : etp_dtype_name(t);
+}
+
+/* The data calls take the group's dtype: its token dtype, BF16 in an MXFP8
+ * group (dispatch quantizes BF16 tokens; everything else stays BF16). */
 static etp_status_t check_dtype(const etp_ep_group_t *ep, etp_dtype_t dt, const char *what,
                                 const char *fn)
 {
-    if (dt == ETP_EP_TOKEN_MXFP8)
-        return etp__err(ETP_ERR_UNSUPPORTED,
-                        "%s: %s: MXFP8 tokens are not supported yet (they need the quantization "
-                        "module); use BF16 or F32", fn, what);
-    if (dt != ep->cfg.token_dtype)
+    if (dt == ep->dt) return ETP_SUCCESS;
+    if (dt == ETP_EP_TOKEN_MXFP8 && ep->mx)
         return etp__err(ETP_ERR_INVALID_ARGUMENT,
-                        "%s: %s has dtype %s, EP group '%s' moves %s", fn, what,
-                        etp_dtype_name(dt), ep->name, etp_dtype_name(ep->cfg.token_dtype));
-    return ETP_SUCCESS;
+                        "%s: %s has dtype mxfp8: EP group '%s' quantizes to MXFP8 inside dispatch, "
+                        "from bf16 tokens; combine, dispatch_bwd and combine_bwd stay bf16 (pass "
+                        "ETP_DTYPE_BF16)", fn, what, ep->name);
+    if (dt == ETP_EP_TOKEN_MXFP8)
+        return etp__err(ETP_ERR_INVALID_ARGUMENT,
+                        "%s: %s has dtype mxfp8, EP group '%s' moves %s (MXFP8 dispatch needs a "
+                        "group made with token_dtype ETP_EP_TOKEN_MXFP8)", fn, what, ep->name,
+                        etp_dtype_name(ep->dt));
+    return etp__err(ETP_ERR_INVALID_ARGUMENT, "%s: %s has dtype %s, EP group '%s' moves %s%s", fn,
+                    what, etp_dtype_name(dt), ep->name, etp_dtype_name(ep->dt),
+                    ep->mx ? " (its dispatch quantizes bf16 tokens to MXFP8)" : "");
 }
 
 /* ---- the report ------------------------------------------------------- */
@@ -283,11 +302,8 @@ etp_status_t etp_ep_group_create(etp_group_t *group, const etp_ep_group_config_t
     ETP__CHECK_ARG(c.role >= 0 && c.role < group->num_roles,
                    "%s: role %d not in [0, %d) of group '%s'", fn, c.role, group->num_roles,
                    group->name);
-    if (c.token_dtype == ETP_EP_TOKEN_MXFP8)
-        return etp__err(ETP_ERR_UNSUPPORTED,
-                        "%s: MXFP8 tokens are not supported yet (they need the quantization "
-                        "module); use BF16 or F32", fn);
-    ETP__CHECK_ARG(token_dtype_ok(c.token_dtype), "%s: token_dtype %s (expected bf16 or f32)", fn,
+    ETP__CHECK_ARG(token_dtype_ok(c.token_dtype),
+                   "%s: token_dtype %s (expected bf16, f32 or ETP_EP_TOKEN_MXFP8)", fn,
                    etp_dtype_name(c.token_dtype));
     ETP__CHECK_ARG(c.num_experts > 0, "%s: num_experts %lld (expected > 0)", fn,
                    (long long)c.num_experts);
@@ -295,6 +311,10 @@ etp_status_t etp_ep_group_create(etp_group_t *group, const etp_ep_group_config_t
                    "%s: num_experts %lld is not a multiple of the group size %d of group '%s'",
                    fn, (long long)c.num_experts, R, group->name);
     ETP__CHECK_ARG(c.hidden > 0, "%s: hidden %lld (expected > 0)", fn, (long long)c.hidden);
+    ETP__CHECK_ARG(c.token_dtype != ETP_EP_TOKEN_MXFP8 || c.hidden % ETP_EP_MXFP8_BLOCK == 0,
+                   "%s: hidden %lld is not a multiple of %d: MXFP8 tokens have one E8M0 scale per "
+                   "%d elements of a row", fn, (long long)c.hidden, ETP_EP_MXFP8_BLOCK,
+                   ETP_EP_MXFP8_BLOCK);
     ETP__CHECK_ARG(c.max_tokens_per_rank > 0, "%s: max_tokens_per_rank %lld (expected > 0)", fn,
                    (long long)c.max_tokens_per_rank);
     ETP__CHECK_ARG(c.max_topk >= 1 && c.max_topk <= c.num_experts,
@@ -343,6 +363,8 @@ etp_status_t etp_ep_group_create(etp_group_t *group, const etp_ep_group_config_t
     ep->be = group->ctx->be;
     ep->kt = ep->be->ops->kernels->ep;
     ep->cfg = c;
+    ep->mx = c.token_dtype == ETP_EP_TOKEN_MXFP8;
+    ep->dt = ep->mx ? ETP_DTYPE_BF16 : c.token_dtype;
     snprintf(ep->name, sizeof ep->name, "%s", c.name ? c.name : group->name);
     ep->cfg.name = ep->name;
     ep->rank = group->rank;
@@ -369,7 +391,7 @@ etp_status_t etp_ep_group_create(etp_group_t *group, const etp_ep_group_config_t
              "EP group '%s': %d ranks, %lld experts (%lld local), H %lld %s, %s transport "
              "(slab %lld rows), receive %lld token rows, %zu buffer bytes",
              ep->name, R, (long long)c.num_experts, (long long)L, (long long)c.hidden,
-             etp_dtype_name(c.token_dtype),
+             token_dtype_name(c.token_dtype),
              c.transport == ETP_EP_TRANSPORT_CAPACITY ? "capacity" : "exact", (long long)slab,
              (long long)tok_cap, ep->buf_bytes);
     *out = ep;
@@ -692,40 +714,54 @@ static etp__ep_pack_args_t pack_args(const etp_ep_layer_t *ly, const void *token
         .tokens = tokens, .weights = weights, .t_dev = ly->t_dev, .slot_dest = ly->slot_dest,
         .send_pos = ly->send_pos, .send_base = ly->send_base,
         .t_max = ep->cfg.max_tokens_per_rank, .hidden = ep->cfg.hidden, .k = ly->k,
-        .ranks = ep->R, .dtype = (int)ep->cfg.token_dtype, .send_tok = ep->send_tok,
+        .ranks = ep->R, .dtype = (int)ep->dt, .send_tok = ep->send_tok,
         .send_w = weights ? ep->send_small : NULL};
     return a;
 }
 
-etp_status_t etp_ep_dispatch(etp_ep_layer_t *ly, const void *tokens, etp_dtype_t dtype,
-                             const void *topk_weights, etp_dtype_t weights_dtype,
-                             void *recv_tokens, float *recv_weights, int64_t rows,
-                             etp_stream_t *s)
+static etp_status_t dispatch(etp_ep_layer_t *ly, const etp_ep_dispatch_args_t *a, etp_stream_t *s,
+                             const char *fn)
 {
-    const char *fn = "etp_ep_dispatch";
     ETP__TRY(entry(ly, s, fn));
     etp_ep_group_t *ep = ly->ep;
-    ETP__TRY(check_dtype(ep, dtype, "tokens", fn));
+    ETP__TRY(check_dtype(ep, a->dtype, "tokens", fn));
     ETP__TRY(check_prepared(ly, fn));
-    ETP__CHECK_NULL(tokens, fn);
-    ETP__CHECK_NULL(recv_tokens, fn);
-    ETP__TRY(check_rows(ly, rows, "recv_tokens", fn));
-    if (topk_weights)
-        ETP__CHECK_ARG(weights_dtype == ETP_DTYPE_F32,
+    if (!a->tokens) return etp__err(ETP_ERR_INVALID_ARGUMENT, "%s: argument 'tokens' is NULL", fn);
+    if (!a->recv_tokens)
+        return etp__err(ETP_ERR_INVALID_ARGUMENT, "%s: argument 'recv_tokens' is NULL", fn);
+    if (ep->mx)
+        ETP__CHECK_ARG(a->recv_scales != NULL,
+                       "%s: EP group '%s' dispatches MXFP8 tokens: recv_scales ([rows, %lld] "
+                       "E8M0 bytes) is required%s", fn, ep->name,
+                       (long long)(ep->cfg.hidden / ETP_EP_MXFP8_BLOCK),
+                       a->size ? "" : " (use etp_ep_dispatch_ex)");
+    else
+        ETP__CHECK_ARG(a->recv_scales == NULL,
+                       "%s: recv_scales is for MXFP8 groups; EP group '%s' moves %s (pass NULL)",
+                       fn, ep->name, etp_dtype_name(ep->dt));
+    ETP__TRY(check_rows(ly, a->rows, "recv_tokens", fn));
+    if (a->topk_weights)
+        ETP__CHECK_ARG(a->weights_dtype == ETP_DTYPE_F32,
                        "%s: topk_weights has dtype %s (expected f32)", fn,
-                       etp_dtype_name(weights_dtype));
-    ETP__CHECK_ARG(topk_weights || !ly->weighted,
+                       etp_dtype_name(a->weights_dtype));
+    ETP__CHECK_ARG(a->topk_weights || !ly->weighted,
                    "%s: EP layer '%s' is weighted: topk_weights is required", fn, ly->name);
-    ETP__CHECK_ARG(topk_weights || !recv_weights,
+    ETP__CHECK_ARG(a->topk_weights || !a->recv_weights,
                    "%s: recv_weights given without topk_weights", fn);
     const etp__ep_kernels_t *kt = ep->kt;
     etp__be_t *be = ep->be;
+    const void *topk_weights = a->topk_weights;
     ETP__TRY(join(ep, s));
-    etp__ep_pack_args_t pa = pack_args(ly, tokens, topk_weights);
+    etp__ep_pack_args_t pa = pack_args(ly, a->tokens, topk_weights);
+    pa.mx = ep->mx;
     ETP__TRY(kt->pack(be, s->bs, &pa));
     phase(ep, ETP__EP_PHASE_EXCHANGE_BEGIN, s);
     ETP__TRY(etp_batch_begin(ep->ctx));
-    etp_status_t st = exchange(ly, 1, ep->send_tok, ep->recv_tok, ep->cfg.hidden, dtype, s);
+    /* MXFP8: a wire row of data, scales and padding, as bytes */
+    etp_status_t st =
+        ep->mx ? exchange(ly, 1, ep->send_tok, ep->recv_tok, ETP__EP_MX_ROW_BYTES(ep->cfg.hidden),
+                          ETP_DTYPE_U8, s)
+               : exchange(ly, 1, ep->send_tok, ep->recv_tok, ep->cfg.hidden, ep->dt, s);
     if (st == ETP_SUCCESS && topk_weights)
         st = exchange(ly, 1, ep->send_small, ep->recv_small, ly->k, ETP_DTYPE_F32, s);
     etp_status_t st_end = etp_batch_end(ep->ctx);
@@ -735,11 +771,35 @@ etp_status_t etp_ep_dispatch(etp_ep_layer_t *ly, const void *tokens, etp_dtype_t
     etp__ep_expand_args_t xa = {
         .recv_tok = ep->recv_tok, .recv_w = topk_weights ? ep->recv_small : NULL,
         .row_src = ly->row_src, .rows = ly->rows, .hidden = ep->cfg.hidden, .k = ly->k,
-        .dtype = (int)dtype, .out = recv_tokens, .out_w = recv_weights,
-        .keep_w = topk_weights ? ly->row_w : NULL};
+        .dtype = (int)ep->dt, .mx = ep->mx, .out = a->recv_tokens, .out_scales = a->recv_scales,
+        .out_w = a->recv_weights, .keep_w = topk_weights ? ly->row_w : NULL};
     ETP__TRY(kt->expand(be, s->bs, &xa));
     ly->weights_kept = topk_weights != NULL;
     return leave(ep, s);
+}
+
+etp_status_t etp_ep_dispatch(etp_ep_layer_t *ly, const void *tokens, etp_dtype_t dtype,
+                             const void *topk_weights, etp_dtype_t weights_dtype,
+                             void *recv_tokens, float *recv_weights, int64_t rows,
+                             etp_stream_t *s)
+{
+    /* size 0 marks the call without recv_scales (for the message) */
+    etp_ep_dispatch_args_t a = {.size = 0, .tokens = tokens, .dtype = dtype,
+                                .topk_weights = topk_weights, .weights_dtype = weights_dtype,
+                                .recv_tokens = recv_tokens, .recv_scales = NULL,
+                                .recv_weights = recv_weights, .rows = rows};
+    return dispatch(ly, &a, s, "etp_ep_dispatch");
+}
+
+etp_status_t etp_ep_dispatch_ex(etp_ep_layer_t *ly, const etp_ep_dispatch_args_t *args,
+                                etp_stream_t *s)
+{
+    const char *fn = "etp_ep_dispatch_ex";
+    if (!args) return etp__err(ETP_ERR_INVALID_ARGUMENT, "%s: argument 'args' is NULL", fn);
+    ETP__CHECK_ARG(args->size == sizeof *args,
+                   "%s: args->size %zu (expected %zu; use ETP_EP_DISPATCH_ARGS_INIT)", fn,
+                   args->size, sizeof *args);
+    return dispatch(ly, args, s, fn);
 }
 
 /* Expert rows -> per (token, rank) FP32 partials -> back -> sum in rank
@@ -753,12 +813,12 @@ static etp_status_t rows_to_tokens(etp_ep_layer_t *ly, const void *in, const flo
     etp__be_t *be = ep->be;
     etp__ep_presum_args_t pa = {.in = in, .row_w = row_w, .tok_rows = ly->tok_rows,
                                 .ntok = ly->ntok, .hidden = ep->cfg.hidden, .k = ly->k,
-                                .dtype = (int)ep->cfg.token_dtype, .partial = ep->recv_tok};
+                                .dtype = (int)ep->dt, .partial = ep->recv_tok};
     ETP__TRY(kt->presum(be, s->bs, &pa));
     if (grad_topk_w) {
         etp__ep_wgrad_args_t wa = {.recv_row = ly->recv_row, .grad_row_w = grad_row_w,
                                    .ntok = ly->ntok, .hidden = ep->cfg.hidden, .k = ly->k,
-                                   .dtype = (int)ep->cfg.token_dtype, .dot = 0,
+                                   .dtype = (int)ep->dt, .dot = 0,
                                    .g = ep->recv_small};
         ETP__TRY(kt->wgrad(be, s->bs, &wa));
     }
@@ -774,7 +834,7 @@ static etp_status_t rows_to_tokens(etp_ep_layer_t *ly, const void *in, const flo
     etp__ep_reduce_args_t ra = {.partial = ep->send_tok, .t_dev = ly->t_dev,
                                 .send_pos = ly->send_pos, .send_base = ly->send_base,
                                 .t_max = ep->cfg.max_tokens_per_rank, .hidden = ep->cfg.hidden,
-                                .ranks = ep->R, .dtype = (int)ep->cfg.token_dtype, .out = out};
+                                .ranks = ep->R, .dtype = (int)ep->dt, .out = out};
     ETP__TRY(kt->reduce(be, s->bs, &ra));
     if (grad_topk_w) {
         etp__ep_wscatter_args_t wa = {.g_recv = ep->send_small, .t_dev = ly->t_dev,

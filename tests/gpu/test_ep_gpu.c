@@ -6,11 +6,17 @@
  * transports, both layouts, weighted and not, BF16 and F32, top-k 1, 2, 8;
  * then a forward + backward step in CAPACITY mode captured once into a
  * CUDA graph (T on the device) and replayed with new routing each time,
- * equal bit for bit to the same step run eagerly.
+ * equal bit for bit to the same step run eagerly. MXFP8 dispatch
+ * (ETP_EP_TOKEN_MXFP8): the same checked steps with the received data and
+ * scales compared byte for byte with the quant module's host reference
+ * (so the CUDA quantization equals the host's), top-k 1, 2, 8, both
+ * transports and layouts, aligned and misaligned tokens, H with and without
+ * wire-row padding; and the captured step with MXFP8 dispatch.
  */
 #include <cuda_runtime_api.h>
 
 #include "etp/cuda.h"
+#define ETP_TEST_EP_MXFP8 1
 #include "test_ep_steps.h"
 
 static int have_gpu(void)
@@ -113,6 +119,46 @@ static void test_steps(void **state)
                 }
 }
 
+/* MXFP8 dispatch on the GPU against the host reference, byte for byte. */
+static void test_mx_steps(void **state)
+{
+    ep_fx_t *f = *state;
+    need_gpu(f);
+    const int ks[] = {1, 2, 8};
+    uint64_t tag = 55000;
+    for (int ki = 0; ki < 3; ki++)
+        for (int tr = 0; tr < 2; tr++)
+            for (int layout = 0; layout < 2; layout++)
+                for (int weighted = 0; weighted < 2; weighted++) {
+                    const int k = ks[ki], v = ki + tr + layout + weighted;
+                    /* 1024: 16-byte scale rows (vector copies); 544 = 17 blocks:
+                     * byte copies and a padded wire row (561 -> 576 bytes) */
+                    const int64_t H = v % 2 ? 1024 : 544;
+                    gcfg_t g = cfg_for(k, H, ETP_DTYPE_BF16, tr ? ETP_EP_TRANSPORT_CAPACITY : ETP_EP_TRANSPORT_EXACT);
+                    g.mx = 1;
+                    g.cf = weighted ? 1.0 : 4.0;
+                    etp_ep_group_t *ep = ep_make_group(f, &g);
+                    lcfg_t l = {.k = k, .align = (ki + layout) % 2 ? 16 : 1, .weighted = weighted,
+                                .layout = layout ? ETP_EP_LAYOUT_FIXED_SLOTS : ETP_EP_LAYOUT_PACKED};
+                    etp_ep_layer_t *ly = ep_make_layer(ep, &g, &l, "gpu_mx");
+                    ep_bufs_t b;
+                    ep_bufs_alloc(f, &g, l.rows, k, &b);
+                    /* misaligned tokens: the kernel's scalar loads */
+                    ep_step_opts_t o = {.route_mode = (ki + tr) % 2 ? ROUTE_SKEWED : ROUTE_UNIFORM,
+                                        .check_report = 1, .misalign = (v / 2) % 2};
+                    ep_step(f, &g, &l, ly, f->s0, &b, tag++, &o);
+                    o.route_mode = ROUTE_BAD;
+                    ep_step(f, &g, &l, ly, f->s0, &b, tag++, &o);
+                    if (tr) {
+                        o.device_T = 1;
+                        ep_step(f, &g, &l, ly, f->s0, &b, tag++, &o);
+                    }
+                    ep_bufs_free(f, &b);
+                    ETP_OK(etp_ep_layer_destroy(ly));
+                    ETP_OK(etp_ep_group_destroy(ep));
+                }
+}
+
 /* Upload step `tag`'s inputs of this rank for a layer of top-k k. */
 static void upload(ep_fx_t *f, const gcfg_t *g, const lcfg_t *l, ep_bufs_t *b, uint64_t tag,
                    int32_t *T_out)
@@ -155,25 +201,39 @@ static void step_calls(const gcfg_t *g, const lcfg_t *l, etp_ep_layer_t *ly, ep_
                        etp_stream_t *s)
 {
     ETP_OK(etp_ep_prepare(ly, b->idx, ETP_DTYPE_I64, ETP_EP_TOKENS_ON_DEVICE, b->tdev, s));
-    ETP_OK(etp_ep_dispatch(ly, b->tok, g->dt, b->w, ETP_DTYPE_F32, b->recv, b->recv_w, l->rows, s));
+    if (g->mx) {
+        etp_ep_dispatch_args_t da = ETP_EP_DISPATCH_ARGS_INIT;
+        da.tokens = b->tok;
+        da.topk_weights = b->w;
+        da.recv_tokens = b->recv;
+        da.recv_scales = b->recv_s;
+        da.recv_weights = b->recv_w;
+        da.rows = l->rows;
+        ETP_OK(etp_ep_dispatch_ex(ly, &da, s));
+    } else {
+        ETP_OK(etp_ep_dispatch(ly, b->tok, g->dt, b->w, ETP_DTYPE_F32, b->recv, b->recv_w, l->rows, s));
+    }
     ETP_OK(etp_ep_combine(ly, b->y, g->dt, l->rows, b->out, s));
     ETP_OK(etp_ep_combine_bwd(ly, b->gout, g->dt, b->y, l->rows, b->grows, b->gtopk, s));
     ETP_OK(etp_ep_dispatch_bwd(ly, b->grows_in, g->dt, b->gw_in, l->rows, b->gtok, b->gtopk2, s));
 }
 
+enum { N_OUT = 8 };
+
 typedef struct {
-    uint8_t *p[7];
-    size_t n[7];
+    uint8_t *p[N_OUT];
+    size_t n[N_OUT];
 } outputs_t;
 
 static void download(ep_fx_t *f, const gcfg_t *g, const lcfg_t *l, ep_bufs_t *b, outputs_t *o)
 {
     const size_t es = etp_dtype_size(g->dt);
-    void *src[7] = {b->recv, b->recv_w, b->out, b->grows, b->gtopk, b->gtok, b->gtopk2};
-    size_t n[7] = {(size_t)(l->rows * g->H) * es, (size_t)l->rows * 4, (size_t)(g->tmax * g->H) * es,
-                   (size_t)(l->rows * g->H) * es, (size_t)(g->tmax * l->k) * 4,
-                   (size_t)(g->tmax * g->H) * es, (size_t)(g->tmax * l->k) * 4};
-    for (int i = 0; i < 7; i++) {
+    void *src[N_OUT] = {b->recv, b->recv_w, b->out, b->grows, b->gtopk, b->gtok, b->gtopk2, b->recv_s};
+    size_t n[N_OUT] = {(size_t)(l->rows * g->H) * es, (size_t)l->rows * 4, (size_t)(g->tmax * g->H) * es,
+                       (size_t)(l->rows * g->H) * es, (size_t)(g->tmax * l->k) * 4,
+                       (size_t)(g->tmax * g->H) * es, (size_t)(g->tmax * l->k) * 4,
+                       g->mx ? (size_t)(l->rows * (g->H / 32)) : 1};
+    for (int i = 0; i < N_OUT; i++) {
         o->n[i] = n[i];
         o->p[i] = malloc(n[i]);
         ep_down(f->s0, o->p[i], src[i], n[i]);
@@ -190,6 +250,7 @@ static void poison_outputs(ep_fx_t *f, const gcfg_t *g, const lcfg_t *l, ep_bufs
     ETP_OK(etp_memset_async(f->s0, b->gtopk, 0xA5, (size_t)(g->tmax * l->k) * 4));
     ETP_OK(etp_memset_async(f->s0, b->gtok, 0xA5, (size_t)(g->tmax * g->H) * es));
     ETP_OK(etp_memset_async(f->s0, b->gtopk2, 0xA5, (size_t)(g->tmax * l->k) * 4));
+    ETP_OK(etp_memset_async(f->s0, b->recv_s, 0xA5, g->mx ? (size_t)(l->rows * (g->H / 32)) : 1));
 }
 
 /* Capture once, replay with new routing: equal to eager, bit for bit. */
@@ -197,8 +258,10 @@ static void test_graph_replay(void **state)
 {
     ep_fx_t *f = *state;
     need_gpu(f);
-    for (int layout = 0; layout < 2; layout++) {
+    for (int v = 0; v < 4; v++) {
+        const int layout = v % 2;
         gcfg_t g = cfg_for(8, 1024, ETP_DTYPE_BF16, ETP_EP_TRANSPORT_CAPACITY);
+        g.mx = v / 2; /* MXFP8 dispatch in the graph too */
         g.cf = 1.5;
         etp_ep_group_t *ep = ep_make_group(f, &g);
         lcfg_t l = {.k = 8, .align = 16, .weighted = 1,
@@ -224,7 +287,7 @@ static void test_graph_replay(void **state)
         assert_true(ep_same_report(&m0, &m1));
 
         for (int rep = 0; rep < 4; rep++) {
-            uint64_t tag = 60100 + (uint64_t)(10 * layout + rep);
+            uint64_t tag = 60100 + (uint64_t)(10 * v + rep);
             upload(f, &g, &l, &b, tag, &T);
             poison_outputs(f, &g, &l, &b);
             assert_int_equal(cudaGraphLaunch(exec, cs), cudaSuccess);
@@ -235,7 +298,7 @@ static void test_graph_replay(void **state)
             step_calls(&g, &l, eager, &b, f->s0);
             ETP_OK(etp_stream_synchronize(f->s0));
             download(f, &g, &l, &b, &oe);
-            for (int i = 0; i < 7; i++) {
+            for (int i = 0; i < N_OUT; i++) {
                 size_t diff = 0;
                 for (size_t x = 0; x < og.n[i]; x++) diff += og.p[i][x] != oe.p[i][x];
                 if (diff) print_error("replay %d output %d: %zu bytes differ from eager\n", rep, i, diff);
@@ -262,6 +325,7 @@ int main(int argc, char **argv)
     tu_mpi_init(&argc, &argv, "test_ep_gpu");
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_steps),
+        cmocka_unit_test(test_mx_steps),
         cmocka_unit_test(test_graph_replay),
     };
     int failed = cmocka_run_group_tests_name("ep_gpu", tests, setup, teardown);

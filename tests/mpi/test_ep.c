@@ -449,8 +449,8 @@ static void test_bad_input(void **state)
     bad = c;
     bad.token_dtype = ETP_DTYPE_F16;
     ETP_EXPECT_MSG(etp_ep_group_create(f->world, &bad, &ep), ETP_ERR_INVALID_ARGUMENT, "token_dtype");
-    bad.token_dtype = ETP_EP_TOKEN_MXFP8;
-    ETP_EXPECT_MSG(etp_ep_group_create(f->world, &bad, &ep), ETP_ERR_UNSUPPORTED, "MXFP8");
+    bad.token_dtype = ETP_EP_TOKEN_MXFP8; /* H = 8: not a multiple of 32 */
+    ETP_EXPECT_MSG(etp_ep_group_create(f->world, &bad, &ep), ETP_ERR_INVALID_ARGUMENT, "multiple of 32");
     bad = c;
     bad.max_topk = 0;
     ETP_EXPECT_MSG(etp_ep_group_create(f->world, &bad, &ep), ETP_ERR_INVALID_ARGUMENT, "max_topk");
@@ -515,7 +515,21 @@ static void test_bad_input(void **state)
     ETP_EXPECT_MSG(etp_ep_dispatch(ly, b.tok, ETP_DTYPE_F32, b.w, ETP_DTYPE_F32, b.recv, b.recv_w, l.rows, s),
                    ETP_ERR_INVALID_ARGUMENT, "moves bf16");
     ETP_EXPECT_MSG(etp_ep_dispatch(ly, b.tok, ETP_EP_TOKEN_MXFP8, b.w, ETP_DTYPE_F32, b.recv, b.recv_w, l.rows, s),
-                   ETP_ERR_UNSUPPORTED, "MXFP8");
+                   ETP_ERR_INVALID_ARGUMENT, "ETP_EP_TOKEN_MXFP8");
+    {
+        etp_ep_dispatch_args_t da = ETP_EP_DISPATCH_ARGS_INIT;
+        da.tokens = b.tok;
+        da.topk_weights = b.w;
+        da.recv_tokens = b.recv;
+        da.recv_scales = b.recv_s; /* a BF16 group has no scales */
+        da.recv_weights = b.recv_w;
+        da.rows = l.rows;
+        ETP_EXPECT_MSG(etp_ep_dispatch_ex(ly, &da, s), ETP_ERR_INVALID_ARGUMENT, "recv_scales");
+        da.recv_scales = NULL;
+        da.size = 8;
+        ETP_EXPECT_MSG(etp_ep_dispatch_ex(ly, &da, s), ETP_ERR_INVALID_ARGUMENT, "ETP_EP_DISPATCH_ARGS_INIT");
+        ETP_EXPECT_MSG(etp_ep_dispatch_ex(ly, NULL, s), ETP_ERR_INVALID_ARGUMENT, "'args'");
+    }
     ETP_EXPECT_MSG(etp_ep_dispatch(ly, b.tok, ETP_DTYPE_BF16, b.w, ETP_DTYPE_F32, b.recv, b.recv_w, l.rows - 1, s),
                    ETP_ERR_INVALID_ARGUMENT, "etp_ep_layer_rows");
     ETP_EXPECT_MSG(etp_ep_dispatch(ly, b.tok, ETP_DTYPE_BF16, NULL, ETP_DTYPE_F32, b.recv, NULL, l.rows, s),

@@ -26,7 +26,8 @@ typedef struct {
     int R, me;
     int64_t E, L, H, tmax, cap;
     int maxk;
-    etp_dtype_t dt;
+    etp_dtype_t dt;   /* the data calls' dtype (BF16 when mx) */
+    int mx;           /* an MXFP8 group: token_dtype ETP_EP_TOKEN_MXFP8 */
     etp_ep_transport_t transport;
     etp_ep_overflow_t overflow;
     double cf;
@@ -69,6 +70,29 @@ static inline float ep_val(uint64_t tag, uint64_t a, uint64_t i)
     float m = 1.0f + (float)(r & 0x7fffff) / 8388608.0f;
     int e = (int)((r >> 23) % 25) - 12;
     return ((r >> 63) ? -1.0f : 1.0f) * ldexpf(m, e);
+}
+
+/* Token element i of rank s. MXFP8 groups get harder inputs for the
+ * quantizer: each 32-element block scaled by its own power of two (2^-50 ..
+ * 2^50, so block scales vary), some blocks all zero, and now and then NaN,
+ * +-Inf, +-0, a value near the BF16 maximum, or an FP32 subnormal. */
+static inline float ep_tok(uint64_t tag, uint64_t s, uint64_t i, int mx)
+{
+    float v = ep_val(tag, s, i);
+    if (!mx) return v;
+    uint64_t rb = tu_rand(g_seed, tag ^ 0x4242, s, i / 32);
+    if (rb % 17 == 0) return 0.0f;
+    v = ldexpf(v, (int)(rb % 101) - 50);
+    switch (tu_rand(g_seed, tag ^ 0x3131, s, i) % 1009) {
+    case 0: return NAN;
+    case 1: return INFINITY;
+    case 2: return -INFINITY;
+    case 3: return 0.0f;
+    case 4: return -0.0f;
+    case 5: return -3.0e38f;
+    case 6: return 1.0e-40f;
+    default: return v;
+    }
 }
 
 static inline float ep_weight(uint64_t tag, uint64_t a, uint64_t i)

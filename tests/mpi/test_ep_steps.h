@@ -6,11 +6,37 @@
  * adjoint identities checked to rounding; the counters compared with the
  * reference's; the memory report checked unchanged across the EP calls.
  * Shared by the MPI tests (host backend) and the GPU test (CUDA backend).
+ *
+ * MXFP8 groups (gcfg_t.mx): dispatch goes through etp_ep_dispatch_ex and its
+ * data and scales are compared byte for byte with the quant module's host
+ * reference (etp__qref_quantize, MXFP8 rowwise E4M3) of each source row;
+ * every other call is checked as in a BF16 group. A test that runs MXFP8
+ * steps defines ETP_TEST_EP_MXFP8 before including this header and links
+ * the static archive (etp_internal) for the reference.
  */
 #ifndef ETP_TEST_EP_STEPS_H
 #define ETP_TEST_EP_STEPS_H
 
 #include "test_ep_ref.h"
+
+#ifdef ETP_TEST_EP_MXFP8
+#include "quant/formats/quant_ref.h"
+
+/* The reference MXFP8 rowwise E4M3 quantization of one BF16 row of H
+ * elements: data[H] and scales[H/32] (the first row of the reference's
+ * padded, row-major scale matrix). */
+static inline void ep_mx_ref_row(const uint16_t *row, int64_t H, uint8_t *data, uint8_t *scales)
+{
+    etp__qref_cfg_t c;
+    memset(&c, 0, sizeof c);
+    c.format = ETP__QB_MXFP8;
+    const size_t scols = ((size_t)H / 32 + 3) / 4 * 4;
+    uint8_t *sc = calloc(128 * scols, 1);
+    etp__qref_quantize(&c, row, ETP__QB_BF16, 1, (size_t)H, 0.0f, data, sc, NULL, NULL);
+    memcpy(scales, sc, (size_t)H / 32);
+    free(sc);
+}
+#endif
 
 typedef struct {
     etp_context_t *ctx;
@@ -52,7 +78,7 @@ static inline etp_ep_group_t *ep_make_group(ep_fx_t *f, gcfg_t *g)
     c.name = "ep";
     c.num_experts = g->E;
     c.hidden = g->H;
-    c.token_dtype = g->dt;
+    c.token_dtype = g->mx ? ETP_EP_TOKEN_MXFP8 : g->dt;
     c.max_tokens_per_rank = g->tmax;
     c.max_topk = g->maxk;
     c.recv_capacity_per_rank = g->cap;
@@ -112,6 +138,7 @@ typedef struct {
     void *tok, *recv, *y, *out, *gout, *grows_in, *grows, *gtok;
     float *w, *recv_w, *gw_in, *gtopk, *gtopk2;
     int32_t *tdev;
+    uint8_t *recv_s; /* MXFP8 scales [rows + 2, H/32] */
 } ep_bufs_t;
 
 static inline void ep_bufs_alloc(ep_fx_t *f, const gcfg_t *g, int64_t rows, int k, ep_bufs_t *b)
@@ -119,7 +146,7 @@ static inline void ep_bufs_alloc(ep_fx_t *f, const gcfg_t *g, int64_t rows, int 
     const size_t es = etp_dtype_size(g->dt), H = (size_t)g->H, T = (size_t)g->tmax;
     const size_t R2 = (size_t)rows + 2;
     b->idx = ep_dalloc(f, T * (size_t)k * 8);
-    b->tok = ep_dalloc(f, T * H * es);
+    b->tok = ep_dalloc(f, T * H * es + 16); /* + 16: room for a misaligned start */
     b->w = ep_dalloc(f, T * (size_t)k * 4);
     b->recv = ep_dalloc(f, R2 * H * es);
     b->recv_w = ep_dalloc(f, R2 * 4);
@@ -133,12 +160,14 @@ static inline void ep_bufs_alloc(ep_fx_t *f, const gcfg_t *g, int64_t rows, int 
     b->gtok = ep_dalloc(f, T * H * es);
     b->gtopk2 = ep_dalloc(f, T * (size_t)k * 4);
     b->tdev = ep_dalloc(f, 4);
+    b->recv_s = ep_dalloc(f, R2 * (H / 32) + 1);
 }
 
 static inline void ep_bufs_free(ep_fx_t *f, ep_bufs_t *b)
 {
     void *all[] = {b->idx, b->tok, b->w, b->recv, b->recv_w, b->y, b->out, b->gout,
-                   b->grows, b->gtopk, b->grows_in, b->gw_in, b->gtok, b->gtopk2, b->tdev};
+                   b->grows, b->gtopk, b->grows_in, b->gw_in, b->gtok, b->gtopk2, b->tdev,
+                   b->recv_s};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) ETP_OK(etp_mem_free(f->ctx, all[i]));
 }
 
@@ -196,6 +225,7 @@ typedef struct {
     const int64_t *fixed_T;  /* per rank, or NULL: random */
     int device_T;            /* pass T through a device int32 (fixed_T may then be bad) */
     int check_report;        /* compare the counters with the reference */
+    int misalign;            /* tokens start 2 bytes past a 16-byte boundary */
 } ep_step_opts_t;
 
 /* One full step of layer `ly`, checked. Only the ranks' own data is
@@ -230,10 +260,11 @@ static inline void ep_step(ep_fx_t *f, const gcfg_t *g, const lcfg_t *l, etp_ep_
     for (size_t i = (size_t)Tm * k; i < nidx; i++) hidx[i] = 0; /* rows past T: ignored */
     uint8_t *htok = malloc((size_t)(Tm * H) * es + 1);
     float *hw = malloc((size_t)(Tm * k) * 4 + 4);
-    for (int64_t i = 0; i < Tm * H; i++) ep_put(htok, dt, i, ep_val(tag * 16 + TAG_TOK, (uint64_t)me, (uint64_t)i));
+    for (int64_t i = 0; i < Tm * H; i++) ep_put(htok, dt, i, ep_tok(tag * 16 + TAG_TOK, (uint64_t)me, (uint64_t)i, g->mx));
+    void *tokp = (char *)b->tok + (o->misalign ? 2 : 0);
     for (int64_t i = 0; i < Tm * k; i++) hw[i] = ep_weight(tag * 16 + TAG_W, (uint64_t)me, (uint64_t)i);
     ep_up(s, b->idx, hidx, nidx * 8);
-    ep_up(s, b->tok, htok, (size_t)(Tm * H) * es);
+    ep_up(s, tokp, htok, (size_t)(Tm * H) * es);
     ep_up(s, b->w, hw, (size_t)(Tm * k) * 4);
     if (o->device_T) ep_up(s, b->tdev, &t_dev_value, 4);
     /* expert-side inputs of the later calls, uploaded now so that the EP
@@ -257,6 +288,7 @@ static inline void ep_step(ep_fx_t *f, const gcfg_t *g, const lcfg_t *l, etp_ep_
     /* poison every output, including two rows past the layer's rows */
     ETP_OK(etp_memset_async(s, b->recv, 0xA5, (size_t)((rows + 2) * H) * es));
     ETP_OK(etp_memset_async(s, b->recv_w, 0xA5, (size_t)(rows + 2) * 4));
+    if (g->mx) ETP_OK(etp_memset_async(s, b->recv_s, 0xA5, (size_t)((rows + 2) * (H / 32))));
     ETP_OK(etp_memset_async(s, b->out, 0xA5, (size_t)(g->tmax * H) * es));
     ETP_OK(etp_memset_async(s, b->grows, 0xA5, (size_t)((rows + 2) * H) * es));
     ETP_OK(etp_memset_async(s, b->gtopk, 0xA5, (size_t)(g->tmax * k) * 4));
@@ -271,7 +303,19 @@ static inline void ep_step(ep_fx_t *f, const gcfg_t *g, const lcfg_t *l, etp_ep_
         ETP_OK(etp_ep_prepare(ly, b->idx, ETP_DTYPE_I64, ETP_EP_TOKENS_ON_DEVICE, b->tdev, s));
     else
         ETP_OK(etp_ep_prepare(ly, b->idx, ETP_DTYPE_I64, Tm, NULL, s));
-    ETP_OK(etp_ep_dispatch(ly, b->tok, dt, b->w, ETP_DTYPE_F32, b->recv, b->recv_w, rows + 2, s));
+    if (g->mx) {
+        etp_ep_dispatch_args_t da = ETP_EP_DISPATCH_ARGS_INIT;
+        da.tokens = tokp;
+        da.dtype = ETP_DTYPE_BF16;
+        da.topk_weights = b->w;
+        da.recv_tokens = b->recv;
+        da.recv_scales = b->recv_s;
+        da.recv_weights = b->recv_w;
+        da.rows = rows + 2;
+        ETP_OK(etp_ep_dispatch_ex(ly, &da, s));
+    } else {
+        ETP_OK(etp_ep_dispatch(ly, tokp, dt, b->w, ETP_DTYPE_F32, b->recv, b->recv_w, rows + 2, s));
+    }
     ETP_OK(etp_ep_combine(ly, b->y, dt, rows, b->out, s));
     ETP_OK(etp_ep_combine_bwd(ly, b->gout, dt, l->weighted ? b->y : NULL, rows, b->grows,
                               l->weighted ? b->gtopk : NULL, s));
@@ -313,21 +357,60 @@ static inline void ep_step(ep_fx_t *f, const gcfg_t *g, const lcfg_t *l, etp_ep_
                     src_j[r] = j;
                 }
     int64_t bad = 0;
-    for (int64_t r = 0; r < rows; r++)
-        for (int64_t h = 0; h < H; h++) {
-            float want = src_s[r] < 0 ? 0.0f
-                                      : ep_val(tag * 16 + TAG_TOK, (uint64_t)src_s[r],
-                                               (uint64_t)(src_t[r] * H + h));
-            if (dt == ETP_DTYPE_BF16) want = etp__bf16_to_f32(etp__f32_to_bf16(want));
-            bad += !ep_bits_equal(ep_get(hrecv, dt, r * H + h), want);
+    if (g->mx) {
+#ifdef ETP_TEST_EP_MXFP8
+        /* MXFP8: row r = the reference quantization of its source token's
+         * BF16 row, data [rows, H] and scales [rows, H/32]; empty rows 0 */
+        const int64_t nb = H / 32;
+        uint8_t *hs = malloc((size_t)((rows + 2) * nb) + 1), *wd = malloc((size_t)H);
+        uint8_t *ws = malloc((size_t)nb + 1);
+        uint16_t *srow = malloc((size_t)H * 2);
+        ep_down(s, hs, b->recv_s, (size_t)((rows + 2) * nb));
+        int64_t bad_data = 0, bad_scales = 0;
+        for (int64_t r = 0; r < rows; r++) {
+            memset(wd, 0, (size_t)H);
+            memset(ws, 0, (size_t)nb);
+            if (src_s[r] >= 0) {
+                for (int64_t h = 0; h < H; h++)
+                    srow[h] = etp__f32_to_bf16(ep_tok(tag * 16 + TAG_TOK, (uint64_t)src_s[r],
+                                                      (uint64_t)(src_t[r] * H + h), 1));
+                ep_mx_ref_row(srow, H, wd, ws);
+            }
+            for (int64_t h = 0; h < H; h++) bad_data += hrecv[r * H + h] != wd[h];
+            for (int64_t q = 0; q < nb; q++) bad_scales += hs[r * nb + q] != ws[q];
         }
+        /* rows past the layer's are not touched */
+        for (int64_t i = rows * H; i < (rows + 2) * H; i++) bad_data += hrecv[i] != 0xA5;
+        for (int64_t i = rows * nb; i < (rows + 2) * nb; i++) bad_scales += hs[i] != 0xA5;
+        if (bad_data || bad_scales)
+            print_error("rank %d MXFP8 dispatch: %lld data bytes and %lld scale bytes wrong\n", me,
+                        (long long)bad_data, (long long)bad_scales);
+        bad += bad_data + bad_scales;
+        free(hs);
+        free(wd);
+        free(ws);
+        free(srow);
+#else
+        fail_msg("MXFP8 steps need ETP_TEST_EP_MXFP8 (the quant module's reference)");
+#endif
+    } else {
+        for (int64_t r = 0; r < rows; r++)
+            for (int64_t h = 0; h < H; h++) {
+                float want = src_s[r] < 0 ? 0.0f
+                                          : ep_val(tag * 16 + TAG_TOK, (uint64_t)src_s[r],
+                                                   (uint64_t)(src_t[r] * H + h));
+                if (dt == ETP_DTYPE_BF16) want = etp__bf16_to_f32(etp__f32_to_bf16(want));
+                bad += !ep_bits_equal(ep_get(hrecv, dt, r * H + h), want);
+            }
+    }
     for (int64_t r = 0; r < rows; r++) {
         float want = src_s[r] < 0 ? 0.0f
                                   : ep_weight(tag * 16 + TAG_W, (uint64_t)src_s[r],
                                               (uint64_t)(src_t[r] * k + src_j[r]));
         bad += !ep_bits_equal(hrw[r], want);
     }
-    for (size_t i = (size_t)(rows * H) * es; i < (size_t)((rows + 2) * H) * es; i++) bad += hrecv[i] != 0xA5;
+    if (!g->mx)
+        for (size_t i = (size_t)(rows * H) * es; i < (size_t)((rows + 2) * H) * es; i++) bad += hrecv[i] != 0xA5;
     for (size_t i = (size_t)rows * 4; i < (size_t)(rows + 2) * 4; i++) bad += ((uint8_t *)hrw)[i] != 0xA5;
     if (bad) print_error("rank %d dispatch: %lld wrong values\n", me, (long long)bad);
     assert_int_equal(bad, 0);
@@ -407,23 +490,26 @@ static inline void ep_step(ep_fx_t *f, const gcfg_t *g, const lcfg_t *l, etp_ep_
 
     /* adjoints, from etp's own outputs (sums over all ranks, in double):
      * <dispatch(x), y> + <recv_w, gw> == <x, dispatch_bwd(y)> + <w, gtopk>
+     * (not for MXFP8 groups: their dispatch quantizes, it is not linear)
      * <combine(y), g> == <y, combine_bwd(g)> == <w, combine_bwd's gtopk> (weighted) */
     {
-        double lhs = 0, rhs = 0, scale = 0;
-        for (int64_t r = 0; r < rows; r++) {
-            for (int64_t h = 0; h < H; h++) {
-                double a = ep_get(hrecv, dt, r * H + h), c = ep_get(hgr, dt, r * H + h);
-                lhs += a * c;
-                scale += fabs(a * c);
+        if (!g->mx) {
+            double lhs = 0, rhs = 0, scale = 0;
+            for (int64_t r = 0; r < rows; r++) {
+                for (int64_t h = 0; h < H; h++) {
+                    double a = ep_get(hrecv, dt, r * H + h), c = ep_get(hgr, dt, r * H + h);
+                    lhs += a * c;
+                    scale += fabs(a * c);
+                }
+                lhs += (double)hrw[r] * hgw[r];
+                scale += fabs((double)hrw[r] * hgw[r]);
             }
-            lhs += (double)hrw[r] * hgw[r];
-            scale += fabs((double)hrw[r] * hgw[r]);
+            for (int64_t i = 0; i < Tm * H; i++) rhs += (double)ep_get(htok, dt, i) * ep_get(hgtok, dt, i);
+            for (int64_t i = 0; i < Tm * k; i++) rhs += (double)hw[i] * hgtopk2[i];
+            /* BF16 rounds each output once: a looser bound there */
+            double s1 = ep_allsum(scale) * (dt == ETP_DTYPE_BF16 ? 1000 : 1);
+            ep_near(ep_allsum(lhs), ep_allsum(rhs), s1, "dispatch");
         }
-        for (int64_t i = 0; i < Tm * H; i++) rhs += (double)ep_get(htok, dt, i) * ep_get(hgtok, dt, i);
-        for (int64_t i = 0; i < Tm * k; i++) rhs += (double)hw[i] * hgtopk2[i];
-        /* BF16 rounds each output once: a looser bound there */
-        double s1 = ep_allsum(scale) * (dt == ETP_DTYPE_BF16 ? 1000 : 1);
-        ep_near(ep_allsum(lhs), ep_allsum(rhs), s1, "dispatch");
         double c1 = 0, c2 = 0, c3 = 0, sc = 0;
         for (int64_t i = 0; i < Tm * H; i++) {
             c1 += (double)ep_get(hout, dt, i) * ep_get(hg, dt, i);

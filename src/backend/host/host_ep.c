@@ -12,6 +12,7 @@
 #include "../kernels_ep.h"
 #include "core/half.h"
 #include "host_internal.h"
+#include "quant/formats/qf_codec.h"
 
 static inline float load(const void *p, int dtype, int64_t i)
 {
@@ -240,28 +241,86 @@ static void layout_run(void *p)
 
 /* ---- data movement ------------------------------------------------------ */
 
+/* One token row of H elements (dtype) as an MXFP8 wire row (ep_args.h):
+ * H E4M3 bytes, H/32 E8M0 scales, zeros up to ETP__EP_MX_ROW_BYTES(H). The
+ * quant module's MXFP8 rowwise E4M3 recipe, from its codecs. */
+static void mx_quantize_row(const void *x, int dtype, int64_t H, uint8_t *row)
+{
+    const float inv_max = etp__qf_mxfp8_inv_max(0);
+    const int64_t nb = H / ETP__EP_MX_BLOCK;
+    for (int64_t b = 0; b < nb; b++) {
+        const int64_t h0 = b * ETP__EP_MX_BLOCK;
+        float amax = 0.0f;
+        for (int64_t h = h0; h < h0 + ETP__EP_MX_BLOCK; h++) amax = etp__qf_amax_step(amax, load(x, dtype, h));
+        const uint8_t e = etp__qf_mxfp8_scale(amax, inv_max);
+        const float s = etp__qf_mxfp8_multiplier(e);
+        for (int64_t h = h0; h < h0 + ETP__EP_MX_BLOCK; h++) row[h] = etp__qf_mxfp8_encode(load(x, dtype, h), s, 0);
+        row[H + b] = e;
+    }
+    memset(row + H + nb, 0, (size_t)(ETP__EP_MX_ROW_BYTES(H) - H - nb));
+}
+
 static void pack_run(void *p)
 {
     const etp__ep_pack_args_t *a = p;
     const int R = a->ranks, k = a->k;
     const int64_t T = tokens_of(a->t_dev, a->t_max), H = a->hidden;
     const size_t es = esize(a->dtype);
-    for (int64_t t = 0; t < T; t++)
+    /* bytes of one send row: the token, or its MXFP8 wire row */
+    const size_t rb = a->mx ? (size_t)ETP__EP_MX_ROW_BYTES(H) : (size_t)H * es;
+    for (int64_t t = 0; t < T; t++) {
+        const char *first = NULL; /* MXFP8: the token's row, quantized once */
         for (int d = 0; d < R; d++) {
             int32_t sp = a->send_pos[t * R + d];
             if (sp < 0) continue;
             int64_t row = (int64_t)a->send_base[d] + sp;
-            memcpy((char *)a->send_tok + (size_t)(row * H) * es,
-                   (const char *)a->tokens + (size_t)(t * H) * es, (size_t)H * es);
+            char *dst = (char *)a->send_tok + (size_t)row * rb;
+            const char *src = (const char *)a->tokens + (size_t)(t * H) * es;
+            if (!a->mx) {
+                memcpy(dst, src, rb);
+            } else if (!first) {
+                mx_quantize_row(src, a->dtype, H, (uint8_t *)dst);
+                first = dst;
+            } else {
+                memcpy(dst, first, rb);
+            }
             if (a->send_w)
                 for (int j = 0; j < k; j++)
                     a->send_w[row * k + j] = a->slot_dest[t * k + j] == d ? a->weights[t * k + j] : 0.0f;
         }
+    }
+}
+
+/* expand of MXFP8 rows: data and scales to their own matrices */
+static void expand_mx_run(const etp__ep_expand_args_t *a)
+{
+    const int64_t H = a->hidden, nb = H / ETP__EP_MX_BLOCK, rb = ETP__EP_MX_ROW_BYTES(H);
+    for (int64_t r = 0; r < a->rows; r++) {
+        int32_t src = a->row_src[r];
+        uint8_t *o = (uint8_t *)a->out + r * H, *os = (uint8_t *)a->out_scales + r * nb;
+        if (src < 0) {
+            memset(o, 0, (size_t)H);
+            memset(os, 0, (size_t)nb);
+            if (a->out_w) a->out_w[r] = 0.0f;
+            if (a->keep_w) a->keep_w[r] = 0.0f;
+            continue;
+        }
+        const uint8_t *in = (const uint8_t *)a->recv_tok + (src / a->k) * rb;
+        memcpy(o, in, (size_t)H);
+        memcpy(os, in + H, (size_t)nb);
+        float w = a->recv_w ? a->recv_w[src] : 0.0f;
+        if (a->out_w) a->out_w[r] = w;
+        if (a->keep_w) a->keep_w[r] = w;
+    }
 }
 
 static void expand_run(void *p)
 {
     const etp__ep_expand_args_t *a = p;
+    if (a->mx) {
+        expand_mx_run(a);
+        return;
+    }
     const int64_t H = a->hidden;
     const size_t es = esize(a->dtype);
     for (int64_t r = 0; r < a->rows; r++) {
