@@ -42,7 +42,8 @@ typedef enum etp_status {
     ETP_ERR_ABORTED = 7,           /* the context failed earlier and its communicators are aborted */
     ETP_ERR_BUSY = 8,              /* the object is still used by another object */
     ETP_ERR_BACKEND = 9,           /* CUDA, NCCL or MPI reported an error */
-    ETP_ERR_INTERNAL = 10          /* a bug in etp: please report it */
+    ETP_ERR_INTERNAL = 10,         /* a bug in etp: please report it */
+    ETP_ERR_CAPACITY = 11          /* a fixed-size buffer was too small (data was dropped, not written past it) */
 } etp_status_t;
 
 /* A static English name of a status ("invalid argument"); never NULL. */

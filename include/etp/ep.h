@@ -402,7 +402,7 @@ typedef struct etp_ep_report {
  * without blocking (a prepare still queued is not included). `report` may
  * be NULL. Under ETP_EP_OVERFLOW_ERROR a raised flag returns an error
  * naming the rank, the layer and the capacity needed:
- * ETP_ERR_INVALID_ARGUMENT for bad indices or T, ETP_ERR_OUT_OF_MEMORY for
+ * ETP_ERR_INVALID_ARGUMENT for bad indices or T, ETP_ERR_CAPACITY for
  * a capacity exceeded. The report is filled in either case. */
 ETP_API etp_status_t etp_ep_poll(etp_ep_layer_t *layer, etp_ep_report_t *report);
 

@@ -21,6 +21,7 @@ const char *etp_status_string(etp_status_t status)
     case ETP_ERR_BUSY: return "busy";
     case ETP_ERR_BACKEND: return "backend error";
     case ETP_ERR_INTERNAL: return "internal error";
+    case ETP_ERR_CAPACITY: return "capacity exceeded";
     }
     return "unknown status";
 }

@@ -200,23 +200,23 @@ static etp_status_t report_status(const etp_ep_layer_t *ly, const etp_ep_report_
                         (long long)ep->cfg.max_tokens_per_rank);
     if (r->flags & ETP_EP_FLAG_TRANSPORT_FULL) {
         if (ep->cfg.transport == ETP_EP_TRANSPORT_CAPACITY)
-            return etp__err(ETP_ERR_OUT_OF_MEMORY,
+            return etp__err(ETP_ERR_CAPACITY,
                             "%s: transport slab full: a peer needed %lld token rows, slab_rows is "
                             "%lld (capacity_factor %g); %lld slots dropped", who,
                             (long long)r->transport_rows_needed, (long long)ep->slab,
                             ep->cfg.capacity_factor, (long long)r->transport_dropped_slots);
-        return etp__err(ETP_ERR_OUT_OF_MEMORY,
+        return etp__err(ETP_ERR_CAPACITY,
                         "%s: receive capacity exceeded: a rank's receive buffer needed %lld token "
                         "rows, it holds %lld (recv_capacity_per_rank); %lld slots dropped", who,
                         (long long)r->transport_rows_needed, (long long)ep->tok_cap,
                         (long long)r->transport_dropped_slots);
     }
     if (ly->layout == ETP_EP_LAYOUT_FIXED_SLOTS)
-        return etp__err(ETP_ERR_OUT_OF_MEMORY,
+        return etp__err(ETP_ERR_CAPACITY,
                         "%s: receive capacity exceeded: an expert needed %lld slots, the layer has "
                         "%lld per expert; %lld slots dropped", who, (long long)r->rows_needed,
                         (long long)ly->slots, (long long)r->rows_dropped_slots);
-    return etp__err(ETP_ERR_OUT_OF_MEMORY,
+    return etp__err(ETP_ERR_CAPACITY,
                     "%s: receive capacity exceeded: the layout needed %lld rows, "
                     "recv_capacity_per_rank is %lld; %lld slots dropped", who,
                     (long long)r->rows_needed, (long long)ly->rows,

@@ -289,14 +289,14 @@ static void test_overflow_error(void **state)
             ETP_EXPECT_MSG(etp_ep_check(ly, &r), ETP_ERR_INVALID_ARGUMENT, "'strict'");
             assert_non_null(strstr(etp_last_error(), layer_rank));
         } else if (w->flags) {
-            ETP_EXPECT_MSG(etp_ep_check(ly, &r), ETP_ERR_OUT_OF_MEMORY, "needed");
+            ETP_EXPECT_MSG(etp_ep_check(ly, &r), ETP_ERR_CAPACITY, "needed");
             assert_non_null(strstr(etp_last_error(), layer_rank));
             assert_non_null(strstr(etp_last_error(), "'strict'"));
             char need[64];
             snprintf(need, sizeof need, "needed %lld",
                      (long long)((w->flags & ETP_EP_FLAG_TRANSPORT_FULL) ? w->tneed : w->rneed));
             assert_non_null(strstr(etp_last_error(), need));
-            ETP_EXPECT(etp_ep_poll(ly, &r), ETP_ERR_OUT_OF_MEMORY);
+            ETP_EXPECT(etp_ep_poll(ly, &r), ETP_ERR_CAPACITY);
         } else {
             ETP_OK(etp_ep_check(ly, &r));
         }

@@ -10,7 +10,7 @@ static void test_status_strings(void **state)
 {
     (void)state;
     const char *seen[16] = {0};
-    for (int s = ETP_SUCCESS; s <= ETP_ERR_INTERNAL; s++) {
+    for (int s = ETP_SUCCESS; s <= ETP_ERR_CAPACITY; s++) {
         const char *str = etp_status_string((etp_status_t)s);
         assert_non_null(str);
         assert_string_not_equal(str, "unknown status");
