@@ -4,6 +4,7 @@ if(ETP_WITH_MPI)
   etp_add_mpi_test_internal(test_shard mpi/test_shard.c shard 2 3 4)
   etp_add_mpi_test_internal(test_shard_memory mpi/test_shard_memory.c shard 2)
   etp_add_mpi_test_internal(test_shard_quant mpi/test_shard_quant.c "shard,quant" 2 3 4)
+  etp_add_mpi_test_internal(test_shard_graph mpi/test_shard_graph.c shard 1 2 3)
   # The long variant: 1000 steps.
   add_test(NAME test_shard_memory_soak
     COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 2 --oversubscribe --bind-to none

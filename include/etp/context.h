@@ -169,6 +169,32 @@ ETP_API etp_status_t etp_event_query(etp_event_t *event, int *done);
 /* Block until the recorded work has finished (bounded by the timeout). */
 ETP_API etp_status_t etp_event_synchronize(etp_event_t *event);
 
+/* ---- graph capture ---------------------------------------------------- */
+
+typedef struct etp_graph etp_graph_t;
+
+/* Capture what `stream` enqueues from now on, and what other streams enqueue
+ * after joining it (by waiting on an event recorded on it during the
+ * capture), into a graph, instead of running it: cudaStreamBeginCapture on
+ * the CUDA backend (thread-local mode), the same rules on the host backend,
+ * so capture bugs show up without a GPU. During a capture: no host wait on a
+ * capturing stream or a captured event, no etp_mem_alloc/etp_mem_free, and a
+ * capturing stream may not wait on an event recorded outside the capture.
+ * One capture at a time per context.
+ * Errors: ETP_ERR_INVALID_STATE (a capture in progress), ETP_ERR_BACKEND. */
+ETP_API etp_status_t etp_stream_begin_capture(etp_stream_t *stream);
+/* End the capture begun on `stream` and instantiate the graph (*graph,
+ * destroyed with etp_graph_destroy). Every joined stream's work must have
+ * been joined back into `stream` (it waited on an event recorded after that
+ * work). Errors: ETP_ERR_INVALID_STATE (not the capturing stream, unjoined
+ * work, a capture invalidated by an earlier error, which is named). */
+ETP_API etp_status_t etp_stream_end_capture(etp_stream_t *stream, etp_graph_t **graph);
+/* Enqueue the graph's work on `stream` (ordered after what is there). The
+ * buffers it was captured with must still be allocated. */
+ETP_API etp_status_t etp_graph_launch(etp_graph_t *graph, etp_stream_t *stream);
+/* NULL is a no-op. */
+ETP_API etp_status_t etp_graph_destroy(etp_graph_t *graph);
+
 /* ---- memory ----------------------------------------------------------- */
 
 /* Allocate `bytes` (> 0) of device memory (host memory on the host backend)

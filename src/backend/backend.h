@@ -116,6 +116,13 @@ typedef struct etp__backend_ops {
     etp_status_t (*batch_begin)(etp__be_t *be);
     etp_status_t (*batch_end)(etp__be_t *be);
 
+    /* Graph capture: record what `s` (and the streams that join it by
+     * events) enqueue, instead of running it; a graph replays it. */
+    etp_status_t (*capture_begin)(etp__be_t *be, etp__bstream_t *s);
+    etp_status_t (*capture_end)(etp__be_t *be, etp__bstream_t *s, void **graph);
+    etp_status_t (*graph_launch)(etp__be_t *be, void *graph, etp__bstream_t *s);
+    void (*graph_destroy)(etp__be_t *be, void *graph);
+
     const etp__kernels_t *kernels;
 } etp__backend_ops_t;
 

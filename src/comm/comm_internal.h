@@ -21,7 +21,7 @@ struct etp_context {
     etp_allocator_t allocator;
     etp_backend_t requested_backend; /* before the constructor resolves AUTO */
     etp_group_t *world;
-    int num_streams, num_events, num_groups; /* live user-visible objects, world excluded */
+    int num_streams, num_events, num_groups, num_graphs; /* live user-visible objects, world excluded */
     int batch_depth;
     struct etp_chain *recording; /* src/shard: the chain recording its order, if any */
     /* memory accounting: a small open array, searched linearly (allocations
@@ -35,6 +35,11 @@ struct etp_context {
 struct etp_stream {
     etp_context_t *ctx;
     etp__bstream_t *bs;
+};
+
+struct etp_graph {
+    etp_context_t *ctx;
+    void *bg; /* the backend's graph */
 };
 
 struct etp_event {

@@ -280,11 +280,11 @@ etp_status_t etp_context_cuda_device(const etp_context_t *ctx, int *device)
 etp_status_t etp_context_destroy(etp_context_t *ctx)
 {
     if (!ctx) return ETP_SUCCESS;
-    if (ctx->num_streams || ctx->num_events || ctx->num_groups)
+    if (ctx->num_streams || ctx->num_events || ctx->num_groups || ctx->num_graphs)
         return etp__err(ETP_ERR_BUSY,
-                        "etp_context_destroy: still in use by %d stream(s), %d event(s) and %d "
-                        "group(s); destroy them first",
-                        ctx->num_streams, ctx->num_events, ctx->num_groups);
+                        "etp_context_destroy: still in use by %d stream(s), %d event(s), %d "
+                        "group(s) and %d graph(s); destroy them first",
+                        ctx->num_streams, ctx->num_events, ctx->num_groups, ctx->num_graphs);
     etp__be_t *be = ctx->be;
     if (!be->failed && be->ops->device_sync(be) != ETP_SUCCESS)
         ETP__LOG(&ctx->log, ETP_LOG_WARN, ETP_SUBSYS_CORE, "destroy: %s", etp_last_error());

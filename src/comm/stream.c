@@ -173,3 +173,47 @@ etp_status_t etp_memcpy_async(etp_stream_t *stream, void *dst, const void *src, 
     if (bytes == 0) return ETP_SUCCESS;
     return stream->ctx->be->ops->memcpy_async(stream->ctx->be, stream->bs, dst, src, bytes);
 }
+
+etp_status_t etp_stream_begin_capture(etp_stream_t *stream)
+{
+    ETP__CHECK_NULL(stream, "etp_stream_begin_capture");
+    ETP__TRY(etp__ctx_usable(stream->ctx, "etp_stream_begin_capture"));
+    return stream->ctx->be->ops->capture_begin(stream->ctx->be, stream->bs);
+}
+
+etp_status_t etp_stream_end_capture(etp_stream_t *stream, etp_graph_t **graph)
+{
+    ETP__CHECK_NULL(stream, "etp_stream_end_capture");
+    ETP__CHECK_NULL(graph, "etp_stream_end_capture");
+    etp_context_t *ctx = stream->ctx;
+    etp_graph_t *g = calloc(1, sizeof *g);
+    if (!g) return etp__err(ETP_ERR_OUT_OF_MEMORY, "etp_stream_end_capture: out of host memory");
+    etp_status_t st = ctx->be->ops->capture_end(ctx->be, stream->bs, &g->bg);
+    if (st != ETP_SUCCESS) {
+        free(g);
+        return st;
+    }
+    g->ctx = ctx;
+    ctx->num_graphs++;
+    *graph = g;
+    return ETP_SUCCESS;
+}
+
+etp_status_t etp_graph_launch(etp_graph_t *graph, etp_stream_t *stream)
+{
+    ETP__CHECK_NULL(graph, "etp_graph_launch");
+    ETP__CHECK_NULL(stream, "etp_graph_launch");
+    ETP__CHECK_ARG(stream->ctx == graph->ctx,
+                   "etp_graph_launch: the stream belongs to another context than the graph");
+    ETP__TRY(etp__ctx_usable(stream->ctx, "etp_graph_launch"));
+    return stream->ctx->be->ops->graph_launch(stream->ctx->be, graph->bg, stream->bs);
+}
+
+etp_status_t etp_graph_destroy(etp_graph_t *graph)
+{
+    if (!graph) return ETP_SUCCESS;
+    graph->ctx->be->ops->graph_destroy(graph->ctx->be, graph->bg);
+    graph->ctx->num_graphs--;
+    free(graph);
+    return ETP_SUCCESS;
+}

@@ -824,6 +824,57 @@ static void cuda_comm_destroy(etp__be_t *be, etp__bcomm_t *c)
     release_comms(cb, &c, 1);
 }
 
+/* ---- ops: graph capture ------------------------------------------------- */
+
+typedef struct {
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+} cuda_graph_t;
+
+static etp_status_t cuda_capture_begin(etp__be_t *be, etp__bstream_t *s)
+{
+    ETP__TRY(etp__cuda_set_device(etp__cuda_of(be)));
+    /* Thread-local: this thread's unsafe calls (an allocation, a host wait)
+     * fail during the capture instead of silently breaking it. */
+    cudaError_t e = cudaStreamBeginCapture(s->s, cudaStreamCaptureModeThreadLocal);
+    if (e != cudaSuccess) return cuda_error("cudaStreamBeginCapture", e);
+    return ETP_SUCCESS;
+}
+
+static etp_status_t cuda_capture_end(etp__be_t *be, etp__bstream_t *s, void **graph)
+{
+    ETP__TRY(etp__cuda_set_device(etp__cuda_of(be)));
+    cuda_graph_t *g = calloc(1, sizeof *g);
+    if (!g) return etp__err(ETP_ERR_OUT_OF_MEMORY, "end capture: out of host memory");
+    cudaError_t e = cudaStreamEndCapture(s->s, &g->graph);
+    if (e == cudaSuccess) e = cudaGraphInstantiate(&g->exec, g->graph, 0);
+    if (e != cudaSuccess) {
+        if (g->graph) cudaGraphDestroy(g->graph);
+        free(g);
+        return cuda_error("ending the capture (cudaStreamEndCapture / cudaGraphInstantiate)", e);
+    }
+    *graph = g;
+    return ETP_SUCCESS;
+}
+
+static etp_status_t cuda_graph_launch(etp__be_t *be, void *graph, etp__bstream_t *s)
+{
+    ETP__TRY(etp__cuda_set_device(etp__cuda_of(be)));
+    cudaError_t e = cudaGraphLaunch(((cuda_graph_t *)graph)->exec, s->s);
+    if (e != cudaSuccess) return cuda_error("cudaGraphLaunch", e);
+    return ETP_SUCCESS;
+}
+
+static void cuda_graph_destroy(etp__be_t *be, void *graph)
+{
+    cuda_graph_t *g = graph;
+    if (!g) return;
+    (void)cudaSetDevice(etp__cuda_of(be)->device);
+    cudaGraphExecDestroy(g->exec);
+    cudaGraphDestroy(g->graph);
+    free(g);
+}
+
 static const etp__backend_ops_t cuda_ops = {
     .name = "cuda",
     .kind = ETP_BACKEND_CUDA,
@@ -851,6 +902,10 @@ static const etp__backend_ops_t cuda_ops = {
     .coll = etp__cuda_coll,
     .batch_begin = etp__cuda_batch_begin,
     .batch_end = etp__cuda_batch_end,
+    .capture_begin = cuda_capture_begin,
+    .capture_end = cuda_capture_end,
+    .graph_launch = cuda_graph_launch,
+    .graph_destroy = cuda_graph_destroy,
     .kernels = &cuda_kernels,
 };
 

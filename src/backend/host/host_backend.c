@@ -39,6 +39,10 @@ static etp_status_t wait_req(etp__host_t *h, MPI_Request *req, const char *what)
 
 static etp_status_t host_mem_alloc(etp__be_t *be, size_t bytes, void **ptr)
 {
+    if (HOST(be)->cap)
+        return etp__err(ETP_ERR_INVALID_STATE,
+                        "allocation of %zu bytes while a capture is in progress (allocate before)",
+                        bytes);
     size_t rounded = (bytes + 255) & ~(size_t)255;
     void *p = aligned_alloc(256, rounded ? rounded : 256);
     if (!p) return etp__err(ETP_ERR_OUT_OF_MEMORY, "host allocation of %zu bytes failed", bytes);
@@ -53,6 +57,7 @@ static void host_mem_free(etp__be_t *be, void *ptr)
 
 static etp_status_t host_device_sync(etp__be_t *be)
 {
+    ETP__TRY(etp__hcap_check_host_wait(HOST(be), NULL, NULL, "waiting for all work"));
     return etp__hsched_run(HOST(be), NULL, 0, 1);
 }
 
@@ -84,12 +89,15 @@ static void *host_stream_native(etp__be_t *be, etp__bstream_t *s)
 
 static etp_status_t host_stream_sync(etp__be_t *be, etp__bstream_t *s)
 {
+    ETP__TRY(etp__hcap_check_host_wait(HOST(be), s, NULL, "stream synchronize"));
     return etp__hsched_run(HOST(be), s, s->last_enqueued, 1);
 }
 
 static etp_status_t host_stream_destroy(etp__be_t *be, etp__bstream_t *s)
 {
     etp__host_t *h = HOST(be);
+    if (s->cap)
+        return etp__err(ETP_ERR_INVALID_STATE, "stream destroy: the stream is being captured");
     etp_status_t st = ETP_SUCCESS;
     if (!be->failed) st = host_stream_sync(be, s);
     /* Waits on other streams may still name this one. */
@@ -121,6 +129,8 @@ static etp_status_t host_event_destroy(etp__be_t *be, etp__bevent_t *e)
 
 static etp_status_t host_event_record(etp__be_t *be, etp__bevent_t *e, etp__bstream_t *s)
 {
+    if (s->cap) return etp__hcap_record(HOST(be), e, s);
+    e->cap_id = 0;
     e->stream = s;
     e->seq = s->last_enqueued;
     return ETP_SUCCESS;
@@ -128,6 +138,7 @@ static etp_status_t host_event_record(etp__be_t *be, etp__bevent_t *e, etp__bstr
 
 static etp_status_t host_stream_wait_event(etp__be_t *be, etp__bstream_t *s, etp__bevent_t *e)
 {
+    if (s->cap || e->cap_id) return etp__hcap_wait(HOST(be), s, e);
     if (!e->stream || e->stream == s || e->stream->done_seq >= e->seq) return ETP_SUCCESS;
     etp__hop_t *op = etp__hop_new(ETP__HOP_WAIT);
     if (!op) return etp__err(ETP_ERR_OUT_OF_MEMORY, "wait: out of memory");
@@ -138,6 +149,7 @@ static etp_status_t host_stream_wait_event(etp__be_t *be, etp__bstream_t *s, etp
 
 static etp_status_t host_event_query(etp__be_t *be, etp__bevent_t *e, int *done)
 {
+    ETP__TRY(etp__hcap_check_host_wait(HOST(be), NULL, e, "event query"));
     if (e->stream && e->stream->done_seq < e->seq)
         ETP__TRY(etp__hsched_run(HOST(be), e->stream, e->seq, 0));
     *done = !e->stream || e->stream->done_seq >= e->seq;
@@ -146,6 +158,7 @@ static etp_status_t host_event_query(etp__be_t *be, etp__bevent_t *e, int *done)
 
 static etp_status_t host_event_sync(etp__be_t *be, etp__bevent_t *e)
 {
+    ETP__TRY(etp__hcap_check_host_wait(HOST(be), NULL, e, "event synchronize"));
     if (!e->stream) return ETP_SUCCESS;
     return etp__hsched_run(HOST(be), e->stream, e->seq, 1);
 }
@@ -318,6 +331,10 @@ static const etp__backend_ops_t host_ops = {
     .coll = host_coll,
     .batch_begin = host_batch_begin,
     .batch_end = host_batch_end,
+    .capture_begin = etp__hcap_begin,
+    .capture_end = etp__hcap_end,
+    .graph_launch = etp__hcap_launch,
+    .graph_destroy = etp__hcap_graph_destroy,
     .kernels = &etp__host_kernels,
 };
 

@@ -58,6 +58,7 @@ typedef struct etp__hop {
         struct {
             void (*fn)(void *args);
             void *args; /* a copy, owned by the operation */
+            size_t bytes;
         } fn;
     } u;
 } etp__hop_t;
@@ -71,12 +72,18 @@ struct etp__bstream {
     uint64_t last_enqueued;  /* seq of the newest operation (0: none ever) */
     uint64_t done_seq;       /* seq of the newest completed operation */
     uint64_t need;           /* scheduler scratch */
+    struct etp__hcap *cap;   /* the capture this stream records into, or NULL */
+    int cap_idx;             /* its index in that capture */
     etp__bstream_t *next;
 };
 
 struct etp__bevent {
     etp__bstream_t *stream; /* NULL: never recorded (complete) */
     uint64_t seq;
+    /* recorded during a capture: which one, on which of its streams, after
+     * how many captured operations there */
+    uint64_t cap_id;
+    int cap_stream, cap_pos;
 };
 
 struct etp__bcomm {
@@ -123,6 +130,8 @@ struct etp__host {
     int policy;            /* 0 latest first, 1 program order, 2 random */
     uint64_t rng;
     int batch_depth;
+    struct etp__hcap *cap; /* the capture in progress (one at a time) */
+    uint64_t next_cap_id;
 };
 
 enum { ETP__POLICY_LATE = 0, ETP__POLICY_FIFO = 1, ETP__POLICY_RANDOM = 2 };
@@ -150,6 +159,21 @@ void etp__hcoll_zombify(etp__hcoll_t *hc);
 void etp__hcomm_drain(etp__host_t *h, etp__bcomm_t *c);
 etp_status_t etp__hcoll_ops_create(etp__host_t *h);
 void etp__hcoll_ops_free(etp__host_t *h);
+
+/* host_capture.c: graph capture, with CUDA's rules. */
+typedef struct etp__hcap etp__hcap_t;
+/* Take an operation enqueued on a capturing stream into the capture. */
+etp_status_t etp__hcap_add(etp__host_t *h, etp__bstream_t *s, etp__hop_t *op);
+etp_status_t etp__hcap_record(etp__host_t *h, etp__bevent_t *e, etp__bstream_t *s);
+etp_status_t etp__hcap_wait(etp__host_t *h, etp__bstream_t *s, etp__bevent_t *e);
+/* ETP_SUCCESS unless `what` is not allowed during the capture in progress
+ * (a host wait, an allocation), or e is an event of a capture. */
+etp_status_t etp__hcap_check_host_wait(etp__host_t *h, etp__bstream_t *s, etp__bevent_t *e,
+                                       const char *what);
+etp_status_t etp__hcap_begin(etp__be_t *be, etp__bstream_t *s);
+etp_status_t etp__hcap_end(etp__be_t *be, etp__bstream_t *s, void **graph);
+etp_status_t etp__hcap_launch(etp__be_t *be, void *graph, etp__bstream_t *s);
+void etp__hcap_graph_destroy(etp__be_t *be, void *graph);
 
 /* host_kernels.c */
 extern const etp__kernels_t etp__host_kernels;

@@ -19,6 +19,7 @@ etp_status_t etp__host_launch(etp__be_t *be, etp__bstream_t *s, void (*fn)(void 
     if (args_bytes) memcpy(copy, args, args_bytes);
     op->u.fn.fn = fn;
     op->u.fn.args = copy;
+    op->u.fn.bytes = args_bytes;
     return etp__hsched_enqueue((etp__host_t *)be, s, op);
 }
 

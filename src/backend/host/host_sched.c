@@ -20,6 +20,7 @@ static void hop_free(etp__hop_t *op)
 
 etp_status_t etp__hsched_enqueue(etp__host_t *h, etp__bstream_t *s, etp__hop_t *op)
 {
+    if (s->cap) return etp__hcap_add(h, s, op); /* recorded, not run */
     op->seq = ++h->next_seq;
     op->next = NULL;
     if (s->tail)

@@ -1,0 +1,158 @@
+/*
+ * Graph capture on the host backend follows CUDA's rules: captured work does
+ * not run until launched, side streams join by events and must join back,
+ * no waits on events from outside the capture, no host waits or
+ * allocations during it; a graph replays with the buffers' current contents,
+ * collectives included. Eager and shuffle stream modes.
+ */
+#include "mpi_util.h"
+
+static etp_context_t *ctx_for(int mode)
+{
+    return tu_host_ctx(MPI_COMM_WORLD, mode, 0, -1, -1);
+}
+
+static void test_capture_records_then_replays(void **state)
+{
+    (void)state;
+    for (int mode = ETP_HOST_STREAMS_EAGER; mode <= ETP_HOST_STREAMS_SHUFFLE; mode++) {
+        etp_context_t *ctx = ctx_for(mode);
+        etp_stream_t *s, *side;
+        etp_event_t *fork, *back;
+        ETP_OK(etp_stream_create(ctx, ETP_STREAM_PRIORITY_NORMAL, &s));
+        ETP_OK(etp_stream_create(ctx, ETP_STREAM_PRIORITY_NORMAL, &side));
+        ETP_OK(etp_event_create(ctx, &fork));
+        ETP_OK(etp_event_create(ctx, &back));
+        enum { N = 64 };
+        unsigned char src[N], mid[N], dst[N];
+        memset(src, 1, N);
+        memset(mid, 0, N);
+        memset(dst, 0, N);
+        etp_graph_t *g = NULL;
+        ETP_OK(etp_stream_begin_capture(s));
+        ETP_OK(etp_memcpy_async(s, mid, src, N));         /* s: src -> mid */
+        ETP_OK(etp_event_record(fork, s));
+        ETP_OK(etp_stream_wait_event(side, fork));         /* side joins */
+        ETP_OK(etp_memcpy_async(side, dst, mid, N));       /* side: mid -> dst */
+        ETP_OK(etp_event_record(back, side));
+        ETP_OK(etp_stream_wait_event(s, back));            /* and joins back */
+        ETP_OK(etp_stream_end_capture(s, &g));
+        ETP_OK(etp_stream_synchronize(s));
+        ETP_OK(etp_stream_synchronize(side));
+        assert_int_equal(dst[0], 0); /* captured, not run */
+        for (int it = 1; it <= 3; it++) {
+            memset(src, it + 10, N); /* a replay reads the buffers as they are now */
+            ETP_OK(etp_graph_launch(g, s));
+            ETP_OK(etp_stream_synchronize(s));
+            for (int i = 0; i < N; i++) assert_int_equal(dst[i], it + 10);
+        }
+        ETP_EXPECT_MSG(etp_context_destroy(ctx), ETP_ERR_BUSY, "1 graph(s)");
+        ETP_OK(etp_graph_destroy(g));
+        ETP_OK(etp_event_destroy(fork));
+        ETP_OK(etp_event_destroy(back));
+        ETP_OK(etp_stream_destroy(s));
+        ETP_OK(etp_stream_destroy(side));
+        ETP_OK(etp_context_destroy(ctx));
+    }
+}
+
+static void test_capture_rules(void **state)
+{
+    (void)state;
+    etp_context_t *ctx = ctx_for(ETP_HOST_STREAMS_SHUFFLE);
+    etp_stream_t *s, *side;
+    etp_event_t *before, *in, *back;
+    ETP_OK(etp_stream_create(ctx, ETP_STREAM_PRIORITY_NORMAL, &s));
+    ETP_OK(etp_stream_create(ctx, ETP_STREAM_PRIORITY_NORMAL, &side));
+    ETP_OK(etp_event_create(ctx, &before));
+    ETP_OK(etp_event_create(ctx, &in));
+    ETP_OK(etp_event_create(ctx, &back));
+    unsigned char a[16], b[16];
+    etp_graph_t *g = NULL;
+    void *p = NULL;
+
+    /* work forked to a side stream and not joined back */
+    ETP_OK(etp_stream_begin_capture(s));
+    ETP_OK(etp_event_record(in, s));
+    ETP_OK(etp_stream_wait_event(side, in));
+    ETP_OK(etp_memset_async(side, a, 1, sizeof a));
+    ETP_EXPECT_MSG(etp_stream_end_capture(s, &g), ETP_ERR_INVALID_STATE, "not joined back");
+    assert_null(g);
+
+    /* a wait on an event recorded before the capture */
+    ETP_OK(etp_memset_async(side, b, 2, sizeof b));
+    ETP_OK(etp_event_record(before, side));
+    ETP_OK(etp_stream_begin_capture(s));
+    ETP_EXPECT_MSG(etp_stream_wait_event(s, before), ETP_ERR_INVALID_STATE, "outside the capture");
+    ETP_EXPECT_MSG(etp_stream_end_capture(s, &g), ETP_ERR_INVALID_STATE, "invalidated");
+
+    /* host waits, allocations, a second capture, ending on the wrong stream */
+    ETP_OK(etp_stream_begin_capture(s));
+    ETP_EXPECT_MSG(etp_stream_synchronize(s), ETP_ERR_INVALID_STATE, "captured");
+    ETP_EXPECT_MSG(etp_mem_alloc(ctx, 64, ETP_MEM_USER, &p), ETP_ERR_INVALID_STATE, "capture");
+    ETP_EXPECT_MSG(etp_stream_begin_capture(side), ETP_ERR_INVALID_STATE, "in progress");
+    ETP_EXPECT_MSG(etp_stream_end_capture(side, &g), ETP_ERR_INVALID_STATE, "not the one");
+    ETP_OK(etp_event_record(in, s));
+    ETP_EXPECT_MSG(etp_event_synchronize(in), ETP_ERR_INVALID_STATE, "during a capture");
+    ETP_OK(etp_stream_end_capture(s, &g)); /* an empty graph is fine */
+    /* an event recorded in a finished capture cannot be waited on */
+    ETP_EXPECT_MSG(etp_stream_wait_event(side, in), ETP_ERR_INVALID_STATE, "has ended");
+    ETP_OK(etp_graph_launch(g, s));
+    ETP_OK(etp_graph_destroy(g));
+    /* and after all that, the streams work */
+    memset(a, 0, sizeof a);
+    ETP_OK(etp_memset_async(s, a, 7, sizeof a));
+    ETP_OK(etp_stream_synchronize(s));
+    assert_int_equal(a[15], 7);
+    ETP_OK(etp_event_destroy(before));
+    ETP_OK(etp_event_destroy(in));
+    ETP_OK(etp_event_destroy(back));
+    ETP_OK(etp_stream_destroy(s));
+    ETP_OK(etp_stream_destroy(side));
+    ETP_OK(etp_context_destroy(ctx));
+}
+
+/* A captured all-reduce reduces what the buffers hold at each launch. */
+static void test_captured_collective(void **state)
+{
+    (void)state;
+    for (int mode = ETP_HOST_STREAMS_EAGER; mode <= ETP_HOST_STREAMS_SHUFFLE; mode++) {
+        etp_context_t *ctx = ctx_for(mode);
+        etp_group_t *world;
+        etp_stream_t *s;
+        ETP_OK(etp_context_world(ctx, &world));
+        ETP_OK(etp_stream_create(ctx, ETP_STREAM_PRIORITY_NORMAL, &s));
+        enum { N = 32 };
+        int32_t in[N], out[N];
+        etp_graph_t *g;
+        ETP_OK(etp_stream_begin_capture(s));
+        ETP_OK(etp_allreduce(world, 0, in, out, N, ETP_DTYPE_I32, ETP_REDOP_SUM, s));
+        ETP_OK(etp_stream_end_capture(s, &g));
+        for (int it = 0; it < 3; it++) {
+            for (int i = 0; i < N; i++) in[i] = (int32_t)(tu_rand(g_seed, (uint64_t)it, (uint64_t)g_rank, (uint64_t)i) % 1000);
+            tu_poison(out, sizeof out);
+            ETP_OK(etp_graph_launch(g, s));
+            ETP_OK(etp_stream_synchronize(s));
+            for (int i = 0; i < N; i++) {
+                int32_t want = 0;
+                for (int r = 0; r < g_size; r++)
+                    want += (int32_t)(tu_rand(g_seed, (uint64_t)it, (uint64_t)r, (uint64_t)i) % 1000);
+                assert_int_equal(out[i], want);
+            }
+        }
+        ETP_OK(etp_graph_destroy(g));
+        ETP_OK(etp_stream_destroy(s));
+        ETP_OK(etp_context_destroy(ctx));
+    }
+}
+
+int main(int argc, char **argv)
+{
+    tu_mpi_init(&argc, &argv, "test_capture");
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_capture_records_then_replays),
+        cmocka_unit_test(test_capture_rules),
+        cmocka_unit_test(test_captured_collective),
+    };
+    return tu_mpi_finish(cmocka_run_group_tests(tests, NULL, NULL));
+}
