@@ -4,6 +4,8 @@ if(ETP_WITH_MPI)
   # MXFP8 dispatch against the quant module's host reference (quant_ref.h):
   # linked to the static archive.
   etp_add_mpi_test_internal(test_ep_mxfp8 mpi/test_ep_mxfp8.c "ep,quant" 2 3 4)
+  # The GPU test's captured step, under the host backend's capture rules.
+  etp_add_mpi_test_internal(test_ep_graph mpi/test_ep_graph.c "ep,quant" 2 3)
   # The long memory run: 10,000 steps of random routing (label soak).
   add_test(NAME test_ep_soak_np2
     COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 2 --oversubscribe --bind-to none

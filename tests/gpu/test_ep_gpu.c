@@ -18,6 +18,7 @@
 #include "etp/cuda.h"
 #define ETP_TEST_EP_MXFP8 1
 #include "test_ep_steps.h"
+#define EP_GRAPH_NEED(f) need_gpu(f)
 
 static int have_gpu(void)
 {
@@ -60,23 +61,8 @@ static void need_gpu(ep_fx_t *f)
     }
 }
 
-static gcfg_t cfg_for(int k, int64_t H, etp_dtype_t dt, etp_ep_transport_t tr)
-{
-    gcfg_t g = {0};
-    g.R = g_size;
-    g.me = g_rank;
-    g.E = (int64_t)g_size * 8;
-    g.L = 8;
-    g.H = H;
-    g.tmax = 200;
-    g.maxk = k;
-    g.dt = dt;
-    g.transport = tr;
-    g.overflow = ETP_EP_OVERFLOW_DROP;
-    g.cf = 1.25;
-    g.cap = ((int64_t)g_size * g.tmax * k + g.L * 16 + 15) / 16 * 16;
-    return g;
-}
+
+#include "test_ep_graph.h"
 
 static void test_steps(void **state)
 {
