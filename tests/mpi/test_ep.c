@@ -14,30 +14,6 @@
  */
 #include "test_ep_steps.h"
 
-static int setup(void **state, int mode)
-{
-    ep_fx_t *f = calloc(1, sizeof *f);
-    f->mode = mode;
-    f->ctx = tu_host_ctx(MPI_COMM_WORLD, mode, (int64_t)(g_seed % 1000), -1, -1);
-    ETP_OK(etp_context_world(f->ctx, &f->world));
-    ETP_OK(etp_stream_create(f->ctx, ETP_STREAM_PRIORITY_NORMAL, &f->s0));
-    ETP_OK(etp_stream_create(f->ctx, ETP_STREAM_PRIORITY_HIGH, &f->s1));
-    *state = f;
-    return 0;
-}
-static int setup_eager(void **state) { return setup(state, ETP_HOST_STREAMS_EAGER); }
-static int setup_shuffle(void **state) { return setup(state, ETP_HOST_STREAMS_SHUFFLE); }
-
-static int teardown(void **state)
-{
-    ep_fx_t *f = *state;
-    ETP_OK(etp_stream_destroy(f->s0));
-    ETP_OK(etp_stream_destroy(f->s1));
-    ETP_OK(etp_context_destroy(f->ctx));
-    free(f);
-    return 0;
-}
-
 static gcfg_t base_cfg(int64_t E, int64_t H, int maxk, etp_dtype_t dt, etp_ep_transport_t tr)
 {
     gcfg_t g = {0};
@@ -612,7 +588,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_overflow_drop),  cmocka_unit_test(test_overflow_error),
         cmocka_unit_test(test_device_tokens),  cmocka_unit_test(test_memory_steady),
     };
-    int failed = cmocka_run_group_tests_name("eager", tests, setup_eager, teardown);
-    failed += cmocka_run_group_tests_name("shuffle", tests, setup_shuffle, teardown);
+    int failed = cmocka_run_group_tests_name("eager", tests, ep_host_setup_eager, ep_host_teardown);
+    failed += cmocka_run_group_tests_name("shuffle", tests, ep_host_setup_shuffle, ep_host_teardown);
     return tu_mpi_finish(failed);
 }

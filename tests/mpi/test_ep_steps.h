@@ -45,6 +45,37 @@ typedef struct {
     int mode;
 } ep_fx_t;
 
+/* The host MPI tests' fixture: a host context in eager or shuffle mode and
+ * two streams (the GPU test has its own). */
+static inline int ep_host_setup(void **state, int mode)
+{
+    ep_fx_t *f = calloc(1, sizeof *f);
+    f->mode = mode;
+    f->ctx = tu_host_ctx(MPI_COMM_WORLD, mode, (int64_t)(g_seed % 1000), -1, -1);
+    ETP_OK(etp_context_world(f->ctx, &f->world));
+    ETP_OK(etp_stream_create(f->ctx, ETP_STREAM_PRIORITY_NORMAL, &f->s0));
+    ETP_OK(etp_stream_create(f->ctx, ETP_STREAM_PRIORITY_HIGH, &f->s1));
+    *state = f;
+    return 0;
+}
+static inline int ep_host_setup_eager(void **state)
+{
+    return ep_host_setup(state, ETP_HOST_STREAMS_EAGER);
+}
+static inline int ep_host_setup_shuffle(void **state)
+{
+    return ep_host_setup(state, ETP_HOST_STREAMS_SHUFFLE);
+}
+static inline int ep_host_teardown(void **state)
+{
+    ep_fx_t *f = *state;
+    ETP_OK(etp_stream_destroy(f->s0));
+    ETP_OK(etp_stream_destroy(f->s1));
+    ETP_OK(etp_context_destroy(f->ctx));
+    free(f);
+    return 0;
+}
+
 static inline void *ep_dalloc(ep_fx_t *f, size_t bytes)
 {
     void *p = NULL;
