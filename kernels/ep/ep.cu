@@ -21,6 +21,10 @@ namespace {
 constexpr int kThreads = 256;
 constexpr int kScanThreads = 1024;
 constexpr unsigned kFull = 0xffffffffu;
+/* The vectorized pre-sum and token sum keep a token's rows / sources in
+ * shared memory; larger top-k or groups take the general kernels. */
+constexpr int kVecMaxTopk = 64;
+constexpr int kVecMaxRanks = 64;
 
 static_assert(ETP__EP_DOT_LANES == kThreads, "the dot product's lanes are one block's threads");
 
@@ -544,7 +548,8 @@ __global__ void expand_kernel(etp__ep_expand_args_t a)
 }
 
 /* One block per received token row; each thread owns columns and walks
- * the token's rows in order, like the reference. */
+ * the token's rows in order, like the reference. The general case (any
+ * alignment); presum_vec below is the fast one. */
 __global__ void presum_kernel(etp__ep_presum_args_t a)
 {
     const int64_t i = blockIdx.x, H = a.hidden;
@@ -562,6 +567,73 @@ __global__ void presum_kernel(etp__ep_presum_args_t a)
     }
 }
 
+/* 16 bytes of input as V = 8 BF16 or 4 FP32 values. */
+template <int V>
+__device__ __forceinline__ void unpack16(uint4 v, float *x)
+{
+    const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        if (V == 8) {
+            x[2 * j] = __uint_as_float(w[j] << 16);
+            x[2 * j + 1] = __uint_as_float(w[j] & 0xffff0000u);
+        } else {
+            x[j] = __uint_as_float(w[j]);
+        }
+    }
+}
+
+constexpr int kPresumBatch = 4; /* expert rows loaded together (in flight at once) */
+
+/* presum_kernel with 16-byte loads (V elements of one row) and the token's
+ * rows loaded kPresumBatch at a time before they are summed, so that a
+ * thread has several loads in flight; the sum order per element is the
+ * reference's. Needs 16-byte aligned rows (checked by the launcher). */
+template <int V>
+__global__ void __launch_bounds__(128) presum_vec(etp__ep_presum_args_t a)
+{
+    __shared__ int32_t rows[kVecMaxTopk];
+    __shared__ float w[kVecMaxTopk];
+    __shared__ int nrows;
+    const int64_t i = blockIdx.x, H = a.hidden, nv = H / V;
+    if (threadIdx.x == 0) {
+        int n = 0;
+        while (n < a.k && a.tok_rows[i * a.k + n] >= 0) n++;
+        nrows = n;
+    }
+    __syncthreads();
+    const int n = nrows;
+    for (int m = threadIdx.x; m < n; m += blockDim.x) {
+        rows[m] = a.tok_rows[i * a.k + m];
+        w[m] = a.row_w ? a.row_w[rows[m]] : 1.0f;
+    }
+    __syncthreads();
+    const uint4 *in = static_cast<const uint4 *>(a.in);
+    float4 *out = reinterpret_cast<float4 *>(a.partial + i * H);
+    for (int64_t c = threadIdx.x; c < nv; c += blockDim.x) {
+        float acc[V];
+#pragma unroll
+        for (int j = 0; j < V; j++) acc[j] = 0.0f;
+        for (int m0 = 0; m0 < n; m0 += kPresumBatch) {
+            uint4 v[kPresumBatch];
+#pragma unroll
+            for (int u = 0; u < kPresumBatch; u++)
+                if (m0 + u < n) v[u] = __ldg(in + (int64_t)rows[m0 + u] * nv + c);
+#pragma unroll
+            for (int u = 0; u < kPresumBatch; u++) {
+                if (m0 + u >= n) break;
+                float x[V];
+                unpack16<V>(v[u], x);
+#pragma unroll
+                for (int j = 0; j < V; j++)
+                    acc[j] = a.row_w ? fmaf(w[m0 + u], x[j], acc[j]) : __fadd_rn(acc[j], x[j]);
+            }
+        }
+#pragma unroll
+        for (int j = 0; j < V; j += 4) out[c * (V / 4) + j / 4] = make_float4(acc[j], acc[j + 1], acc[j + 2], acc[j + 3]);
+    }
+}
+
 /* One block per token. */
 __global__ void reduce_kernel(etp__ep_reduce_args_t a)
 {
@@ -575,6 +647,45 @@ __global__ void reduce_kernel(etp__ep_reduce_args_t a)
             if (sp >= 0) acc = __fadd_rn(acc, a.partial[((int64_t)a.send_base[d] + sp) * H + h]);
         }
         store(a.out, a.dtype, t * H + h, acc);
+    }
+}
+
+/* reduce_kernel on 4 columns per thread: 16-byte loads of the partials and
+ * 8-byte (BF16) or 16-byte (FP32) stores. Needs H % 4 == 0 and aligned
+ * buffers (checked by the launcher). */
+__global__ void __launch_bounds__(128) reduce_vec(etp__ep_reduce_args_t a)
+{
+    __shared__ int64_t src[kVecMaxRanks];
+    __shared__ int nsrc;
+    const int64_t t = blockIdx.x, H = a.hidden, nv = H / 4;
+    if (t >= tokens_of(a.t_dev, a.t_max)) return;
+    if (threadIdx.x == 0) {
+        int n = 0;
+        for (int d = 0; d < a.ranks; d++) {
+            const int32_t sp = a.send_pos[t * a.ranks + d];
+            if (sp >= 0) src[n++] = ((int64_t)a.send_base[d] + sp) * nv;
+        }
+        nsrc = n;
+    }
+    __syncthreads();
+    const int n = nsrc;
+    const float4 *p = reinterpret_cast<const float4 *>(a.partial);
+    for (int64_t c = threadIdx.x; c < nv; c += blockDim.x) {
+        float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        for (int d = 0; d < n; d++) {
+            const float4 v = __ldg(p + src[d] + c);
+            acc[0] = __fadd_rn(acc[0], v.x);
+            acc[1] = __fadd_rn(acc[1], v.y);
+            acc[2] = __fadd_rn(acc[2], v.z);
+            acc[3] = __fadd_rn(acc[3], v.w);
+        }
+        if (a.dtype == ETP__EP_BF16) {
+            const uint32_t lo = (uint32_t)f32_to_bf16(acc[0]) | (uint32_t)f32_to_bf16(acc[1]) << 16;
+            const uint32_t hi = (uint32_t)f32_to_bf16(acc[2]) | (uint32_t)f32_to_bf16(acc[3]) << 16;
+            reinterpret_cast<uint2 *>(a.out)[t * nv + c] = make_uint2(lo, hi);
+        } else {
+            reinterpret_cast<float4 *>(a.out)[t * nv + c] = make_float4(acc[0], acc[1], acc[2], acc[3]);
+        }
     }
 }
 
@@ -672,11 +783,20 @@ extern "C" cudaError_t etp__cuda_ep_expand(cudaStream_t s, const etp__ep_expand_
 extern "C" cudaError_t etp__cuda_ep_presum(cudaStream_t s, const etp__ep_presum_args_t *a)
 {
     if (a->ntok == 0) return cudaSuccess;
+    const uintptr_t addr = (uintptr_t)a->in | (uintptr_t)a->partial;
+    const int64_t es = a->dtype == ETP__EP_BF16 ? 2 : 4;
+    if ((addr & 15u) == 0 && (a->hidden * es) % 16 == 0 && a->k <= kVecMaxTopk) {
+        if (a->dtype == ETP__EP_BF16) return launch(presum_vec<8>, (unsigned)a->ntok, 128, s, *a);
+        return launch(presum_vec<4>, (unsigned)a->ntok, 128, s, *a);
+    }
     return launch(presum_kernel, (unsigned)a->ntok, kThreads, s, *a);
 }
 
 extern "C" cudaError_t etp__cuda_ep_reduce(cudaStream_t s, const etp__ep_reduce_args_t *a)
 {
+    const uintptr_t addr = (uintptr_t)a->partial | (uintptr_t)a->out;
+    if ((addr & 15u) == 0 && a->hidden % 4 == 0 && a->ranks <= kVecMaxRanks)
+        return launch(reduce_vec, (unsigned)a->t_max, 128, s, *a);
     return launch(reduce_kernel, (unsigned)a->t_max, kThreads, s, *a);
 }
 

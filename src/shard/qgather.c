@@ -142,50 +142,69 @@ etp_status_t etp__qgather_issue(etp_chain_t *c, etp_param_t *p, etp_pass_t pass,
     const uint8_t *sscales = L.row ? first.rowwise_scales : first.columnwise_scales;
     int transposed = p->quant == ETP_PARAM_QUANT_NVFP4 && !L.row;
 
-    /* Data. */
+    /* Scale matrices concatenate when a shard's scale rows need no padding
+     * of their own (rowwise: 128 scale rows; MXFP8 columnwise: 4 scale rows
+     * of 32 weight rows): then each shard's matrix is its rows of the full
+     * one and the scales are gathered in place, in the same launch as the
+     * data. Equal byte counts alone would not do: 2 x 120 rows pad to 256
+     * either way but in different places. */
+    int scales_in_place = !transposed && sr % 128 == 0 && L.scales_e == R * L.sscales_e;
+
+    /* Data and scales in one batch: one launch, the scales riding along
+     * with the data instead of paying a collective's latency of their own. */
+    ETP__TRY(etp_batch_begin(p->ctx));
+    etp_status_t st = ETP_SUCCESS;
     if (!transposed) {
-        ETP__TRY(etp__grouped_allgather(c->group, c->ag_role, sdata, p->q_expert_bytes, s + L.data,
-                                        L.data_e, L.sdata_e, ETP_DTYPE_U8, p->experts, c->ag));
+        st = etp__grouped_allgather(c->group, c->ag_role, sdata, p->q_expert_bytes, s + L.data,
+                                    L.data_e, L.sdata_e, ETP_DTYPE_U8, p->experts, c->ag);
     } else {
         /* [K][M/2]: rank r's shard is a block of columns of each row. */
-        ETP__TRY(etp__grouped_allgather(c->group, c->ag_role, sdata, p->q_expert_bytes,
-                                        s + L.stage_data, R * L.sdata_e, L.sdata_e, ETP_DTYPE_U8,
-                                        p->experts, c->ag));
+        st = etp__grouped_allgather(c->group, c->ag_role, sdata, p->q_expert_bytes,
+                                    s + L.stage_data, R * L.sdata_e, L.sdata_e, ETP_DTYPE_U8,
+                                    p->experts, c->ag);
+    }
+    if (st == ETP_SUCCESS)
+        st = etp__grouped_allgather(c->group, c->ag_role, sscales, p->q_expert_bytes,
+                                    s + (scales_in_place ? L.scales : L.stage_scales),
+                                    scales_in_place ? L.scales_e : R * L.sscales_e, L.sscales_e,
+                                    ETP_DTYPE_U8, p->experts, c->ag);
+    etp_status_t st2 = etp_batch_end(p->ctx);
+    ETP__TRY(st != ETP_SUCCESS ? st : st2);
+
+    if (transposed)
         for (size_t e = 0; e < E; e++)
             for (size_t r = 0; r < R; r++)
                 ETP__TRY(k->copy2d(be, ag, s + L.data + e * L.data_e + r * (sr / 2), pr / 2,
                                    s + L.stage_data + (e * R + r) * L.sdata_e, sr / 2, sr / 2, K));
-    }
-    /* Scales: gathered whole, then re-laid into a zeroed full matrix. */
-    ETP__TRY(etp__grouped_allgather(c->group, c->ag_role, sscales, p->q_expert_bytes,
-                                    s + L.stage_scales, R * L.sscales_e, L.sscales_e, ETP_DTYPE_U8,
-                                    p->experts, c->ag));
-    ETP__TRY(etp_memset_async(c->ag, s + L.scales, 0, E * L.scales_e));
-    for (size_t e = 0; e < E; e++)
-        for (size_t r = 0; r < R; r++) {
-            uint8_t *dst = s + L.scales + e * L.scales_e;
-            const uint8_t *src = s + L.stage_scales + (e * R + r) * L.sscales_e;
-            if (L.row) {
-                /* one scale row per weight row (both formats) */
-                size_t sc = p->qs_full.rowwise_scale_cols;
-                ETP__TRY(k->copy2d(be, ag, dst + r * sr * sc, sc, src, sc, sc, sr));
-            } else if (p->quant == ETP_PARAM_QUANT_MXFP8) {
-                /* one scale row per 32 weight rows */
-                size_t sc = p->qs_full.columnwise_scale_cols;
-                ETP__TRY(k->copy2d(be, ag, dst + r * (sr / 32) * sc, sc, src, sc, sc, sr / 32));
-            } else {
-                /* NVFP4 columnwise: one scale column per 16 weight rows */
-                ETP__TRY(k->copy2d(be, ag, dst + r * (sr / 16), p->qs_full.columnwise_scale_cols,
-                                   src, p->qs_shard.columnwise_scale_cols, sr / 16, K));
+    /* Otherwise the scales are re-laid into a zeroed full matrix. */
+    if (!scales_in_place) {
+        ETP__TRY(etp_memset_async(c->ag, s + L.scales, 0, E * L.scales_e));
+        for (size_t e = 0; e < E; e++)
+            for (size_t r = 0; r < R; r++) {
+                uint8_t *dst = s + L.scales + e * L.scales_e;
+                const uint8_t *src = s + L.stage_scales + (e * R + r) * L.sscales_e;
+                if (L.row) {
+                    /* one scale row per weight row (both formats) */
+                    size_t sc = p->qs_full.rowwise_scale_cols;
+                    ETP__TRY(k->copy2d(be, ag, dst + r * sr * sc, sc, src, sc, sc, sr));
+                } else if (p->quant == ETP_PARAM_QUANT_MXFP8) {
+                    /* one scale row per 32 weight rows */
+                    size_t sc = p->qs_full.columnwise_scale_cols;
+                    ETP__TRY(k->copy2d(be, ag, dst + r * (sr / 32) * sc, sc, src, sc, sc, sr / 32));
+                } else {
+                    /* NVFP4 columnwise: one scale column per 16 weight rows */
+                    ETP__TRY(k->copy2d(be, ag, dst + r * (sr / 16), p->qs_full.columnwise_scale_cols,
+                                       src, p->qs_shard.columnwise_scale_cols, sr / 16, K));
+                }
             }
-        }
+    }
     if (p->quant == ETP_PARAM_QUANT_NVFP4)
         ETP__TRY(etp_memcpy_async(c->ag, s + L.amax, p->q_amax, E * sizeof(float)));
     if (p->gather_dequant) {
         etp_quant_output_t *q = calloc(E, sizeof *q);
         etp_quant_dest_t *d = calloc(E, sizeof *d);
-        etp_status_t st = (q && d) ? ETP_SUCCESS
-                                   : etp__err(ETP_ERR_OUT_OF_MEMORY, "dequantizing '%s': out of host memory", p->name);
+        st = (q && d) ? ETP_SUCCESS
+                      : etp__err(ETP_ERR_OUT_OF_MEMORY, "dequantizing '%s': out of host memory", p->name);
         for (size_t e = 0; e < E && st == ETP_SUCCESS; e++) {
             uint8_t *dd = s + L.data + e * L.data_e, *ss = s + L.scales + e * L.scales_e;
             if (L.row) {

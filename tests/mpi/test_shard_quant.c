@@ -29,6 +29,9 @@ static const qspec_t qspecs[] = {
     {ETP_PARAM_QUANT_MXFP8, 64, 20, 32, 32, ETP_DTYPE_BF16, 0},
     {ETP_PARAM_QUANT_NVFP4, 2, 130, 64, 32, ETP_DTYPE_BF16, 1},
     {ETP_PARAM_QUANT_MXFP8, 2, 40, 64, 32, ETP_DTYPE_F32, 1},
+    /* shards of a multiple of 128 rows: scales gathered in place */
+    {ETP_PARAM_QUANT_MXFP8, 2, 300, 64, 128, ETP_DTYPE_BF16, 0},
+    {ETP_PARAM_QUANT_NVFP4, 1, 250, 32, 128, ETP_DTYPE_BF16, 0},
 };
 #define NQ (sizeof qspecs / sizeof qspecs[0])
 
