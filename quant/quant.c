@@ -23,6 +23,7 @@ struct etp_quantizer {
     void *workspace;     /* the backend's device scratch (NULL: it needs none) */
     uint32_t sms;        /* the backend's launch width (0: none), for every batch */
     etp__qbatch_t batch; /* scratch of the launch path, one thread at a time */
+    etp__qswz_batch_t swz; /* the same for scale swizzles */
 };
 
 /* Rows or columns beyond this do not fit the kernels' 32-bit indices. */
@@ -506,4 +507,92 @@ etp_status_t etp_quant_dequantize(etp_quantizer_t *quantizer, size_t n,
     q->batch.direction = direction;
     fill_arg_t a = {NULL, quantized, dests, direction};
     return launch_all(q, stream, n, fill_dequant, &a);
+}
+
+/* ---- scale swizzle ------------------------------------------------------------ */
+
+static int overlap(const void *a, size_t an, const void *b, size_t bn)
+{
+    const uintptr_t x = (uintptr_t)a, y = (uintptr_t)b;
+    return an > 0 && bn > 0 && x < y + bn && y < x + an;
+}
+
+/* One tensor's arguments: shapes agree, buffers hold their matrices, and no
+ * out buffer overlaps an in buffer of the same tensor (the kernel reads
+ * a chunk of one side while other blocks write the other). */
+static etp_status_t check_scales(const etp_quantizer_t *q, const etp_quant_scales_t *in,
+                                 const etp_quant_scales_t *out, size_t i, const char *fn)
+{
+    const size_t rows = in->rows, cols = in->cols;
+    if (out->rows != rows || out->cols != cols)
+        return etp__err(ETP_ERR_INVALID_ARGUMENT,
+                        "%s: tensor %zu: in is [%zu, %zu] but out is [%zu, %zu] (expected the "
+                        "same shape)",
+                        fn, i, rows, cols, out->rows, out->cols);
+    etp_quant_sizes_t s = ETP_QUANT_SIZES_INIT;
+    ETP__TRY(sizes_of(q, rows, cols, i, fn, &s));
+    const size_t rb = s.rowwise_scales_bytes, cb = s.columnwise_scales_bytes;
+    ETP__TRY(check_buffer(in->rowwise, in->rowwise_bytes, rb, i, rows, cols, "in rowwise", fn));
+    ETP__TRY(check_buffer(in->columnwise, in->columnwise_bytes, cb, i, rows, cols, "in columnwise",
+                          fn));
+    ETP__TRY(check_buffer(out->rowwise, out->rowwise_bytes, rb, i, rows, cols, "out rowwise", fn));
+    ETP__TRY(check_buffer(out->columnwise, out->columnwise_bytes, cb, i, rows, cols,
+                          "out columnwise", fn));
+    const void *ip[2] = {in->rowwise, in->columnwise}, *op[2] = {out->rowwise, out->columnwise};
+    const size_t len[2] = {rb, cb};
+    const char *name[2] = {"rowwise", "columnwise"};
+    for (int a = 0; a < 2; a++)
+        for (int b = 0; b < 2; b++)
+            if (overlap(ip[a], len[a], op[b], len[b]))
+                return etp__err(ETP_ERR_INVALID_ARGUMENT,
+                                "%s: tensor %zu of [%zu, %zu]: out %s (%zu bytes) overlaps in %s "
+                                "(%zu bytes): in place is not supported",
+                                fn, i, rows, cols, name[b], len[b], name[a], len[a]);
+    return ETP_SUCCESS;
+}
+
+etp_status_t etp_quant_swizzle_scales(etp_quantizer_t *quantizer, size_t n,
+                                      const etp_quant_scales_t *in, const etp_quant_scales_t *out,
+                                      etp_quant_swizzle_dir_t dir, etp_stream_t *stream)
+{
+    const char *fn = "etp_quant_swizzle_scales";
+    etp_quantizer_t *q = quantizer;
+    ETP__TRY(check_call(q, n, in, "in", stream, fn));
+    if (n > 0 && !out)
+        return etp__err(ETP_ERR_INVALID_ARGUMENT, "%s: argument 'out' is NULL with n = %zu", fn, n);
+    if (dir != ETP_QUANT_SWIZZLE && dir != ETP_QUANT_UNSWIZZLE)
+        return etp__err(ETP_ERR_INVALID_ARGUMENT,
+                        "%s: dir %d (expected ETP_QUANT_SWIZZLE or ETP_QUANT_UNSWIZZLE)", fn,
+                        (int)dir);
+    for (size_t i = 0; i < n; i++) ETP__TRY(check_scales(q, &in[i], &out[i], i, fn));
+
+    etp__qswz_batch_t *b = &q->swz;
+    memset(b, 0, offsetof(etp__qswz_batch_t, m));
+    b->unswizzle = dir == ETP_QUANT_UNSWIZZLE;
+    b->sms = q->sms;
+    b->noop = q->cfg.noop_flag;
+    etp__be_t *be = q->ctx->be;
+    const int mx = q->cfg.format == ETP_QUANT_MXFP8;
+    for (size_t i = 0; i < n; i++) {
+        etp_quant_sizes_t s = ETP_QUANT_SIZES_INIT;
+        ETP__TRY(sizes_of(q, in[i].rows, in[i].cols, i, fn, &s));
+        for (int col = 0; col < 2; col++) {
+            const size_t rows = col ? s.columnwise_scale_rows : s.rowwise_scale_rows;
+            const size_t cols = col ? s.columnwise_scale_cols : s.rowwise_scale_cols;
+            if (rows * cols == 0) continue; /* not produced, or empty */
+            etp__qswz_mat_t *m = &b->m[b->n++];
+            memset(m, 0, sizeof *m);
+            m->in = col ? in[i].columnwise : in[i].rowwise;
+            m->out = col ? out[i].columnwise : out[i].rowwise;
+            m->rows = (uint32_t)rows;
+            m->cols = (uint32_t)cols;
+            m->mxfp8_col = (uint32_t)(mx && col);
+            if (b->n == ETP__QSWZ_MAX) {
+                ETP__TRY(be->ops->kernels->quant->swizzle(be, stream->bs, b));
+                b->n = 0;
+            }
+        }
+    }
+    if (b->n > 0) ETP__TRY(be->ops->kernels->quant->swizzle(be, stream->bs, b));
+    return ETP_SUCCESS;
 }

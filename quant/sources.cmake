@@ -1,7 +1,8 @@
 # The quant module's files (included by the top-level CMakeLists.txt).
 list(APPEND ETP_SOURCES quant/quant.c quant/formats/quant_ref.c)
 list(APPEND ETP_HOST_SOURCES src/backend/host/host_quant.c)
-list(APPEND ETP_CUDA_SOURCES src/backend/cuda/cuda_quant.c kernels/quant/quant_kernels.cu)
+list(APPEND ETP_CUDA_SOURCES src/backend/cuda/cuda_quant.c kernels/quant/quant_kernels.cu
+     kernels/quant/swizzle.cu)
 # The kernels share quant/formats/qf_codec.h with the host reference and must
 # round exactly as it does: no contraction of a multiply and an add into an
 # FMA the host does not make (the host C code is compiled without

@@ -13,10 +13,19 @@ if(ETP_WITH_MPI)
     set_tests_properties(test_quant_np${np} PROPERTIES LABELS "mpi;quant"
       ENVIRONMENT "${ETP_TEST_ENV}" TIMEOUT 600 PROCESSORS ${np})
   endforeach()
+  # The scale swizzle against the cast and the layout formula (no collective).
+  etp_add_mpi_test(test_quant_swizzle mpi/test_quant_swizzle.c quant 1)
+  # A captured quantize replayed on new data, under the host backend's
+  # capture rules (the GPU test's program).
+  etp_add_mpi_test(test_quant_graph mpi/test_quant_graph.c quant 1 2)
 endif()
 
 if(ETP_WITH_CUDA AND ETP_WITH_MPI)
   # CUDA kernels against the host reference, byte for byte (1 GPU; 2 GPUs
   # also all-reduce the amaxes over NCCL).
   etp_add_gpu_test(test_quant_gpu gpu/test_quant_gpu.c ON quant 1 2)
+  # The scale-swizzle kernel against the host reference (one GPU: no collective).
+  etp_add_gpu_test(test_quant_swizzle_gpu gpu/test_quant_swizzle_gpu.c ON quant 1)
+  # The captured quantize with CUDA graphs.
+  etp_add_gpu_test(test_quant_graph_gpu gpu/test_quant_graph_gpu.c OFF quant 1 2)
 endif()

@@ -12,6 +12,10 @@
  *
  * and etp_quant_quantize() chains the three. MXFP8 needs no per-tensor amax
  * (its scales are per block only): quantize is then the cast alone.
+ * etp_quant_swizzle_scales() converts the scale matrices of N tensors
+ * between row-major and cuBLASLt's tiled order in one launch (for scales
+ * made or kept row-major, e.g. gathered, that a block-scaled GEMM needs
+ * swizzled).
  *
  * Formats (docs/FORMATS.md defines every bit, layout and special value):
  * - NVFP4: E2M1 elements, one E4M3 scale per 16 elements (1x16 blocks, or
@@ -86,8 +90,9 @@ typedef struct etp_quantizer_config {
     etp_quant_rounding_t rounding;
     uint64_t seed;                 /* stochastic rounding; change it with etp_quantizer_set_seed */
     /* Device int32: when non-NULL and non-zero at run time, multi-amax,
-     * cast-only and dequantize launches do nothing (so a captured quantize
-     * can be skipped on replay). Read by the device, never by the host. */
+     * cast-only, dequantize and scale-swizzle launches do nothing (so a
+     * captured quantize can be skipped on replay). Read by the device, never
+     * by the host. */
     const int32_t *noop_flag;
 } etp_quantizer_config_t;
 
@@ -141,6 +146,25 @@ typedef struct etp_quant_sizes {
 } etp_quant_sizes_t;
 
 #define ETP_QUANT_SIZES_INIT {sizeof(etp_quant_sizes_t), 0, 0, 0, 0, 0, 0, 0, 0}
+
+/* The scale matrices of one [rows, cols] tensor, for etp_quant_swizzle_scales:
+ * one buffer per direction, of the scale matrix etp_quant_sizes() describes
+ * (rowwise_scales_bytes, columnwise_scales_bytes). Buffers of a direction
+ * the quantizer does not produce are ignored (may be NULL). Each *_bytes is
+ * the capacity of its buffer. */
+typedef struct etp_quant_scales {
+    size_t rows, cols; /* the quantized tensor's [M, K], as given to etp_quant_sizes */
+    void *rowwise;
+    size_t rowwise_bytes;
+    void *columnwise;
+    size_t columnwise_bytes;
+} etp_quant_scales_t;
+
+/* Which way etp_quant_swizzle_scales converts. */
+typedef enum etp_quant_swizzle_dir {
+    ETP_QUANT_SWIZZLE = 1,  /* row-major in, cuBLASLt's 128x4 tiled order out */
+    ETP_QUANT_UNSWIZZLE = 2 /* tiled in, row-major out */
+} etp_quant_swizzle_dir_t;
 
 /* Create a quantizer on a context (not while a CUDA graph is being
  * captured: it allocates and clears a small device scratch, owner
@@ -218,6 +242,34 @@ ETP_API etp_status_t etp_quant_dequantize(etp_quantizer_t *quantizer, size_t n,
                                           const etp_quant_output_t *quantized, const float *amax,
                                           size_t amax_count, unsigned direction, const etp_quant_dest_t *dests,
                                           etp_stream_t *stream);
+
+/* One launch: convert the scale matrices of n tensors between row-major and
+ * cuBLASLt's swizzled order (docs/FORMATS.md, "Scale layouts"). With
+ * ETP_QUANT_SWIZZLE, out[i] gets in[i]'s row-major matrices in tiled order,
+ * byte for byte what etp_quant_cast_only writes with swizzle_scales = 1
+ * (padding entries move like the others); ETP_QUANT_UNSWIZZLE is the
+ * inverse. The quantizer's format and directions say which matrices a tensor
+ * has and their shapes (its swizzle_scales setting is not used): for each
+ * produced direction, in[i] and out[i] each need a buffer of at least that
+ * matrix's bytes (NULL only when it is empty), and out[i].rows, cols must
+ * equal in[i]'s. Not in place: out[i]'s buffers must not overlap in[i]'s (an
+ * error), nor any other buffer of the call (not checked). Buffers are
+ * device memory of the quantizer's context (host memory on the host
+ * backend), read and written on `stream` in stream order; nothing is
+ * allocated, the host is not synchronized, and the call may be captured in
+ * a CUDA graph. The quantizer's no-op flag applies. One launch holds 256
+ * tensors with both directions (512 with one); more are split into several.
+ * n may be 0 (nothing is enqueued).
+ * Errors (nothing enqueued): ETP_ERR_INVALID_ARGUMENT (NULL quantizer,
+ * stream, or in / out with n > 0; a dir that is not an
+ * etp_quant_swizzle_dir_t; a stream of another context; and, naming the
+ * tensor index, its shape and the sizes: a block dimension that does not
+ * divide, out's shape different from in's, a NULL or too small buffer, in
+ * and out overlapping), ETP_ERR_ABORTED. */
+ETP_API etp_status_t etp_quant_swizzle_scales(etp_quantizer_t *quantizer, size_t n,
+                                              const etp_quant_scales_t *in,
+                                              const etp_quant_scales_t *out,
+                                              etp_quant_swizzle_dir_t dir, etp_stream_t *stream);
 
 #ifdef __cplusplus
 }

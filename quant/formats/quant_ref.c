@@ -233,3 +233,31 @@ void etp__qref_run_batch(const etp__qbatch_t *b)
         }
     }
 }
+
+/* ---- scale swizzle -------------------------------------------------------- */
+
+void etp__qref_swizzle(const uint8_t *in, uint8_t *out, size_t rows, size_t cols, int mxfp8_col,
+                       int unswizzle)
+{
+    const etp__qf_scale_shape_t sh = {rows, cols};
+    for (size_t r = 0; r < rows; r++)
+        for (size_t c = 0; c < cols; c++) {
+            /* the very offsets the cast uses for entry (r, c) */
+            const size_t rm = r * cols + c;
+            const size_t sw = mxfp8_col ? etp__qf_mxfp8_col_scale_offset(r, c, sh, 1)
+                                        : etp__qf_scale_offset(r, c, cols, 1);
+            if (unswizzle)
+                out[rm] = in[sw];
+            else
+                out[sw] = in[rm];
+        }
+}
+
+void etp__qref_run_swizzle(const etp__qswz_batch_t *b)
+{
+    if (b->noop && *b->noop != 0) return;
+    for (uint32_t i = 0; i < b->n; i++) {
+        const etp__qswz_mat_t *m = &b->m[i];
+        etp__qref_swizzle(m->in, m->out, m->rows, m->cols, (int)m->mxfp8_col, (int)b->unswizzle);
+    }
+}

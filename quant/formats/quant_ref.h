@@ -12,6 +12,7 @@
 
 #include "qf_batch.h"
 #include "qf_layout.h"
+#include "qf_swizzle.h"
 
 typedef struct etp__qref_cfg {
     int format;       /* ETP__QB_NVFP4 or ETP__QB_MXFP8 */
@@ -45,5 +46,18 @@ void etp__qref_dequantize(const etp__qref_cfg_t *cfg, unsigned direction, size_t
 /* Run one batch (what the host backend's kernel does), honouring its no-op
  * flag. */
 void etp__qref_run_batch(const etp__qbatch_t *b);
+
+/* Convert one stored scale matrix of rows x cols bytes between row-major
+ * and cuBLASLt's swizzled order (unswizzle 0: in is row-major, out
+ * swizzled; 1: the reverse), placing every entry, padding included, where
+ * the cast writes it with swizzling on. mxfp8_col: an MXFP8 columnwise
+ * matrix, whose swizzled form is that of its transpose. in and out must not
+ * overlap. */
+void etp__qref_swizzle(const uint8_t *in, uint8_t *out, size_t rows, size_t cols, int mxfp8_col,
+                       int unswizzle);
+
+/* Run one swizzle batch (what the host backend's kernel does), honouring
+ * its no-op flag. */
+void etp__qref_run_swizzle(const etp__qswz_batch_t *b);
 
 #endif /* ETP__QUANT_REF_H */

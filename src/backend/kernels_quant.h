@@ -6,6 +6,7 @@
 
 #include "backend.h"
 #include "quant/formats/qf_batch.h"
+#include "quant/formats/qf_swizzle.h"
 
 struct etp__quant_kernels {
     /* Bytes of device scratch each quantizer keeps for its launches (0:
@@ -23,6 +24,9 @@ struct etp__quant_kernels {
      * (copied into the launch); the buffers it points to are used in stream
      * order. Allocates nothing on the CUDA backend. */
     etp_status_t (*run)(etp__be_t *be, etp__bstream_t *s, const etp__qbatch_t *batch);
+    /* Enqueue one scale swizzle (or unswizzle) of up to ETP__QSWZ_MAX
+     * matrices on s, one launch, under the same rules as run. */
+    etp_status_t (*swizzle)(etp__be_t *be, etp__bstream_t *s, const etp__qswz_batch_t *batch);
 };
 
 #endif

@@ -2,6 +2,7 @@
 #include "../kernels_quant.h"
 #include "cuda_internal.h"
 #include "kernels/quant/quant_kernels.h"
+#include "kernels/quant/swizzle.h"
 
 static etp_status_t cuda_quant_workspace_init(etp__be_t *be, void *ws)
 {
@@ -39,9 +40,21 @@ static etp_status_t cuda_quant_run(etp__be_t *be, etp__bstream_t *s, const etp__
     return ETP_SUCCESS;
 }
 
+static etp_status_t cuda_quant_swizzle(etp__be_t *be, etp__bstream_t *s, const etp__qswz_batch_t *b)
+{
+    cudaStream_t cs;
+    ETP__TRY(etp__cuda_stream_for_launch(be, s, &cs));
+    cudaError_t e = etp__cuda_swizzle_launch(cs, b);
+    if (e != cudaSuccess)
+        return etp__err(ETP_ERR_BACKEND, "scale %s kernel launch (%u matrices): %s",
+                        b->unswizzle ? "unswizzle" : "swizzle", b->n, cudaGetErrorString(e));
+    return ETP_SUCCESS;
+}
+
 const etp__quant_kernels_t etp__cuda_quant_kernels = {
     .workspace_bytes = ETP__CUDA_QUANT_WORKSPACE_BYTES,
     .workspace_init = cuda_quant_workspace_init,
     .launch_width = cuda_quant_launch_width,
     .run = cuda_quant_run,
+    .swizzle = cuda_quant_swizzle,
 };
