@@ -113,6 +113,16 @@ typedef struct etp__backend_ops {
 
     etp_status_t (*coll)(etp__be_t *be, etp__bcomm_t *c, const etp__coll_t *op,
                          etp__bstream_t *s);
+    /* Memory for all-gathers on c that may run on the copy engines: on cuda
+     * an NCCL symmetric window of c (collective over c: every rank calls it,
+     * in the same order, with the same bytes); ETP_ERR_UNSUPPORTED when not
+     * possible here (too small, NCCL too old, ETP_COPY_ENGINE=0, no
+     * registration), and the caller takes plain memory. *win is the
+     * backend's handle for win_free. NULL on the host backend (plain
+     * memory). */
+    etp_status_t (*win_alloc)(etp__be_t *be, etp__bcomm_t *c, size_t bytes, void **ptr,
+                              void **win);
+    void (*win_free)(etp__be_t *be, etp__bcomm_t *c, void *ptr, void *win);
     etp_status_t (*batch_begin)(etp__be_t *be);
     etp_status_t (*batch_end)(etp__be_t *be);
 
@@ -134,6 +144,7 @@ typedef struct etp__be_config {
     double timeout_s;     /* 0: none */
     int check_collectives;
     int nccl_fast_launch; /* cuda: launch on blocking twins of the communicators */
+    int copy_engine;      /* cuda: gather slots as symmetric windows, all-gathers on copy engines */
 } etp__be_config_t;
 
 /* The part of every backend instance the layers above may read. Each

@@ -12,6 +12,11 @@ typedef struct etp__alloc_rec {
     void *ptr;
     size_t bytes;
     etp_mem_owner_t owner;
+    /* a symmetric window (etp__mem_alloc_window): its group, role and the
+     * backend's handle; group NULL for plain memory */
+    etp_group_t *win_group;
+    int win_role;
+    void *win;
 } etp__alloc_rec_t;
 
 struct etp_context {
@@ -55,6 +60,7 @@ struct etp_group {
     int rank, size, num_roles;
     etp__bcomm_t *comms[ETP_GROUP_MAX_ROLES];
     uint64_t seq[ETP_GROUP_MAX_ROLES];
+    int windows; /* live etp__mem_alloc_window allocations on its communicators */
 };
 
 /* ETP_SUCCESS, or ETP_ERR_ABORTED with the context's first failure. */
@@ -65,5 +71,17 @@ etp_status_t etp__ctx_finish(etp_context_t *ctx, etp__bcomm_t *world_comm);
 etp_status_t etp__ctx_init(const etp_context_config_t *config, etp_context_t **out,
                            etp__be_config_t *becfg);
 void etp__ctx_free(etp_context_t *ctx);
+
+/* Memory for all-gathers on (group, role) that may run on the copy engines
+ * (backend.h: win_alloc), accounted to `owner` like etp_mem_alloc and freed
+ * by etp_mem_free. Collective over the role's communicator when *window
+ * comes back 1 on the cuda backend: every rank allocates the same sizes in
+ * the same order. *window: 1 when the memory is a window (or on the host
+ * backend, where any memory is one): all-gathers into it should then be in
+ * place (send = recv + rank * count), which is what lets NCCL use the copy
+ * engines; 0 for plain memory (a user allocator, a small or unsupported
+ * allocation). */
+etp_status_t etp__mem_alloc_window(etp_group_t *group, int role, size_t bytes,
+                                   etp_mem_owner_t owner, void **ptr, int *window);
 
 #endif /* ETP__COMM_INTERNAL_H */

@@ -84,6 +84,7 @@ etp_status_t etp__ctx_init(const etp_context_config_t *config, etp_context_t **o
     becfg->check_collectives =
         cfg.check_collectives >= 0 ? cfg.check_collectives : ctx->env.check_collectives;
     becfg->nccl_fast_launch = ctx->env.nccl_fast_launch;
+    becfg->copy_engine = ctx->env.copy_engine;
     ctx->requested_backend = cfg.backend;
     *out = ctx;
     return ETP_SUCCESS;
@@ -294,7 +295,9 @@ etp_status_t etp_context_destroy(etp_context_t *ctx)
                  ctx->num_allocs, ctx->total_bytes);
     for (size_t i = 0; i < ctx->num_allocs; i++) {
         etp__alloc_rec_t *r = &ctx->allocs[i];
-        if (ctx->allocator.free)
+        if (r->win_group) /* only the world's can be left: other groups refuse to go first */
+            be->ops->win_free(be, r->win_group->comms[r->win_role], r->ptr, r->win);
+        else if (ctx->allocator.free)
             ctx->allocator.free(ctx->allocator.user, r->ptr, r->bytes);
         else
             be->ops->mem_free(be, r->ptr);

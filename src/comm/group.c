@@ -87,6 +87,11 @@ etp_status_t etp_group_destroy(etp_group_t *group)
         return etp__err(ETP_ERR_BUSY,
                         "etp_group_destroy: group '%s' still has %d group(s) split from it",
                         group->name, group->children);
+    if (group->windows)
+        return etp__err(ETP_ERR_BUSY,
+                        "etp_group_destroy: group '%s' still has %d registered buffer(s) (gather "
+                        "slots of a chain: destroy the chain first)",
+                        group->name, group->windows);
     destroy_comms(ctx, group);
     group->parent->children--;
     ctx->num_groups--;

@@ -36,13 +36,51 @@ etp_status_t etp_mem_alloc(etp_context_t *ctx, size_t bytes, etp_mem_owner_t own
     } else {
         ETP__TRY(ctx->be->ops->mem_alloc(ctx->be, bytes, &p));
     }
-    ctx->allocs[ctx->num_allocs++] = (etp__alloc_rec_t){p, bytes, owner};
+    ctx->allocs[ctx->num_allocs++] = (etp__alloc_rec_t){p, bytes, owner, NULL, 0, NULL};
     ctx->bytes_by_owner[owner] += bytes;
     ctx->total_bytes += bytes;
     if (ctx->total_bytes > ctx->peak_bytes) ctx->peak_bytes = ctx->total_bytes;
     ETP__LOG(&ctx->log, ETP_LOG_DEBUG, ETP_SUBSYS_CORE, "alloc %zu bytes for %s at %p", bytes,
              etp_mem_owner_name(owner), p);
     *ptr = p;
+    return ETP_SUCCESS;
+}
+
+etp_status_t etp__mem_alloc_window(etp_group_t *group, int role, size_t bytes,
+                                   etp_mem_owner_t owner, void **ptr, int *window)
+{
+    etp_context_t *ctx = group->ctx;
+    const etp__backend_ops_t *ops = ctx->be->ops;
+    *window = 0;
+    /* The host backend: any memory is a window. A user allocator: its
+     * memory cannot be registered. */
+    if (ops->win_alloc == NULL || ctx->allocator.alloc) {
+        *window = ops->win_alloc == NULL;
+        return etp_mem_alloc(ctx, bytes, owner, ptr);
+    }
+    ETP__CHECK_ARG(bytes > 0, "etp_mem_alloc: bytes is 0");
+    ETP__TRY(etp__ctx_usable(ctx, "etp_mem_alloc"));
+    if (ctx->num_allocs == ctx->cap_allocs) {
+        size_t cap = ctx->cap_allocs ? 2 * ctx->cap_allocs : 16;
+        etp__alloc_rec_t *a = realloc(ctx->allocs, cap * sizeof *a);
+        if (!a) return etp__err(ETP_ERR_OUT_OF_MEMORY, "etp_mem_alloc: out of host memory");
+        ctx->allocs = a;
+        ctx->cap_allocs = cap;
+    }
+    void *p = NULL, *win = NULL;
+    etp_status_t st = ops->win_alloc(ctx->be, group->comms[role], bytes, &p, &win);
+    if (st == ETP_ERR_UNSUPPORTED) /* returned without a message: not an error */
+        return etp_mem_alloc(ctx, bytes, owner, ptr);
+    ETP__TRY(st);
+    ctx->allocs[ctx->num_allocs++] = (etp__alloc_rec_t){p, bytes, owner, group, role, win};
+    group->windows++;
+    ctx->bytes_by_owner[owner] += bytes;
+    ctx->total_bytes += bytes;
+    if (ctx->total_bytes > ctx->peak_bytes) ctx->peak_bytes = ctx->total_bytes;
+    ETP__LOG(&ctx->log, ETP_LOG_DEBUG, ETP_SUBSYS_CORE, "window of %zu bytes for %s at %p (group '%s' role %d)",
+             bytes, etp_mem_owner_name(owner), p, group->name, role);
+    *ptr = p;
+    *window = 1;
     return ETP_SUCCESS;
 }
 
@@ -60,7 +98,10 @@ etp_status_t etp_mem_free(etp_context_t *ctx, void *ptr)
     if (!ctx->be->failed) ETP__TRY(ctx->be->ops->device_sync(ctx->be));
     etp__alloc_rec_t r = ctx->allocs[i];
     ctx->allocs[i] = ctx->allocs[--ctx->num_allocs];
-    if (ctx->allocator.free)
+    if (r.win_group) {
+        ctx->be->ops->win_free(ctx->be, r.win_group->comms[r.win_role], r.ptr, r.win);
+        r.win_group->windows--;
+    } else if (ctx->allocator.free)
         ctx->allocator.free(ctx->allocator.user, r.ptr, r.bytes);
     else
         ctx->be->ops->mem_free(ctx->be, r.ptr);

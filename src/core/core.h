@@ -98,6 +98,7 @@ typedef struct etp__env {
     int host_streams;       /* ETP_HOST_STREAMS: eager or shuffle */
     int64_t shuffle_seed;   /* ETP_HOST_SHUFFLE_SEED */
     int nccl_fast_launch;   /* ETP_NCCL_FAST_LAUNCH */
+    int copy_engine;        /* ETP_COPY_ENGINE */
 } etp__env_t;
 
 /* One row of the settings table, for docs and `etp-demo --env`. */

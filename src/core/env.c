@@ -26,6 +26,10 @@ static const etp__env_doc_t env_docs[] = {
      "1: CUDA collectives launch on a blocking twin of each NCCL communicator, connected and "
      "warmed up at creation (a launch needing new connections can then block until its peers "
      "arrive); 0: launch on the non-blocking communicator (tens of microseconds per launch)"},
+    {"ETP_COPY_ENGINE", "1",
+     "1: gather slots of 1 MiB or more are NCCL symmetric windows and their all-gathers run on "
+     "the copy engines (NCCL >= 2.28, CTA policy zero: no SMs taken from compute); 0: plain "
+     "memory and NCCL's kernels"},
     {NULL, NULL, NULL},
 };
 
@@ -53,7 +57,7 @@ static etp_status_t parse_int64(const char *name, const char *v, int64_t *out)
 
 etp_status_t etp__env_load(etp__env_t *env)
 {
-    etp__env_t e = {ETP_LOG_NONE, ETP_SUBSYS_ALL, 300.0, 0, 0, 0, 1};
+    etp__env_t e = {ETP_LOG_NONE, ETP_SUBSYS_ALL, 300.0, 0, 0, 0, 1, 1};
     const char *v;
 
     if ((v = get("ETP_LOG_LEVEL"))) {
@@ -108,6 +112,14 @@ etp_status_t etp__env_load(etp__env_t *env)
             return etp__err(ETP_ERR_INVALID_ARGUMENT,
                             "environment ETP_NCCL_FAST_LAUNCH='%s': expected 0 or 1", v);
         e.nccl_fast_launch = (int)x;
+    }
+    if ((v = get("ETP_COPY_ENGINE"))) {
+        int64_t x = 0;
+        ETP__TRY(parse_int64("ETP_COPY_ENGINE", v, &x));
+        if (x != 0 && x != 1)
+            return etp__err(ETP_ERR_INVALID_ARGUMENT,
+                            "environment ETP_COPY_ENGINE='%s': expected 0 or 1", v);
+        e.copy_engine = (int)x;
     }
     *env = e;
     return ETP_SUCCESS;

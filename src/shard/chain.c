@@ -195,7 +195,8 @@ static etp_status_t plan(etp_chain_t *c)
     for (int s = 0; s < c->nslots && st == ETP_SUCCESS; s++) {
         c->slots[s].tenant = -1;
         c->slots[s].bytes = slot_bytes[s];
-        st = etp_mem_alloc(c->ctx, slot_bytes[s], ETP_MEM_GATHER_SLOTS, &c->slots[s].ptr);
+        st = etp__mem_alloc_window(c->group, c->ag_role, slot_bytes[s], ETP_MEM_GATHER_SLOTS,
+                                   &c->slots[s].ptr, &c->slots[s].window);
         if (st == ETP_SUCCESS) st = etp_event_create(c->ctx, &c->slots[s].ready);
         if (st == ETP_SUCCESS) st = etp_event_create(c->ctx, &c->slots[s].released);
     }
@@ -292,7 +293,8 @@ etp_status_t etp__chain_record_ticket(etp_chain_t *c, etp_param_t *p, etp_pass_t
     memset(s, 0, sizeof *s);
     s->tenant = -1;
     s->bytes = t->bytes;
-    etp_status_t st = etp_mem_alloc(c->ctx, t->bytes, ETP_MEM_GATHER_SLOTS, &s->ptr);
+    etp_status_t st = etp__mem_alloc_window(c->group, c->ag_role, t->bytes, ETP_MEM_GATHER_SLOTS,
+                                            &s->ptr, &s->window);
     if (st == ETP_SUCCESS) st = etp_event_create(c->ctx, &s->ready);
     if (st == ETP_SUCCESS) st = etp_event_create(c->ctx, &s->released);
     if (st != ETP_SUCCESS) {
@@ -370,13 +372,13 @@ static etp_status_t issue(etp_chain_t *c, int u, etp_stream_t *caller)
             ETP__TRY(etp_stream_wait_event(c->ag, p->updated));
     }
     if (p->quant != ETP_PARAM_QUANT_NONE) {
-        ETP__TRY(etp__qgather_issue(c, p, t->pass, s->ptr));
+        ETP__TRY(etp__qgather_issue(c, p, t->pass, s->ptr, s->window));
     } else {
         size_t es = etp_dtype_size(p->dtype);
         size_t shard_elems = (size_t)(p->shard_rows * p->cols);
-        ETP__TRY(etp__grouped_allgather(c->group, c->ag_role, p->shard, shard_elems * es, s->ptr,
-                                        (size_t)(p->padded_rows * p->cols) * es, shard_elems,
-                                        p->dtype, p->experts, c->ag));
+        ETP__TRY(etp__slot_allgather(c->group, c->ag_role, s->window, p->shard, shard_elems * es,
+                                     s->ptr, (size_t)(p->padded_rows * p->cols) * es, shard_elems,
+                                     p->dtype, p->experts, c->ag));
     }
     ETP__TRY(etp_event_record(s->ready, c->ag));
     s->tenant = u;

@@ -44,3 +44,29 @@ etp_status_t etp__grouped_reduce_scatter(etp_group_t *g, int role, const void *s
 {
     return grouped(rs_one, g, role, src, src_stride, dst, dst_stride, count, dtype, experts, s);
 }
+
+etp_status_t etp__grouped_allgather_inplace(etp_group_t *g, int role, const void *src,
+                                            size_t src_stride, void *dst, size_t dst_stride,
+                                            size_t count, etp_dtype_t dtype, int64_t experts,
+                                            etp_stream_t *s)
+{
+    const size_t bytes = count * etp_dtype_size(dtype);
+    char *mine = (char *)dst + (size_t)g->rank * bytes;
+    if (bytes && experts > 0) {
+        etp__be_t *be = g->ctx->be;
+        ETP__TRY(be->ops->kernels->shard->copy2d(be, s->bs, mine, dst_stride, src, src_stride, bytes,
+                                                 (size_t)experts));
+    }
+    return grouped(ag_one, g, role, mine, dst_stride, dst, dst_stride, count, dtype, experts, s);
+}
+
+etp_status_t etp__slot_allgather(etp_group_t *g, int role, int window, const void *src,
+                                 size_t src_stride, void *dst, size_t dst_stride, size_t count,
+                                 etp_dtype_t dtype, int64_t experts, etp_stream_t *s)
+{
+    if (window)
+        return etp__grouped_allgather_inplace(g, role, src, src_stride, dst, dst_stride, count,
+                                              dtype, experts, s);
+    return etp__grouped_allgather(g, role, src, src_stride, dst, dst_stride, count, dtype, experts,
+                                  s);
+}

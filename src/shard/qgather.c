@@ -123,7 +123,8 @@ static etp_status_t quantize_shard(etp_chain_t *c, etp_param_t *p)
     return st;
 }
 
-etp_status_t etp__qgather_issue(etp_chain_t *c, etp_param_t *p, etp_pass_t pass, void *slot)
+etp_status_t etp__qgather_issue(etp_chain_t *c, etp_param_t *p, etp_pass_t pass, void *slot,
+                                int window)
 {
     /* A graphed chain quantizes at every forward gather: a replayed graph
      * cannot know whether the weight changed since the capture. */
@@ -155,16 +156,16 @@ etp_status_t etp__qgather_issue(etp_chain_t *c, etp_param_t *p, etp_pass_t pass,
     ETP__TRY(etp_batch_begin(p->ctx));
     etp_status_t st = ETP_SUCCESS;
     if (!transposed) {
-        st = etp__grouped_allgather(c->group, c->ag_role, sdata, p->q_expert_bytes, s + L.data,
+        st = etp__slot_allgather(c->group, c->ag_role, window, sdata, p->q_expert_bytes, s + L.data,
                                     L.data_e, L.sdata_e, ETP_DTYPE_U8, p->experts, c->ag);
     } else {
         /* [K][M/2]: rank r's shard is a block of columns of each row. */
-        st = etp__grouped_allgather(c->group, c->ag_role, sdata, p->q_expert_bytes,
+        st = etp__slot_allgather(c->group, c->ag_role, window, sdata, p->q_expert_bytes,
                                     s + L.stage_data, R * L.sdata_e, L.sdata_e, ETP_DTYPE_U8,
                                     p->experts, c->ag);
     }
     if (st == ETP_SUCCESS)
-        st = etp__grouped_allgather(c->group, c->ag_role, sscales, p->q_expert_bytes,
+        st = etp__slot_allgather(c->group, c->ag_role, window, sscales, p->q_expert_bytes,
                                     s + (scales_in_place ? L.scales : L.stage_scales),
                                     scales_in_place ? L.scales_e : R * L.sscales_e, L.sscales_e,
                                     ETP_DTYPE_U8, p->experts, c->ag);

@@ -64,6 +64,7 @@ typedef struct etp__slot {
     int tenant; /* ticket, or -1 */
     etp_event_t *ready, *released;
     int release_recorded;
+    int window; /* ptr is a window (etp__mem_alloc_window): gathers go in place */
 } etp__slot_t;
 
 struct etp_chain {
@@ -108,6 +109,18 @@ etp_status_t etp__chain_ensure_workspace(etp_chain_t *c);
 etp_status_t etp__grouped_allgather(etp_group_t *g, int role, const void *src, size_t src_stride,
                                     void *dst, size_t dst_stride, size_t count, etp_dtype_t dtype,
                                     int64_t experts, etp_stream_t *s);
+/* The same gather in place in dst (a window: etp__mem_alloc_window): this
+ * rank's pieces copied to their places first (a copy engine on cuda), then
+ * send = dst + rank * count per expert, which lets NCCL use the copy
+ * engines. */
+etp_status_t etp__grouped_allgather_inplace(etp_group_t *g, int role, const void *src,
+                                            size_t src_stride, void *dst, size_t dst_stride,
+                                            size_t count, etp_dtype_t dtype, int64_t experts,
+                                            etp_stream_t *s);
+/* One of the two, by whether dst is in a window. */
+etp_status_t etp__slot_allgather(etp_group_t *g, int role, int window, const void *src,
+                                 size_t src_stride, void *dst, size_t dst_stride, size_t count,
+                                 etp_dtype_t dtype, int64_t experts, etp_stream_t *s);
 etp_status_t etp__grouped_reduce_scatter(etp_group_t *g, int role, const void *src,
                                          size_t src_stride, void *dst, size_t dst_stride,
                                          size_t count, etp_dtype_t dtype, int64_t experts,
@@ -120,7 +133,8 @@ size_t etp__qgather_bytes(const etp_param_t *p, etp_pass_t pass);
 /* Quantize the shard if it changed, then gather data and scales of `pass`
  * into slot, re-laying where shard layouts do not concatenate; on the
  * chain's AG stream. */
-etp_status_t etp__qgather_issue(etp_chain_t *c, etp_param_t *p, etp_pass_t pass, void *slot);
+etp_status_t etp__qgather_issue(etp_chain_t *c, etp_param_t *p, etp_pass_t pass, void *slot,
+                                int window);
 void etp__qgather_view(const etp_param_t *p, etp_pass_t pass, void *slot, etp_weight_view_t *v);
 
 /* Test-only: remove ordering edges (ETP__EDGE_*) from a chain. */

@@ -196,6 +196,8 @@ static void abort_all(etp__cuda_t *cb)
     for (etp__bcomm_t *c = cb->comms; c; c = c->next) {
         if (c->fast) (void)ncclCommAbort(c->fast);
         c->fast = NULL;
+        if (c->zero) (void)ncclCommAbort(c->zero);
+        c->zero = NULL;
         if (c->nccl == NULL) continue;
         ncclResult_t r = ncclCommAbort(c->nccl);
         if (r != ncclSuccess)
@@ -271,6 +273,10 @@ static etp_status_t check_async(etp__cuda_t *cb)
         if (r != ncclSuccess) state = r;
         if ((state == ncclSuccess || state == ncclInProgress) && c->fast) {
             r = ncclCommGetAsyncError(c->fast, &state);
+            if (r != ncclSuccess) state = r;
+        }
+        if ((state == ncclSuccess || state == ncclInProgress) && c->zero) {
+            r = ncclCommGetAsyncError(c->zero, &state);
             if (r != ncclSuccess) state = r;
         }
         if (state == ncclSuccess || state == ncclInProgress) continue;
@@ -415,6 +421,12 @@ static void release_comms(etp__cuda_t *cb, etp__bcomm_t **cs, size_t n)
     }
     for (size_t i = 0; i < n; i++) {
         etp__bcomm_t *c = cs[i];
+        if (c->zero != NULL) {
+            /* Its windows went with the chains that owned them. */
+            if (abandon || ncclCommFinalize(c->zero) != ncclSuccess || ncclCommDestroy(c->zero) != ncclSuccess)
+                (void)ncclCommAbort(c->zero);
+            c->zero = NULL;
+        }
         if (c->fast != NULL) {
             /* Its work was waited for with the context's streams. */
             if (abandon || ncclCommFinalize(c->fast) != ncclSuccess || ncclCommDestroy(c->fast) != ncclSuccess)
@@ -900,6 +912,8 @@ static const etp__backend_ops_t cuda_ops = {
     .comm_rank = cuda_comm_rank,
     .comm_size = cuda_comm_size,
     .coll = etp__cuda_coll,
+    .win_alloc = etp__cuda_win_alloc,
+    .win_free = etp__cuda_win_free,
     .batch_begin = etp__cuda_batch_begin,
     .batch_end = etp__cuda_batch_end,
     .capture_begin = cuda_capture_begin,

@@ -322,7 +322,8 @@ static ncclResult_t issue(const etp__bcomm_t *c, const etp__coll_t *op, ncclData
     switch (op->kind) {
     case ETP__COLL_ALLGATHER:
         *call = "ncclAllGather";
-        return ncclAllGather(op->send, op->recv, op->count, dt, etp__cuda_launch_comm(c), s);
+        return ncclAllGather(op->send, op->recv, op->count, dt,
+                             etp__cuda_ag_comm(c, op->recv, op->count * esize * (size_t)c->size), s);
     case ETP__COLL_REDUCE_SCATTER:
         *call = "ncclReduceScatter";
         return ncclReduceScatter(op->send, op->recv, op->count, dt, rop, etp__cuda_launch_comm(c), s);

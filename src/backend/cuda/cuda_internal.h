@@ -38,6 +38,14 @@
 #pragma GCC diagnostic ignored "-Wstrict-prototypes"
 #endif
 #include <nccl.h>
+
+/* Symmetric windows (2.27) and the zero-CTA policy (2.28): copy-engine
+ * all-gathers (cuda_window.c). */
+#if defined(NCCL_CTA_POLICY_ZERO) && NCCL_VERSION_CODE >= NCCL_VERSION(2, 28, 0)
+#define ETP__CUDA_HAVE_WINDOWS 1
+#else
+#define ETP__CUDA_HAVE_WINDOWS 0
+#endif
 #if defined(__GNUC__)
 #pragma GCC diagnostic pop
 #endif
@@ -80,6 +88,11 @@ struct etp__bcomm {
     /* ETP_NCCL_FAST_LAUNCH: a blocking twin split from nccl and warmed up at
      * creation; collectives launch on it (no NCCL launch thread, no poll). */
     ncclComm_t fast;
+    /* ETP_COPY_ENGINE: a blocking twin with NCCL_CTA_POLICY_ZERO, split when
+     * the first window is registered; all-gathers into its windows run on
+     * the copy engines (cuda_window.c). */
+    ncclComm_t zero;
+    struct etp__cuda_win *wins;
     int rank, size;
     int role;            /* role of the last collective issued (-1: none yet) */
     int in_batch;        /* issued work in the open batch */
@@ -162,6 +175,15 @@ etp_status_t etp__cuda_nccl_wait(etp__cuda_t *cb, ncclComm_t *comms, int n, cons
  * A timeout or error fails the backend. */
 etp_status_t etp__cuda_wait_stream(etp__cuda_t *cb, cudaStream_t s, const char *what,
                                    const char *pending);
+
+/* ---- cuda_window.c ------------------------------------------------------ */
+
+etp_status_t etp__cuda_win_alloc(etp__be_t *be, etp__bcomm_t *c, size_t bytes, void **ptr,
+                                 void **win);
+void etp__cuda_win_free(etp__be_t *be, etp__bcomm_t *c, void *ptr, void *win);
+/* The communicator an all-gather into [recv, recv + bytes) launches on: the
+ * zero-CTA twin when the range lies in one of c's windows, else the usual. */
+ncclComm_t etp__cuda_ag_comm(const etp__bcomm_t *c, const void *recv, size_t bytes);
 
 /* ---- cuda_coll.c ------------------------------------------------------- */
 
