@@ -3,6 +3,7 @@
  * loops over (expert, element), one element per thread per step. */
 #include <cuda_bf16.h>
 #include <math.h>
+#include <stdint.h>
 
 #include "shard_kernels.h"
 
@@ -30,17 +31,67 @@ int blocks_for(int64_t n)
     return static_cast<int>(b > 4096 ? 4096 : (b < 1 ? 1 : b));
 }
 
+/* The FP32 sum of the ranks' chunks starts from +0 and adds in rank order,
+ * like the host reference (a -0 chunk alone gives +0 there too). */
 template <bool kBf16>
 __global__ void accumulate_kernel(float *dst, const void *src, int64_t experts, int64_t valid,
-                                  int64_t stride, float scale)
+                                  int64_t stride, int nsrc, int64_t rstride, int64_t estride,
+                                  float scale)
 {
     int64_t total = experts * valid;
     for (int64_t k = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; k < total;
          k += (int64_t)gridDim.x * blockDim.x) {
-        int64_t i = (k / valid) * stride + k % valid;
-        float x = kBf16 ? bf16_to_float(static_cast<const uint16_t *>(src)[i])
-                        : static_cast<const float *>(src)[i];
-        dst[i] = fmaf(scale, x, dst[i]);
+        const int64_t e = k / valid, i = k % valid;
+        float x = 0.0f;
+        for (int r = 0; r < nsrc; r++) {
+            const int64_t j = e * estride + r * rstride + i;
+            x = __fadd_rn(x, kBf16 ? bf16_to_float(static_cast<const uint16_t *>(src)[j])
+                                   : static_cast<const float *>(src)[j]);
+        }
+        float *d = dst + e * stride + i;
+        *d = fmaf(scale, x, *d);
+    }
+}
+
+/* The same on 4 elements per thread (every offset a multiple of 4 and the
+ * buffers aligned: checked by the launcher), the chunks' loads issued
+ * together. */
+template <bool kBf16>
+__global__ void accumulate_vec4(float *dst, const void *src, int64_t experts, int64_t valid,
+                                int64_t stride, int nsrc, int64_t rstride, int64_t estride,
+                                float scale)
+{
+    const int64_t v4 = valid / 4, total = experts * v4;
+    for (int64_t k = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; k < total;
+         k += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t e = k / v4, i = (k % v4) * 4;
+        float x[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        for (int r = 0; r < nsrc; r++) {
+            const int64_t j = e * estride + r * rstride + i;
+            float y[4];
+            if (kBf16) {
+                const uint2 v = *reinterpret_cast<const uint2 *>(static_cast<const uint16_t *>(src) + j);
+                y[0] = __uint_as_float(v.x << 16);
+                y[1] = __uint_as_float(v.x & 0xffff0000u);
+                y[2] = __uint_as_float(v.y << 16);
+                y[3] = __uint_as_float(v.y & 0xffff0000u);
+            } else {
+                const float4 v = *reinterpret_cast<const float4 *>(static_cast<const float *>(src) + j);
+                y[0] = v.x;
+                y[1] = v.y;
+                y[2] = v.z;
+                y[3] = v.w;
+            }
+#pragma unroll
+            for (int q = 0; q < 4; q++) x[q] = __fadd_rn(x[q], y[q]);
+        }
+        float4 *d = reinterpret_cast<float4 *>(dst + e * stride + i);
+        float4 o = *d;
+        o.x = fmaf(scale, x[0], o.x);
+        o.y = fmaf(scale, x[1], o.y);
+        o.z = fmaf(scale, x[2], o.z);
+        o.w = fmaf(scale, x[3], o.w);
+        *d = o;
     }
 }
 
@@ -107,15 +158,27 @@ __global__ void grad_stats_kernel(const float *x, int64_t experts, int64_t valid
 
 extern "C" cudaError_t etp__cuda_shard_accumulate(cudaStream_t s, float *dst, const void *src,
                                                   int src_bf16, int64_t experts, int64_t valid,
-                                                  int64_t stride, float scale)
+                                                  int64_t stride, int nsrc, int64_t rstride,
+                                                  int64_t estride, float scale)
 {
     if (experts <= 0 || valid <= 0) return cudaSuccess;
+    const int64_t es = src_bf16 ? 2 : 4;
+    const bool vec = ((valid | stride | rstride | estride) & 3) == 0 &&
+                     (reinterpret_cast<uintptr_t>(dst) & 15u) == 0 &&
+                     (reinterpret_cast<uintptr_t>(src) & (uintptr_t)(4 * es - 1)) == 0;
+    if (vec) {
+        const int g = blocks_for(experts * valid / 4);
+        if (src_bf16)
+            accumulate_vec4<true><<<g, kThreads, 0, s>>>(dst, src, experts, valid, stride, nsrc, rstride, estride, scale);
+        else
+            accumulate_vec4<false><<<g, kThreads, 0, s>>>(dst, src, experts, valid, stride, nsrc, rstride, estride, scale);
+        return cudaGetLastError();
+    }
+    const int g = blocks_for(experts * valid);
     if (src_bf16)
-        accumulate_kernel<true><<<blocks_for(experts * valid), kThreads, 0, s>>>(dst, src, experts,
-                                                                                valid, stride, scale);
+        accumulate_kernel<true><<<g, kThreads, 0, s>>>(dst, src, experts, valid, stride, nsrc, rstride, estride, scale);
     else
-        accumulate_kernel<false><<<blocks_for(experts * valid), kThreads, 0, s>>>(dst, src, experts,
-                                                                                 valid, stride, scale);
+        accumulate_kernel<false><<<g, kThreads, 0, s>>>(dst, src, experts, valid, stride, nsrc, rstride, estride, scale);
     return cudaGetLastError();
 }
 

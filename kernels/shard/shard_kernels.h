@@ -10,10 +10,12 @@
 extern "C" {
 #endif
 
-/* dst[e*stride + i] = fmaf(scale, src[...], dst[...]) for i < valid_rows*cols;
+/* dst[e*stride + i] = fmaf(scale, x, dst[...]) for i < valid_elems, x the
+ * FP32 sum in order r = 0 .. nsrc-1 of src[e*src_estride + r*src_rstride + i];
  * src_bf16 selects BF16 (else F32) source. */
 cudaError_t etp__cuda_shard_accumulate(cudaStream_t s, float *dst, const void *src, int src_bf16,
                                        int64_t experts, int64_t valid_elems, int64_t stride,
+                                       int nsrc, int64_t src_rstride, int64_t src_estride,
                                        float scale);
 cudaError_t etp__cuda_bf16_to_f32(cudaStream_t s, float *dst, const uint16_t *src, size_t n);
 /* dst[e*dst_stride + i*cols + c] = convert(src[e*src_stride + i*src_ld + c])

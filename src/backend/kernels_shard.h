@@ -12,10 +12,14 @@ typedef struct etp__shard_geom {
 } etp__shard_geom_t;
 
 struct etp__shard_kernels {
-    /* dst[e][i][c] = fmaf(scale, float(src[e][i][c]), dst[e][i][c]) for the
-     * valid rows: the main_grad accumulation (src F32 or BF16). */
+    /* dst[e*g.stride + i] = fmaf(scale, x, dst[e*g.stride + i]) for the valid
+     * elements i < g.valid_rows * g.cols of each expert e, where x is the sum
+     * in FP32, in order r = 0 .. nsrc-1, of float(src[e*src_estride +
+     * r*src_rstride + i]) (src F32 or BF16): the main_grad accumulation of
+     * the ranks' chunks of a wgrad, in rank order. */
     etp_status_t (*accumulate)(etp__be_t *be, etp__bstream_t *s, float *dst, const void *src,
-                               etp_dtype_t src_dtype, etp__shard_geom_t g, float scale);
+                               etp_dtype_t src_dtype, etp__shard_geom_t g, int nsrc,
+                               int64_t src_rstride, int64_t src_estride, float scale);
     /* dst[i] = float(src[i]) for BF16 src: the wgrad upcast. */
     etp_status_t (*bf16_to_f32)(etp__be_t *be, etp__bstream_t *s, float *dst, const uint16_t *src,
                                 size_t n);

@@ -114,6 +114,8 @@ etp_status_t etp_chain_destroy(etp_chain_t *c)
     if (c->scratch) etp_event_destroy(c->scratch);
     if (c->ag) etp_stream_destroy(c->ag);
     if (c->rs) etp_stream_destroy(c->rs);
+    free(c->a2a_counts);
+    free(c->a2a_displs);
     free(c->ring);
     free(c->ring_done);
     free(c->ring_done_recorded);
@@ -208,6 +210,8 @@ static etp_status_t plan(etp_chain_t *c)
     free(slot_bytes);
     free(slot);
     if (st == ETP_SUCCESS) st = etp__chain_ensure_workspace(c);
+    for (int i = 0; i < c->nparams && st == ETP_SUCCESS; i++)
+        if (c->params[i]->quant != ETP_PARAM_QUANT_NONE) st = etp__qstore_to_window(c, c->params[i]);
     if (st != ETP_SUCCESS) {
         free_slots(c);
         return st;

@@ -10,9 +10,28 @@ static size_t full_elems(const etp_param_t *p)
     return (size_t)(p->experts * p->padded_rows * p->cols);
 }
 
+/* (Re)allocate *buf as a window of the chain's RS communicator (plain
+ * memory where windows are not possible), after the RS stream is done
+ * with the old one. */
+static etp_status_t rs_buffer(etp_chain_t *c, void **buf, size_t *have, size_t need,
+                              etp_mem_owner_t owner)
+{
+    if (need <= *have) return ETP_SUCCESS;
+    ETP__TRY(etp_stream_synchronize(c->rs));
+    if (*buf) etp_mem_free(c->ctx, *buf);
+    *buf = NULL;
+    *have = 0;
+    int window = 0;
+    ETP__TRY(etp__mem_alloc_window(c->group, c->rs_role, need, owner, buf, &window));
+    *have = need;
+    return ETP_SUCCESS;
+}
+
 /* Size the ring and staging for every parameter of the chain. Only before
  * the chain is finalized (at finalize, or while recording, when it may
- * grow); afterwards nothing is allocated. */
+ * grow); afterwards nothing is allocated. The ring, the upcast staging and
+ * the all-to-all staging are windows of the RS communicator, so that the
+ * all-to-all of a reduction runs on the copy engines (cuda_window.c). */
 etp_status_t etp__chain_ensure_workspace(etp_chain_t *c)
 {
     size_t ring = 0, up = 0, rs = 0;
@@ -22,8 +41,7 @@ etp_status_t etp__chain_ensure_workspace(etp_chain_t *c)
         if (n * etp_dtype_size(p->wgrad_dtype) > ring) ring = n * etp_dtype_size(p->wgrad_dtype);
         if (p->upcast && n * sizeof(float) > up) up = n * sizeof(float);
         size_t rs_dtype = p->upcast ? sizeof(float) : etp_dtype_size(p->wgrad_dtype);
-        size_t shard = (size_t)(p->experts * p->shard_rows * p->cols) * rs_dtype;
-        if (shard > rs) rs = shard;
+        if (n * rs_dtype > rs) rs = n * rs_dtype;
     }
     if (ring > c->ring_bytes) {
         /* Only while recording can a ring entry in use be replaced. */
@@ -33,25 +51,21 @@ etp_status_t etp__chain_ensure_workspace(etp_chain_t *c)
             c->ring[k] = NULL;
         }
         c->ring_bytes = 0;
-        for (int k = 0; k < c->ring_n; k++)
-            ETP__TRY(etp_mem_alloc(c->ctx, ring, ETP_MEM_WGRAD_RING, &c->ring[k]));
+        for (int k = 0; k < c->ring_n; k++) {
+            int window = 0;
+            ETP__TRY(etp__mem_alloc_window(c->group, c->rs_role, ring, ETP_MEM_WGRAD_RING, &c->ring[k],
+                                           &window));
+        }
         c->ring_bytes = ring;
     }
-    if (up > c->up_bytes) {
-        ETP__TRY(etp_stream_synchronize(c->rs));
-        if (c->up_stage) etp_mem_free(c->ctx, c->up_stage);
-        c->up_stage = NULL;
-        c->up_bytes = 0;
-        ETP__TRY(etp_mem_alloc(c->ctx, up, ETP_MEM_WORKSPACE, &c->up_stage));
-        c->up_bytes = up;
-    }
-    if (rs > c->rs_bytes) {
-        ETP__TRY(etp_stream_synchronize(c->rs));
-        if (c->rs_stage) etp_mem_free(c->ctx, c->rs_stage);
-        c->rs_stage = NULL;
-        c->rs_bytes = 0;
-        ETP__TRY(etp_mem_alloc(c->ctx, rs, ETP_MEM_WORKSPACE, &c->rs_stage));
-        c->rs_bytes = rs;
+    ETP__TRY(rs_buffer(c, &c->up_stage, &c->up_bytes, up, ETP_MEM_WORKSPACE));
+    ETP__TRY(rs_buffer(c, &c->rs_stage, &c->rs_bytes, rs, ETP_MEM_WORKSPACE));
+    if (!c->a2a_counts) {
+        size_t R = (size_t)c->group->size;
+        c->a2a_counts = calloc(R, sizeof *c->a2a_counts);
+        c->a2a_displs = calloc(R, sizeof *c->a2a_displs);
+        if (!c->a2a_counts || !c->a2a_displs)
+            return etp__err(ETP_ERR_OUT_OF_MEMORY, "chain '%s': out of host memory", c->name);
     }
     if (!c->stats) ETP__TRY(etp_mem_alloc(c->ctx, 2 * sizeof(double), ETP_MEM_WORKSPACE, (void **)&c->stats));
     return ETP_SUCCESS;
@@ -128,12 +142,29 @@ etp_status_t etp_reduce_grad(etp_param_t *p, etp_stream_t *stream, float scale)
         src = c->up_stage;
         dt = ETP_DTYPE_F32;
     }
+    /* A reduce-scatter as an all-to-all (rank q's chunk r of each expert
+     * to rank r) and one kernel summing the chunks in rank order in FP32
+     * into main_grad: the sum is deterministic and rounded once, whatever
+     * NCCL's algorithm, and the exchange runs on the copy engines where the
+     * buffers are windows. */
+    const int R = c->group->size;
     size_t es = etp_dtype_size(dt), shard_elems = (size_t)(p->shard_rows * p->cols);
-    ETP__TRY(etp__grouped_reduce_scatter(c->group, c->rs_role, src,
-                                         (size_t)(p->padded_rows * p->cols) * es, c->rs_stage,
-                                         shard_elems * es, shard_elems, dt, p->experts, c->rs));
+    size_t full_e = (size_t)(p->padded_rows * p->cols);
+    for (int r = 0; r < R; r++) {
+        c->a2a_counts[r] = shard_elems;
+        c->a2a_displs[r] = (size_t)r * shard_elems;
+    }
+    ETP__TRY(etp_batch_begin(p->ctx));
+    etp_status_t st = ETP_SUCCESS;
+    for (int64_t x = 0; x < p->experts && st == ETP_SUCCESS; x++)
+        st = etp_alltoallv(c->group, c->rs_role, (const char *)src + (size_t)x * full_e * es,
+                           c->a2a_counts, c->a2a_displs, (char *)c->rs_stage + (size_t)x * full_e * es,
+                           c->a2a_counts, c->a2a_displs, dt, c->rs);
+    etp_status_t st2 = etp_batch_end(p->ctx);
+    ETP__TRY(st != ETP_SUCCESS ? st : st2);
     etp__shard_geom_t g = {p->experts, p->shard_rows, p->cols, p->valid_rows, (int64_t)shard_elems};
-    ETP__TRY(k->accumulate(be, c->rs->bs, p->main_grad, c->rs_stage, dt, g, scale));
+    ETP__TRY(k->accumulate(be, c->rs->bs, p->main_grad, c->rs_stage, dt, g, R, (int64_t)shard_elems,
+                           (int64_t)full_e, scale));
     ETP__TRY(etp_event_record(c->ring_done[e], c->rs));
     c->ring_done_recorded[e] = 1;
     p->wgrad_entry = -1;

@@ -1,4 +1,4 @@
-/* One grouped collective for all experts of a parameter: NCCL fuses the
+/* One grouped all-gather for all experts of a parameter: NCCL fuses the
  * per-expert calls of a batch into one launch. */
 #include "shard_internal.h"
 
@@ -9,12 +9,6 @@ static etp_status_t ag_one(etp_group_t *g, int role, const void *src, void *dst,
                            etp_dtype_t dtype, etp_stream_t *s)
 {
     return etp_allgather(g, role, src, dst, count, dtype, s);
-}
-
-static etp_status_t rs_one(etp_group_t *g, int role, const void *src, void *dst, size_t count,
-                           etp_dtype_t dtype, etp_stream_t *s)
-{
-    return etp_reduce_scatter(g, role, src, dst, count, dtype, ETP_REDOP_SUM, s);
 }
 
 static etp_status_t grouped(one_fn_t one, etp_group_t *g, int role, const char *src,
@@ -35,14 +29,6 @@ etp_status_t etp__grouped_allgather(etp_group_t *g, int role, const void *src, s
                                     int64_t experts, etp_stream_t *s)
 {
     return grouped(ag_one, g, role, src, src_stride, dst, dst_stride, count, dtype, experts, s);
-}
-
-etp_status_t etp__grouped_reduce_scatter(etp_group_t *g, int role, const void *src,
-                                         size_t src_stride, void *dst, size_t dst_stride,
-                                         size_t count, etp_dtype_t dtype, int64_t experts,
-                                         etp_stream_t *s)
-{
-    return grouped(rs_one, g, role, src, src_stride, dst, dst_stride, count, dtype, experts, s);
 }
 
 etp_status_t etp__grouped_allgather_inplace(etp_group_t *g, int role, const void *src,

@@ -46,6 +46,7 @@ struct etp_param {
     uint64_t version, q_version; /* bumped by mark_updated; the quantized shard's */
     etp_quant_sizes_t qs_shard, qs_full; /* per expert */
     uint8_t *q_store;  /* per expert: row data, row scales, column data, column scales */
+    int q_window;      /* q_store is a window of its chain's AG communicator */
     size_t q_expert_bytes;
     float *q_amax;     /* [experts]: the group's amax (NVFP4) */
 };
@@ -88,7 +89,10 @@ struct etp_chain {
     int *ring_done_recorded;
     int ring_next;
     size_t ring_bytes, up_bytes, rs_bytes;
+    /* rs_stage receives the ranks' chunks of a wgrad (an all-to-all), which
+     * one kernel sums in rank order into main_grad (grad.c) */
     void *up_stage, *rs_stage;
+    size_t *a2a_counts, *a2a_displs; /* [group size]: the all-to-all's, in elements */
     double *stats;
     unsigned skip_edges;
 };
@@ -121,10 +125,6 @@ etp_status_t etp__grouped_allgather_inplace(etp_group_t *g, int role, const void
 etp_status_t etp__slot_allgather(etp_group_t *g, int role, int window, const void *src,
                                  size_t src_stride, void *dst, size_t dst_stride, size_t count,
                                  etp_dtype_t dtype, int64_t experts, etp_stream_t *s);
-etp_status_t etp__grouped_reduce_scatter(etp_group_t *g, int role, const void *src,
-                                         size_t src_stride, void *dst, size_t dst_stride,
-                                         size_t count, etp_dtype_t dtype, int64_t experts,
-                                         etp_stream_t *s);
 
 /* qgather.c: quantized modes. */
 etp_status_t etp__param_quant_init(etp_param_t *p);
@@ -135,6 +135,10 @@ size_t etp__qgather_bytes(const etp_param_t *p, etp_pass_t pass);
  * chain's AG stream. */
 etp_status_t etp__qgather_issue(etp_chain_t *c, etp_param_t *p, etp_pass_t pass, void *slot,
                                 int window);
+/* Move the quantized shard store into a window of the chain's AG
+ * communicator (at plan time, collective), so that its gathers need no
+ * copy into the slot first. Plain memory stays where it is. */
+etp_status_t etp__qstore_to_window(etp_chain_t *c, etp_param_t *p);
 void etp__qgather_view(const etp_param_t *p, etp_pass_t pass, void *slot, etp_weight_view_t *v);
 
 /* Test-only: remove ordering edges (ETP__EDGE_*) from a chain. */

@@ -323,7 +323,7 @@ static ncclResult_t issue(const etp__bcomm_t *c, const etp__coll_t *op, ncclData
     case ETP__COLL_ALLGATHER:
         *call = "ncclAllGather";
         return ncclAllGather(op->send, op->recv, op->count, dt,
-                             etp__cuda_ag_comm(c, op->recv, op->count * esize * (size_t)c->size), s);
+                             etp__cuda_ag_comm(c, op->send, op->recv, op->count * esize * (size_t)c->size), s);
     case ETP__COLL_REDUCE_SCATTER:
         *call = "ncclReduceScatter";
         return ncclReduceScatter(op->send, op->recv, op->count, dt, rop, etp__cuda_launch_comm(c), s);
@@ -331,6 +331,13 @@ static ncclResult_t issue(const etp__bcomm_t *c, const etp__coll_t *op, ncclData
         *call = "ncclAllReduce";
         return ncclAllReduce(op->send, op->recv, op->count, dt, rop, etp__cuda_launch_comm(c), s);
     case ETP__COLL_ALLTOALLV: {
+        /* Equal counts in rank order between windows: ncclAlltoAll on the
+         * zero-CTA twin, which runs it on the copy engines. */
+        ncclComm_t a2a = etp__cuda_a2a_comm(c, op);
+        if (a2a != NULL) {
+            *call = "ncclAlltoAll";
+            return etp__cuda_alltoall(op->send, op->recv, op->sendcounts[0], dt, a2a, s);
+        }
         *call = "ncclSend/ncclRecv (alltoallv)";
         const char *send = op->send;
         char *recv = op->recv;

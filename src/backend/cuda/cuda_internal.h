@@ -181,9 +181,17 @@ etp_status_t etp__cuda_wait_stream(etp__cuda_t *cb, cudaStream_t s, const char *
 etp_status_t etp__cuda_win_alloc(etp__be_t *be, etp__bcomm_t *c, size_t bytes, void **ptr,
                                  void **win);
 void etp__cuda_win_free(etp__be_t *be, etp__bcomm_t *c, void *ptr, void *win);
-/* The communicator an all-gather into [recv, recv + bytes) launches on: the
- * zero-CTA twin when the range lies in one of c's windows, else the usual. */
-ncclComm_t etp__cuda_ag_comm(const etp__bcomm_t *c, const void *recv, size_t bytes);
+/* The communicator an all-gather from send into [recv, recv + bytes)
+ * launches on: the zero-CTA twin when both lie in c's windows, else the
+ * usual one. */
+ncclComm_t etp__cuda_ag_comm(const etp__bcomm_t *c, const void *send, const void *recv,
+                             size_t bytes);
+/* The zero-CTA twin for an all-to-all-v whose counts are all equal, in
+ * rank order, between buffers in c's windows; NULL otherwise. */
+ncclComm_t etp__cuda_a2a_comm(const etp__bcomm_t *c, const etp__coll_t *op);
+/* ncclAlltoAll where NCCL has it (only called when a2a_comm said so). */
+ncclResult_t etp__cuda_alltoall(const void *send, void *recv, size_t count, ncclDataType_t dt,
+                                ncclComm_t comm, cudaStream_t s);
 
 /* ---- cuda_coll.c ------------------------------------------------------- */
 

@@ -153,14 +153,42 @@ void etp__cuda_win_free(etp__be_t *be, etp__bcomm_t *c, void *ptr, void *win)
     free(w);
 }
 
-ncclComm_t etp__cuda_ag_comm(const etp__bcomm_t *c, const void *recv, size_t bytes)
+static int in_window(const etp__bcomm_t *c, const void *p, size_t bytes)
 {
-    if (c->zero) {
-        const char *r = recv;
-        for (const struct etp__cuda_win *w = c->wins; w; w = w->next)
-            if (r >= w->ptr && r + bytes <= w->ptr + w->bytes) return c->zero;
-    }
+    const char *b = p;
+    for (const struct etp__cuda_win *w = c->wins; w; w = w->next)
+        if (b >= w->ptr && b + bytes <= w->ptr + w->bytes) return 1;
+    return 0;
+}
+
+ncclComm_t etp__cuda_ag_comm(const etp__bcomm_t *c, const void *send, const void *recv,
+                             size_t bytes)
+{
+    /* Both buffers in windows (in place, the send buffer is in recv's): a
+     * plain send buffer would get NCCL's kernels anyway, and an all-to-all
+     * with one was seen to hang on the zero-CTA communicator. */
+    const size_t per = bytes / (size_t)c->size;
+    if (c->zero && in_window(c, recv, bytes) && in_window(c, send, per)) return c->zero;
     return etp__cuda_launch_comm(c);
+}
+
+ncclComm_t etp__cuda_a2a_comm(const etp__bcomm_t *c, const etp__coll_t *op)
+{
+    if (c->zero == NULL) return NULL;
+    const size_t n = op->sendcounts[0];
+    for (int p = 0; p < c->size; p++)
+        if (op->sendcounts[p] != n || op->recvcounts[p] != n || op->sdispls[p] != (size_t)p * n ||
+            op->rdispls[p] != (size_t)p * n)
+            return NULL;
+    const size_t bytes = n * (size_t)c->size * etp_dtype_size(op->dtype);
+    if (bytes == 0 || !in_window(c, op->send, bytes) || !in_window(c, op->recv, bytes)) return NULL;
+    return c->zero;
+}
+
+ncclResult_t etp__cuda_alltoall(const void *send, void *recv, size_t count, ncclDataType_t dt,
+                                ncclComm_t comm, cudaStream_t s)
+{
+    return ncclAlltoAll(send, recv, count, dt, comm, s);
 }
 
 #else /* NCCL without symmetric windows or the zero-CTA policy */
@@ -177,10 +205,24 @@ void etp__cuda_win_free(etp__be_t *be, etp__bcomm_t *c, void *ptr, void *win)
     (void)be, (void)c, (void)ptr, (void)win;
 }
 
-ncclComm_t etp__cuda_ag_comm(const etp__bcomm_t *c, const void *recv, size_t bytes)
+ncclComm_t etp__cuda_ag_comm(const etp__bcomm_t *c, const void *send, const void *recv,
+                             size_t bytes)
 {
-    (void)recv, (void)bytes;
+    (void)send, (void)recv, (void)bytes;
     return etp__cuda_launch_comm(c);
+}
+
+ncclComm_t etp__cuda_a2a_comm(const etp__bcomm_t *c, const etp__coll_t *op)
+{
+    (void)c, (void)op;
+    return NULL;
+}
+
+ncclResult_t etp__cuda_alltoall(const void *send, void *recv, size_t count, ncclDataType_t dt,
+                                ncclComm_t comm, cudaStream_t s)
+{
+    (void)send, (void)recv, (void)count, (void)dt, (void)comm, (void)s;
+    return ncclInvalidUsage;
 }
 
 #endif

@@ -24,6 +24,8 @@ typedef struct {
     const void *src;
     etp_dtype_t src_dtype;
     etp__shard_geom_t g;
+    int nsrc;
+    int64_t rstride, estride;
     float scale;
 } acc_args_t;
 
@@ -32,15 +34,18 @@ static void acc_run(void *p)
     const acc_args_t *a = p;
     for (int64_t e = 0; e < a->g.experts; e++)
         for (int64_t i = 0; i < a->g.valid_rows * a->g.cols; i++) {
+            float x = 0.0f;
+            for (int r = 0; r < a->nsrc; r++) x += load(a->src, a->src_dtype, e * a->estride + r * a->rstride + i);
             int64_t k = e * a->g.stride + i;
-            a->dst[k] = fmaf(a->scale, load(a->src, a->src_dtype, k), a->dst[k]);
+            a->dst[k] = fmaf(a->scale, x, a->dst[k]);
         }
 }
 
 static etp_status_t host_accumulate(etp__be_t *be, etp__bstream_t *s, float *dst, const void *src,
-                                    etp_dtype_t src_dtype, etp__shard_geom_t g, float scale)
+                                    etp_dtype_t src_dtype, etp__shard_geom_t g, int nsrc,
+                                    int64_t src_rstride, int64_t src_estride, float scale)
 {
-    acc_args_t a = {dst, src, src_dtype, g, scale};
+    acc_args_t a = {dst, src, src_dtype, g, nsrc, src_rstride, src_estride, scale};
     return etp__host_launch(be, s, acc_run, &a, sizeof a);
 }
 
