@@ -210,8 +210,6 @@ static etp_status_t plan(etp_chain_t *c)
     free(slot_bytes);
     free(slot);
     if (st == ETP_SUCCESS) st = etp__chain_ensure_workspace(c);
-    for (int i = 0; i < c->nparams && st == ETP_SUCCESS; i++)
-        if (c->params[i]->quant != ETP_PARAM_QUANT_NONE) st = etp__qstore_to_window(c, c->params[i]);
     if (st != ETP_SUCCESS) {
         free_slots(c);
         return st;

@@ -46,7 +46,6 @@ struct etp_param {
     uint64_t version, q_version; /* bumped by mark_updated; the quantized shard's */
     etp_quant_sizes_t qs_shard, qs_full; /* per expert */
     uint8_t *q_store;  /* per expert: row data, row scales, column data, column scales */
-    int q_window;      /* q_store is a window of its chain's AG communicator */
     size_t q_expert_bytes;
     float *q_amax;     /* [experts]: the group's amax (NVFP4) */
 };
@@ -135,10 +134,6 @@ size_t etp__qgather_bytes(const etp_param_t *p, etp_pass_t pass);
  * chain's AG stream. */
 etp_status_t etp__qgather_issue(etp_chain_t *c, etp_param_t *p, etp_pass_t pass, void *slot,
                                 int window);
-/* Move the quantized shard store into a window of the chain's AG
- * communicator (at plan time, collective), so that its gathers need no
- * copy into the slot first. Plain memory stays where it is. */
-etp_status_t etp__qstore_to_window(etp_chain_t *c, etp_param_t *p);
 void etp__qgather_view(const etp_param_t *p, etp_pass_t pass, void *slot, etp_weight_view_t *v);
 
 /* Test-only: remove ordering edges (ETP__EDGE_*) from a chain. */
