@@ -15,6 +15,9 @@
  *
  *   etp-bench chain [--layers 16] [--d 8192] [--m 4096] [--depth 1] [--max-ctas N]
  *                   [--gemm-sms N (GEMMs use N SMs, leaving the rest to communication)]
+ *                   [--loop K (each sample runs K steps back to back, as a training
+ *                    loop does, and counts their mean; default 1: one step alone, so
+ *                    its first gather and last reduction are exposed by construction)]
  */
 #include <stdlib.h>
 #include <string.h>
@@ -140,7 +143,7 @@ static void step(bench_t *b, gemm_t *g, model_t *m, int mode)
 int etp_bench_chain(bench_t *b, int argc, char **argv)
 {
     model_t m = {.L = 16, .depth = 1, .d = 8192, .M = 4096};
-    int max_ctas = -1, gemm_sms = 0;
+    int max_ctas = -1, gemm_sms = 0, loop = 1;
     for (int i = 0; i < argc; i++) {
         if (strcmp(argv[i], "--layers") == 0 && i + 1 < argc) m.L = atoi(argv[++i]);
         else if (strcmp(argv[i], "--d") == 0 && i + 1 < argc) m.d = atol(argv[++i]);
@@ -148,10 +151,15 @@ int etp_bench_chain(bench_t *b, int argc, char **argv)
         else if (strcmp(argv[i], "--depth") == 0 && i + 1 < argc) m.depth = atoi(argv[++i]);
         else if (strcmp(argv[i], "--max-ctas") == 0 && i + 1 < argc) max_ctas = atoi(argv[++i]);
         else if (strcmp(argv[i], "--gemm-sms") == 0 && i + 1 < argc) gemm_sms = atoi(argv[++i]);
+        else if (strcmp(argv[i], "--loop") == 0 && i + 1 < argc) loop = atoi(argv[++i]);
         else {
             if (b->rank == 0) fprintf(stderr, "etp-bench chain: unknown option %s\n", argv[i]);
             return 2;
         }
+    }
+    if (loop < 1) {
+        if (b->rank == 0) fprintf(stderr, "etp-bench chain: --loop must be >= 1\n");
+        return 2;
     }
     if (b->backend != ETP_BACKEND_CUDA) {
         if (b->rank == 0) fprintf(stderr, "etp-bench chain: needs the CUDA backend (a GPU)\n");
@@ -208,16 +216,16 @@ int etp_bench_chain(bench_t *b, int argc, char **argv)
             BENCH_CHECK(b, etp_stream_synchronize(m.main));
             MPI_Barrier(MPI_COMM_WORLD);
             bench_timer_start(tm);
-            step(b, &g, &m, mode);
+            for (int k = 0; k < loop; k++) step(b, &g, &m, mode);
             bench_timer_stop(tm);
-            double us = bench_timer_us(tm);
+            double us = bench_timer_us(tm) / loop;
             if (it >= 0) t[mode][it] = us;
         }
     double us[3];
     for (int k = 0; k < 3; k++) us[k] = bench_max_over_ranks(bench_median(t[k], b->iters));
     char shape[96];
-    snprintf(shape, sizeof shape, "L=%d d=%lld M=%lld dp%d cta%d sm%d", m.L, (long long)m.d,
-             (long long)m.M, m.depth, max_ctas, gemm_sms);
+    snprintf(shape, sizeof shape, "L=%d d=%lld M=%lld dp%d cta%d sm%d loop%d", m.L, (long long)m.d,
+             (long long)m.M, m.depth, max_ctas, gemm_sms, loop);
     double comm_bytes = 3.0 * (double)m.L * (double)wbytes * (double)(b->size - 1) / (double)b->size;
     bench_add(b, "chain step: local weights", shape, 0, us[MODE_LOCAL], 0);
     bench_add(b, "chain step: communication only", shape, comm_bytes, us[MODE_COMM], 0);

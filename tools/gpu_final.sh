@@ -28,4 +28,6 @@ run gather-noce -x ETP_COPY_ENGINE=0 $b gather --mib 256,1024
 run quant $b quant
 run ep $b ep
 run chain $b chain
-run chain-noce -x ETP_COPY_ENGINE=0 $b chain
+run chain-loop $b chain --loop 4
+run chain-m8k $b chain --m 8192 --loop 4
+run chain-noce -x ETP_COPY_ENGINE=0 $b chain --loop 4
