@@ -67,7 +67,9 @@ typedef struct etp_param_config {
     int64_t rows, cols;     /* per expert; both > 0 */
     etp_dtype_t dtype;      /* weights: ETP_DTYPE_BF16 or ETP_DTYPE_F32 */
     etp_dtype_t wgrad_dtype; /* -1: same as dtype; else BF16 or F32 */
-    int upcast_wgrad;       /* 1: reduce-scatter a BF16 wgrad in FP32 (converted first) */
+    int upcast_wgrad;       /* 1: convert a BF16 wgrad to FP32 before the exchange (twice
+                             * the bytes; the sum is FP32 either way, so the result is
+                             * the same) */
     int alignment;          /* rows pad to group_size * alignment; 0 or 1: group_size */
     int master;             /* 1: keep an FP32 master shard */
     etp_param_quant_t quant;
@@ -237,7 +239,12 @@ ETP_API etp_status_t etp_wgrad_buffer(etp_param_t *param, etp_stream_t *stream,
                                       etp_weight_view_t *view);
 /* Reduce-scatter the parameter's last wgrad buffer (written on `stream`) on
  * the chain's reduce-scatter stream and accumulate scale * result into
- * main_grad. Micro-batches accumulate until etp_zero_grad. */
+ * main_grad. Micro-batches accumulate until etp_zero_grad. The reduction is
+ * deterministic: each rank's chunk of every rank's wgrad is summed in FP32
+ * in rank order, then main_grad = fmaf(scale, sum, main_grad), the same
+ * bits on every backend, rank count and run (the exchange is an all-to-all,
+ * on the copy engines where possible: ETP_COPY_ENGINE; its staging takes
+ * one full wgrad of the chain's largest parameter). */
 ETP_API etp_status_t etp_reduce_grad(etp_param_t *param, etp_stream_t *stream, float scale);
 /* Zero every main_grad of the chain, ordered after `stream` and before later
  * reductions. Starts a new step's micro-batch count. */
