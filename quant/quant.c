@@ -287,6 +287,7 @@ static void batch_header(etp_quantizer_t *q, uint32_t op)
     b->noop = q->cfg.noop_flag;
     b->workspace = q->workspace;
     b->sms = q->sms;
+    b->cast_kernel = (uint32_t)q->ctx->env.quant_cast_kernel;
 }
 
 /* Launch the batch's header over tensors [0, n), ETP__QB_MAX at a time; fill(i, t)

@@ -13,6 +13,8 @@ cmake -S . -B build-test -DCMAKE_BUILD_TYPE=RelWithDebInfo -DETP_GPU_TESTS=ON -D
 cmake --build build-test -j"$(nproc)" > "$out/build.log" 2>&1 || { tail -30 "$out/build.log"; exit 1; }
 (cd build-test && timeout 300 ctest -L gpu -j2 --output-on-failure --timeout 150 > "$out/test.log" 2>&1)
 grep -E "tests passed|Failed|\*\*\*|Timeout" "$out/test.log"
+(cd build-test && ETP_QUANT_CAST_KERNEL=2 timeout 120 ctest -R test_quant_gpu --timeout 100 > "$out/test-cast2.log" 2>&1)
+echo "cast kernel 2:"; grep -E "tests passed|Failed" "$out/test-cast2.log"
 for t in test_quant_gpu test_quant_swizzle_gpu; do
     for tool in memcheck racecheck; do
         timeout 120 compute-sanitizer --tool $tool --report-api-errors no --kernel-name-exclude kns=nccl \
@@ -26,6 +28,7 @@ run() { name=$1; shift; timeout 150 mpirun -np 2 --allow-run-as-root --bind-to n
 run gather $b gather --mib 64,256,1024
 run gather-noce -x ETP_COPY_ENGINE=0 $b gather --mib 256,1024
 run quant $b quant
+run quant-cast2 -x ETP_QUANT_CAST_KERNEL=2 $b quant
 run ep $b ep
 run chain $b chain
 run chain-loop $b chain --loop 4

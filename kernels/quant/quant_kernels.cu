@@ -2,7 +2,7 @@
  * Quantization kernels: multi-amax, NVFP4 and MXFP8 cast-only (rowwise and
  * columnwise in one pass, 1D or 16x16 NVFP4 blocks, scales row-major or in
  * cuBLASLt's swizzled order), and dequantize, each ONE launch over all the
- * tensors of a batch.
+ * tensors of a batch (the v3 cast: one per input type the batch holds).
  *
  * Every tensor of a batch is cut into tiles; the grid is the concatenation
  * of all tensors' tiles, and a block finds its tensor by binary search in a
@@ -521,6 +521,989 @@ __global__ void __launch_bounds__(kThreads, kCastBlocksPerSm) cast_kernel_v2(con
     }
 }
 
+/* ---- cast v3 (the default) -------------------------------------------------
+ *
+ * v2 put every tile in shared memory as FP32, converted each element with
+ * ~15 instructions (a float-to-int conversion among them) once per
+ * direction and stored the columnwise outputs a byte or 8 bytes at a time:
+ * at 256 MiB it ran at 0.2-0.27 of a device copy, bound by instructions and
+ * store transactions rather than by memory. v3 keeps each thread's 8 x 8
+ * elements in registers from load to store:
+ * - tiles of 128 x 128 elements for 256 threads; a warp covers 32 rows x 64
+ *   columns, lane l rows 8 (l / 8) and columns 8 (l % 8) of it, so a 16-byte
+ *   load is one row's 8 BF16 and a warp's load 4 rows x 128 contiguous
+ *   bytes, and every block (1x16, 16x1, 16x16, 1x32, 32x1) lies in one warp:
+ *   its amax is an integer max (two BF16 per instruction) finished by one or
+ *   two shuffles, its scale computed by one of the block's lanes and
+ *   shuffled to the others;
+ * - elements are converted by one FP32 addition of a magic number
+ *   (etp__qf_round_magic: the code lands in the low byte of the sum), codes
+ *   packed with byte permutes, signs taken from the input words;
+ * - an NVFP4 row of 8 codes is one 32-bit word, the columnwise copy is the
+ *   8 x 8 nibble transpose of those words in registers; with 16x16 blocks
+ *   both copies have the same codes, converted once;
+ * - data leaves as 4 (NVFP4) or 8 (MXFP8) bytes per thread and row: a warp
+ *   store fills whole 32-byte sectors of 4 rows, or (NVFP4 columnwise) half
+ *   sectors whose other halves the warp 32 rows below writes;
+ * - scale bytes gather in shared memory and leave as 4-byte words in output
+ *   order: a tile's scales are whole 512-byte swizzle tiles;
+ * - the next tile's BF16 rows travel to shared memory by cp.async while
+ *   the current ones are converted, each thread its own rows (no barrier,
+ *   no registers held); FP32 tensors run in a second instantiation of the
+ *   kernel (a second launch when a batch mixes the types) that loads in
+ *   place, so neither type's registers crowd the other's.
+ * A warp whose blocks hold a NaN (or, MXFP8, whose scale would let an
+ * element pass the format's largest value: an infinite amax) converts with
+ * the v2 functions instead, element by element. */
+
+constexpr int kTileV3 = 128;          /* v3 tiles: 128 x 128 elements */
+constexpr int kCastV3BlocksPerSm = 2; /* resident blocks per SM (launch bounds) */
+constexpr uint32_t kFull = 0xffffffffu;
+constexpr uint32_t kAbs2 = 0x7fff7fffu; /* |x| of two BF16 */
+
+/* One tile's scale bytes on their way out: [direction (0 rowwise, 1
+ * columnwise)][block index in the tile][row (rowwise) or column]. */
+typedef uint8_t TileScales[2][8][kTileV3];
+
+/* A thread's 8 x 8 elements, by value for the per-element path: a call
+ * (not inlined: its registers would crowd the fast path's) that copies
+ * them only when taken. */
+struct SubV3 {
+    uint32_t w[8][8];
+};
+
+/* Elements extents v3 tiles cover: the data and all scale padding. */
+__host__ inline void cast_extent_v3(const etp__qb_tensor_t &t, size_t *re, size_t *ce)
+{
+    const bool any = t.row_data != nullptr || t.col_data != nullptr;
+    *re = any ? etp__qf_roundup(t.rows, kTileV3) : 0;
+    *ce = any ? etp__qf_roundup(t.cols, kTileV3) : 0;
+}
+
+/* This thread's place in a tile: rows tr..tr+7, columns tc..tc+7. Column
+ * neighbours are lanes ^1, ^2, ^4; row neighbours lanes ^8, ^16. */
+struct GeoV3 {
+    int lane, cg, rg, wr; /* lane, lane % 8, lane / 8, the warp's 32-row band */
+    int tr, tc;
+};
+
+__device__ __forceinline__ GeoV3 geo_v3()
+{
+    GeoV3 g;
+    g.lane = threadIdx.x & 31;
+    g.cg = g.lane & 7;
+    g.rg = g.lane >> 3;
+    g.wr = threadIdx.x >> 6;
+    g.tr = g.wr * 32 + g.rg * 8;
+    g.tc = ((threadIdx.x >> 5) & 1) * 64 + g.cg * 8;
+    return g;
+}
+
+/* *k on entry: the previous tile's tensor, most often this one's too (no
+ * search then). */
+__device__ __forceinline__ void tile_coords_v3(const Params &p, uint32_t tile, uint32_t *k, size_t *r0,
+                                               size_t *c0)
+{
+    uint32_t local;
+    if (tile >= p.tile_start[*k] && tile < p.tile_start[*k + 1])
+        local = tile - p.tile_start[*k];
+    else
+        *k = find_tensor(p, tile, &local);
+    *r0 = (size_t)(local / p.tiles_c[*k]) * kTileV3;
+    *c0 = (size_t)(local % p.tiles_c[*k]) * kTileV3;
+}
+
+__device__ __forceinline__ uint32_t u4get(const uint4 &v, int j)
+{
+    return j == 0 ? v.x : j == 1 ? v.y : j == 2 ? v.z : v.w;
+}
+
+__device__ __forceinline__ void u4set(uint4 &v, int j, uint32_t w)
+{
+    if (j == 0)
+        v.x = w;
+    else if (j == 1)
+        v.y = w;
+    else if (j == 2)
+        v.z = w;
+    else
+        v.w = w;
+}
+
+/* The thread's 8 x 8 elements lie wholly inside the tensor, in 16-byte
+ * aligned rows. */
+__device__ __forceinline__ bool fast_v3(const etp__qb_tensor_t &t, size_t R, size_t C)
+{
+    const size_t es = t.dtype == ETP__QB_BF16 ? 2 : 4;
+    return R + 8 <= t.rows && C + 8 <= t.cols && (reinterpret_cast<uintptr_t>(t.x) & 15u) == 0 &&
+           (t.cols * es) % 16 == 0;
+}
+
+/* BF16: row i in d[i] (element 2j in the low half of word j). */
+__device__ __forceinline__ void load_bf16_v3(const etp__qb_tensor_t &t, size_t R, size_t C, uint4 (&d)[8])
+{
+    const size_t K = t.cols;
+    const uint16_t *x = static_cast<const uint16_t *>(t.x) + R * K + C;
+#pragma unroll
+    for (int i = 0; i < 8; i++) d[i] = __ldg(reinterpret_cast<const uint4 *>(x + i * K));
+}
+
+/* FP32: rows 0-3 in lo (two vectors each), rows 4-7 in hi. */
+__device__ __forceinline__ void load_f32_v3(const etp__qb_tensor_t &t, size_t R, size_t C, uint4 (&lo)[8],
+                                            uint4 (&hi)[8])
+{
+    const size_t K = t.cols;
+    const float *x = static_cast<const float *>(t.x) + R * K + C;
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        const uint4 *a = reinterpret_cast<const uint4 *>(x + i * K);
+        const uint4 *b = reinterpret_cast<const uint4 *>(x + (i + 4) * K);
+        lo[2 * i] = __ldg(a);
+        lo[2 * i + 1] = __ldg(a + 1);
+        hi[2 * i] = __ldg(b);
+        hi[2 * i + 1] = __ldg(b + 1);
+    }
+}
+
+/* The next tile's BF16 rows go to shared memory by cp.async (16 bytes,
+ * not through L1), each thread to its own slots: no barrier, no registers
+ * held while they are in flight. */
+__device__ __forceinline__ void cp_async16_v3(void *smem, const void *gmem)
+{
+    const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem) : "memory");
+}
+
+__device__ __forceinline__ void cp_async_commit_v3()
+{
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+
+__device__ __forceinline__ void cp_async_wait_v3()
+{
+    asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+}
+
+/* The same layouts element by element, zeros outside the tensor (a zero
+ * changes no amax; its codes are never stored). */
+template <bool kBf>
+__device__ __forceinline__ void load_slow_v3(const etp__qb_tensor_t &t, size_t R, size_t C, uint4 (&lo)[8],
+                                             uint4 (&hi)[8])
+{
+    const size_t M = t.rows, K = t.cols;
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        const bool in = R + i < M;
+        if (kBf) {
+            const uint16_t *x = static_cast<const uint16_t *>(t.x) + (R + i) * K;
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                const size_t c = C + 2 * j;
+                const uint32_t a = in && c < K ? x[c] : 0u, b = in && c + 1 < K ? x[c + 1] : 0u;
+                u4set(lo[i], j, a | (b << 16));
+            }
+        } else {
+            const uint32_t *x = static_cast<const uint32_t *>(t.x) + (R + i) * K;
+#pragma unroll
+            for (int j = 0; j < 8; j++) {
+                const uint32_t v = in && C + j < K ? x[C + j] : 0u;
+                if (i < 4)
+                    u4set(lo[2 * i + j / 4], j & 3, v);
+                else
+                    u4set(hi[2 * (i - 4) + j / 4], j & 3, v);
+            }
+        }
+    }
+}
+
+/* The registers as rows of words (BF16 uses words 0-3 of each row). */
+template <bool kBf>
+__device__ __forceinline__ void words_v3(const uint4 (&lo)[8], const uint4 (&hi)[8], uint32_t (&w)[8][8])
+{
+#pragma unroll
+    for (int i = 0; i < 8; i++)
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            if (kBf)
+                w[i][j] = j < 4 ? u4get(lo[i], j) : 0u;
+            else
+                w[i][j] = i < 4 ? u4get(lo[2 * i + j / 4], j & 3) : u4get(hi[2 * (i - 4) + j / 4], j & 3);
+        }
+}
+
+__device__ __forceinline__ SubV3 sub_v3(const uint32_t (&w)[8][8])
+{
+    SubV3 s;
+#pragma unroll
+    for (int i = 0; i < 8; i++)
+#pragma unroll
+        for (int j = 0; j < 8; j++) s.w[i][j] = w[i][j];
+    return s;
+}
+
+/* |element e| of a row as FP32 bits, and the element itself. */
+template <bool kBf>
+__device__ __forceinline__ uint32_t absbits_v3(const uint32_t (&r)[8], int e)
+{
+    if (!kBf) return r[e] & 0x7fffffffu;
+    const uint32_t a = r[e >> 1] & kAbs2;
+    return (e & 1) ? (a & 0xffff0000u) : (a << 16);
+}
+
+template <bool kBf>
+__device__ __forceinline__ float elem_v3(const uint32_t (&r)[8], int e)
+{
+    if (!kBf) return __uint_as_float(r[e]);
+    return __uint_as_float((e & 1) ? (r[e >> 1] & 0xffff0000u) : (r[e >> 1] << 16));
+}
+
+/* ---- v3 amaxes: |x| maxima as FP32 bits with a NaN counting as the largest
+ * (the caller looks for one and then takes the per-element path) --------- */
+
+/* [max over even columns, max over odd columns] of a BF16 row. */
+__device__ __forceinline__ uint32_t bf16_row_max2(const uint32_t (&r)[8])
+{
+    return __vmaxu2(__vmaxu2(r[0] & kAbs2, r[1] & kAbs2), __vmaxu2(r[2] & kAbs2, r[3] & kAbs2));
+}
+
+/* Each row's max over this lane's 8 columns and lanes ^X1 (and ^X2). */
+template <bool kBf, int X1, int X2>
+__device__ __forceinline__ void rows_amax_v3(const uint32_t (&w)[8][8], uint32_t (&ra)[8])
+{
+    if (kBf) {
+        uint32_t rp[4]; /* rows 2k (low half) and 2k+1 (high half) */
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            const uint32_t a = bf16_row_max2(w[2 * k]), b = bf16_row_max2(w[2 * k + 1]);
+            rp[k] = __vmaxu2(__byte_perm(a, b, 0x5410), __byte_perm(a, b, 0x7632));
+        }
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            rp[k] = __vmaxu2(rp[k], __shfl_xor_sync(kFull, rp[k], X1));
+            if (X2) rp[k] = __vmaxu2(rp[k], __shfl_xor_sync(kFull, rp[k], X2));
+            ra[2 * k] = rp[k] << 16;
+            ra[2 * k + 1] = rp[k] & 0xffff0000u;
+        }
+    } else {
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            uint32_t a = 0;
+#pragma unroll
+            for (int e = 0; e < 8; e++) a = max(a, w[i][e] & 0x7fffffffu);
+            a = max(a, __shfl_xor_sync(kFull, a, X1));
+            if (X2) a = max(a, __shfl_xor_sync(kFull, a, X2));
+            ra[i] = a;
+        }
+    }
+}
+
+/* Each column's max over this lane's 8 rows and lanes ^X1 (and ^X2). */
+template <bool kBf, int X1, int X2>
+__device__ __forceinline__ void cols_amax_v3(const uint32_t (&w)[8][8], uint32_t (&ca)[8])
+{
+    if (kBf) {
+#pragma unroll
+        for (int j = 0; j < 4; j++) { /* columns 2j (low half) and 2j+1 (high half) */
+            uint32_t a = w[0][j] & kAbs2;
+#pragma unroll
+            for (int i = 1; i < 8; i++) a = __vmaxu2(a, w[i][j] & kAbs2);
+            a = __vmaxu2(a, __shfl_xor_sync(kFull, a, X1));
+            if (X2) a = __vmaxu2(a, __shfl_xor_sync(kFull, a, X2));
+            ca[2 * j] = a << 16;
+            ca[2 * j + 1] = a & 0xffff0000u;
+        }
+    } else {
+#pragma unroll
+        for (int e = 0; e < 8; e++) {
+            uint32_t a = 0;
+#pragma unroll
+            for (int i = 0; i < 8; i++) a = max(a, w[i][e] & 0x7fffffffu);
+            a = max(a, __shfl_xor_sync(kFull, a, X1));
+            if (X2) a = max(a, __shfl_xor_sync(kFull, a, X2));
+            ca[e] = a;
+        }
+    }
+}
+
+/* The max over this lane's 64 elements and lanes ^1, ^8: a 16x16 block. */
+template <bool kBf>
+__device__ __forceinline__ uint32_t block2d_amax_v3(const uint32_t (&w)[8][8])
+{
+    uint32_t a = 0;
+    if (kBf) {
+#pragma unroll
+        for (int i = 0; i < 8; i++) a = __vmaxu2(a, bf16_row_max2(w[i]));
+        a = max(a << 16, a & 0xffff0000u);
+    } else {
+#pragma unroll
+        for (int i = 0; i < 8; i++)
+#pragma unroll
+            for (int e = 0; e < 8; e++) a = max(a, w[i][e] & 0x7fffffffu);
+    }
+    a = max(a, __shfl_xor_sync(kFull, a, 1));
+    return max(a, __shfl_xor_sync(kFull, a, 8));
+}
+
+/* ---- v3 codes ----------------------------------------------------------- */
+
+/* The sign bits of a row's 8 elements at the top of their nibbles: bits
+ * 8k+3 (element 2k) and 8k+7 (element 2k+1). */
+template <bool kBf>
+__device__ __forceinline__ uint32_t fp4_signs_v3(const uint32_t (&r)[8])
+{
+    uint32_t ev, od; /* bytes whose top bit is the sign of elements 0, 2, 4, 6 / 1, 3, 5, 7 */
+    if (kBf) {
+        const uint32_t a = __byte_perm(r[0], r[1], 0x7351), b = __byte_perm(r[2], r[3], 0x7351);
+        ev = __byte_perm(a, b, 0x5410);
+        od = __byte_perm(a, b, 0x7632);
+    } else {
+        ev = __byte_perm(__byte_perm(r[0], r[2], 0x0073), __byte_perm(r[4], r[6], 0x0073), 0x5410);
+        od = __byte_perm(__byte_perm(r[1], r[3], 0x0073), __byte_perm(r[5], r[7], 0x0073), 0x5410);
+    }
+    return ((ev >> 4) & 0x08080808u) | (od & 0x80808080u);
+}
+
+/* Bytes whose top bit is the sign of elements 0-3 (*s0) and 4-7 (*s1). */
+template <bool kBf>
+__device__ __forceinline__ void fp8_signs_v3(const uint32_t (&r)[8], uint32_t *s0, uint32_t *s1)
+{
+    if (kBf) {
+        *s0 = __byte_perm(r[0], r[1], 0x7531);
+        *s1 = __byte_perm(r[2], r[3], 0x7531);
+    } else {
+        *s0 = __byte_perm(__byte_perm(r[0], r[1], 0x0073), __byte_perm(r[2], r[3], 0x0073), 0x5410);
+        *s1 = __byte_perm(__byte_perm(r[4], r[5], 0x0073), __byte_perm(r[6], r[7], 0x0073), 0x5410);
+    }
+}
+
+/* E2M1 magnitudes of a row's |x| * m[e], element e in nibble e. The low
+ * byte of each sum is its code (< 8): pairs are joined by a multiply-add,
+ * the four bytes by permutes. */
+template <bool kBf>
+__device__ __forceinline__ uint32_t e2m1_row_v3(const uint32_t (&r)[8], const float (&m)[8])
+{
+    uint32_t f[8], p[4];
+#pragma unroll
+    for (int e = 0; e < 8; e++) /* |x| is a free operand modifier of the multiply */
+        f[e] = etp__qf_round_magic(fminf(fabsf(elem_v3<kBf>(r, e)) * m[e], 6.0f), ETP__QF_MAGIC_E2M1);
+#pragma unroll
+    for (int j = 0; j < 4; j++) p[j] = f[2 * j + 1] * 16u + f[2 * j];
+    return __byte_perm(__byte_perm(p[0], p[1], 0x0040), __byte_perm(p[2], p[3], 0x0040), 0x5410);
+}
+
+/* FP8 codes of a row's x * s[e] (|x| * s[e] at most the format's largest
+ * value), with signs: elements 0-3 in *o0, 4-7 in *o1. */
+template <bool kBf>
+__device__ __forceinline__ void fp8_row_v3(const uint32_t (&r)[8], const float (&s)[8], uint32_t emin,
+                                           uint32_t k, uint32_t c, uint32_t s0, uint32_t s1, uint32_t *o0,
+                                           uint32_t *o1)
+{
+    uint32_t f[8], q[4];
+#pragma unroll
+    for (int e = 0; e < 8; e++) f[e] = etp__qf_round_magic(fabsf(elem_v3<kBf>(r, e)) * s[e], emin, k, c);
+#pragma unroll
+    for (int j = 0; j < 4; j++) q[j] = f[2 * j + 1] * 256u + f[2 * j];
+    *o0 = __byte_perm(q[0], q[1], 0x5410) | (s0 & 0x80808080u);
+    *o1 = __byte_perm(q[2], q[3], 0x5410) | (s1 & 0x80808080u);
+}
+
+/* w[r] nibble c becomes w[c] nibble r: 4x4 blocks of nibbles swap as 16-bit
+ * halves, then 2x2 blocks as bytes, then single nibbles. */
+__device__ __forceinline__ void transpose_nibbles_v3(uint32_t (&w)[8])
+{
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        const uint32_t a = w[i], b = w[i + 4];
+        w[i] = __byte_perm(a, b, 0x5410);
+        w[i + 4] = __byte_perm(a, b, 0x7632);
+    }
+#pragma unroll
+    for (int i = 0; i < 8; i += (i & 1) ? 3 : 1) { /* 0, 1, 4, 5 */
+        const uint32_t a = w[i], b = w[i + 2];
+        w[i] = __byte_perm(a, b, 0x6240);
+        w[i + 2] = __byte_perm(a, b, 0x7351);
+    }
+#pragma unroll
+    for (int i = 0; i < 8; i += 2) {
+        const uint32_t a = w[i], b = w[i + 1];
+        w[i] = (a & 0x0f0f0f0fu) | ((b << 4) & 0xf0f0f0f0u);
+        w[i + 1] = ((a >> 4) & 0x0f0f0f0fu) | (b & 0xf0f0f0f0u);
+    }
+}
+
+/* ---- v3 stores ------------------------------------------------------------ */
+
+__device__ __forceinline__ void st4_v3(uint8_t *d, uint32_t v, bool aligned)
+{
+    if (aligned) {
+        *reinterpret_cast<uint32_t *>(d) = v;
+        return;
+    }
+#pragma unroll
+    for (int j = 0; j < 4; j++) d[j] = (uint8_t)(v >> (8 * j));
+}
+
+/* NVFP4 rowwise: row i's 8 codes (4 bytes) of columns C..C+7 (K % 16 = 0).
+ * Whole and aligned (the common case): 8 plain stores, no per-row test. */
+__device__ __forceinline__ void nv_rows_out_v3(const etp__qb_tensor_t &t, size_t R, size_t C,
+                                               const uint32_t (&w)[8])
+{
+    const size_t M = t.rows, K = t.cols, ld = K / 2;
+    if (C >= K) return;
+    uint8_t *d = static_cast<uint8_t *>(t.row_data) + R * ld + C / 2;
+    const bool al = (reinterpret_cast<uintptr_t>(t.row_data) & 3u) == 0;
+    if (R + 8 <= M && al) {
+#pragma unroll
+        for (int i = 0; i < 8; i++) *reinterpret_cast<uint32_t *>(d + i * ld) = w[i];
+        return;
+    }
+#pragma unroll
+    for (int i = 0; i < 8; i++)
+        if (R + i < M) st4_v3(d + i * ld, w[i], al);
+}
+
+/* NVFP4 columnwise: column c's 8 codes of rows R..R+7 (M % 16 = 0). */
+__device__ __forceinline__ void nv_cols_out_v3(const etp__qb_tensor_t &t, size_t R, size_t C,
+                                               const uint32_t (&w)[8])
+{
+    const size_t M = t.rows, K = t.cols, ld = M / 2;
+    if (R >= M) return;
+    uint8_t *d = static_cast<uint8_t *>(t.col_data) + C * ld + R / 2;
+    const bool al = (reinterpret_cast<uintptr_t>(t.col_data) & 3u) == 0;
+    if (C + 8 <= K && al) {
+#pragma unroll
+        for (int c = 0; c < 8; c++) *reinterpret_cast<uint32_t *>(d + c * ld) = w[c];
+        return;
+    }
+#pragma unroll
+    for (int c = 0; c < 8; c++)
+        if (C + c < K) st4_v3(d + c * ld, w[c], al);
+}
+
+/* MXFP8 (either copy, [M, K]): the thread's 8 x 8 codes are whole and
+ * 8-byte aligned in every row. */
+__device__ __forceinline__ bool fp8_whole_v3(const void *data, const etp__qb_tensor_t &t, size_t R, size_t C)
+{
+    return R + 8 <= t.rows && C + 8 <= t.cols && t.cols % 8 == 0 &&
+           (reinterpret_cast<uintptr_t>(data) & 7u) == 0;
+}
+
+/* Row i's 8 codes of columns C..C+7; whole: fp8_whole_v3. */
+__device__ __forceinline__ void fp8_out_v3(void *data, const etp__qb_tensor_t &t, size_t R, size_t C, int i,
+                                           uint32_t o0, uint32_t o1, bool whole)
+{
+    const size_t M = t.rows, K = t.cols;
+    uint8_t *d = static_cast<uint8_t *>(data) + (R + i) * K + C;
+    if (whole) {
+        *reinterpret_cast<uint2 *>(d) = make_uint2(o0, o1);
+        return;
+    }
+    if (R + i >= M || C >= K) return;
+    if (C + 8 <= K && (reinterpret_cast<uintptr_t>(d) & 7u) == 0) {
+        *reinterpret_cast<uint2 *>(d) = make_uint2(o0, o1);
+        return;
+    }
+    const size_t n = K - C;
+#pragma unroll
+    for (int j = 0; j < 8; j++)
+        if ((size_t)j < n) d[j] = (uint8_t)((j < 4 ? o0 : o1) >> (8 * (j & 3)));
+}
+
+/* ---- v3 NVFP4 ------------------------------------------------------------- */
+
+/* The per-element path (a NaN in the warp's blocks): v2's conversions,
+ * amaxes that skip NaNs, every scale computed where it is used. */
+template <bool kBf>
+__device__ __noinline__ void nv_tile_safe_v3(const etp__qbatch_t &b, const etp__qb_tensor_t &t, GeoV3 g,
+                                             size_t R, size_t C, const SubV3 sub, float s_enc_6, float s_dec,
+                                             TileScales &st)
+{
+    const uint32_t (&w)[8][8] = sub.w;
+    float mr[8], mc[8];
+    uint8_t sr[8], sc[8];
+    if (b.block2d) {
+        uint32_t a = 0;
+#pragma unroll
+        for (int i = 0; i < 8; i++)
+#pragma unroll
+            for (int e = 0; e < 8; e++) a = amax_bits(a, absbits_v3<kBf>(w[i], e));
+        a = max(a, __shfl_xor_sync(kFull, a, 1));
+        a = max(a, __shfl_xor_sync(kFull, a, 8));
+        const uint8_t s = etp__qf_nvfp4_block_scale(__uint_as_float(a), s_enc_6);
+        const float m = etp__qf_nvfp4_multiplier(s, s_dec);
+#pragma unroll
+        for (int x = 0; x < 8; x++) {
+            mr[x] = mc[x] = m;
+            sr[x] = sc[x] = s;
+        }
+    } else {
+        uint32_t ra[8], ca[8];
+#pragma unroll
+        for (int x = 0; x < 8; x++) ra[x] = ca[x] = 0;
+#pragma unroll
+        for (int i = 0; i < 8; i++)
+#pragma unroll
+            for (int e = 0; e < 8; e++) {
+                const uint32_t v = absbits_v3<kBf>(w[i], e);
+                ra[i] = amax_bits(ra[i], v);
+                ca[e] = amax_bits(ca[e], v);
+            }
+#pragma unroll
+        for (int x = 0; x < 8; x++) {
+            ra[x] = max(ra[x], __shfl_xor_sync(kFull, ra[x], 1));
+            ca[x] = max(ca[x], __shfl_xor_sync(kFull, ca[x], 8));
+            sr[x] = etp__qf_nvfp4_block_scale(__uint_as_float(ra[x]), s_enc_6);
+            sc[x] = etp__qf_nvfp4_block_scale(__uint_as_float(ca[x]), s_enc_6);
+            mr[x] = etp__qf_nvfp4_multiplier(sr[x], s_dec);
+            mc[x] = etp__qf_nvfp4_multiplier(sc[x], s_dec);
+        }
+    }
+    if (t.row_data) {
+        uint32_t o[8];
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            o[i] = 0;
+#pragma unroll
+            for (int e = 0; e < 8; e++)
+                o[i] |= (uint32_t)etp__qf_e2m1_rne_satfinite_fast(elem_v3<kBf>(w[i], e) * mr[i]) << (4 * e);
+        }
+        nv_rows_out_v3(t, R, C, o);
+        if (!(g.cg & 1))
+#pragma unroll
+            for (int x = 0; x < 8; x++) st[0][g.tc / 16][g.tr + x] = sr[x];
+    }
+    if (t.col_data) {
+        uint32_t o[8];
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            o[i] = 0;
+#pragma unroll
+            for (int e = 0; e < 8; e++)
+                o[i] |= (uint32_t)etp__qf_e2m1_rne_satfinite_fast(elem_v3<kBf>(w[i], e) * mc[e]) << (4 * e);
+        }
+        transpose_nibbles_v3(o);
+        nv_cols_out_v3(t, R, C, o);
+        if (!(g.rg & 1))
+#pragma unroll
+            for (int x = 0; x < 8; x++) st[1][g.tr / 16][g.tc + x] = sc[x];
+    }
+}
+
+/* The multiplier of a block with amax bits a (etp__qf_nvfp4_multiplier of
+ * etp__qf_nvfp4_block_scale), and the scale byte in *s. */
+__device__ __forceinline__ float nv_mult_v3(uint32_t a, float s_enc_6, float s_dec, uint8_t *s)
+{
+    float val;
+    *s = etp__qf_nvfp4_block_scale_magic(__uint_as_float(a), s_enc_6, &val);
+    const float m = 1.0f / (val * s_dec);
+    return m < ETP__QF_FLT_MAX ? m : ETP__QF_FLT_MAX;
+}
+
+/* prefetch() is called once every element has been read (by the amax):
+ * it may then overwrite the shared memory the elements came from. */
+template <bool kBf, typename F>
+__device__ __forceinline__ void nv_tile_v3(const etp__qbatch_t &b, const etp__qb_tensor_t &t, const GeoV3 &g,
+                                           size_t R, size_t C, const uint32_t (&w)[8][8], float s_enc_6,
+                                           float s_dec, TileScales &st, F &&prefetch)
+{
+    const bool rowd = t.row_data != nullptr, cold = t.col_data != nullptr;
+    if (b.block2d) {
+        const uint32_t a = block2d_amax_v3<kBf>(w);
+        prefetch();
+        if (__any_sync(kFull, a > 0x7f800000u)) {
+            nv_tile_safe_v3<kBf>(b, t, g, R, C, sub_v3(w), s_enc_6, s_dec, st);
+            return;
+        }
+        uint8_t s;
+        const float m = nv_mult_v3(a, s_enc_6, s_dec, &s);
+        const float mm[8] = {m, m, m, m, m, m, m, m};
+        uint32_t o[8]; /* one set of codes for both copies */
+#pragma unroll
+        for (int i = 0; i < 8; i++) o[i] = e2m1_row_v3<kBf>(w[i], mm) | fp4_signs_v3<kBf>(w[i]);
+        const unsigned long long s8 = 0x0101010101010101ull * s;
+        if (rowd) {
+            nv_rows_out_v3(t, R, C, o);
+            if (!(g.cg & 1)) *reinterpret_cast<unsigned long long *>(&st[0][g.tc / 16][g.tr]) = s8;
+        }
+        if (cold) {
+            transpose_nibbles_v3(o);
+            nv_cols_out_v3(t, R, C, o);
+            if (!(g.rg & 1)) *reinterpret_cast<unsigned long long *>(&st[1][g.tr / 16][g.tc]) = s8;
+        }
+        return;
+    }
+    /* 1D: the two lanes of a block split its 8 rows (columns), each computes
+     * 4 scales and hands the multipliers to the other */
+    const int hr = g.cg & 1, hc = g.rg & 1;
+    uint32_t bad = 0, sr = 0, sc = 0;
+    float mr[8], mc[8];
+    if (rowd) {
+        uint32_t ra[8];
+        rows_amax_v3<kBf, 1, 0>(w, ra);
+#pragma unroll
+        for (int q = 0; q < 4; q++) {
+            const uint32_t a = hr ? ra[4 + q] : ra[q];
+            bad |= a > 0x7f800000u;
+            uint8_t s;
+            const float m = nv_mult_v3(a, s_enc_6, s_dec, &s);
+            sr |= (uint32_t)s << (8 * q);
+            const float o = __shfl_xor_sync(kFull, m, 1);
+            mr[q] = hr ? o : m;
+            mr[4 + q] = hr ? m : o;
+        }
+    }
+    if (cold) {
+        uint32_t ca[8];
+        cols_amax_v3<kBf, 8, 0>(w, ca);
+#pragma unroll
+        for (int q = 0; q < 4; q++) {
+            const uint32_t a = hc ? ca[4 + q] : ca[q];
+            bad |= a > 0x7f800000u;
+            uint8_t s;
+            const float m = nv_mult_v3(a, s_enc_6, s_dec, &s);
+            sc |= (uint32_t)s << (8 * q);
+            const float o = __shfl_xor_sync(kFull, m, 8);
+            mc[q] = hc ? o : m;
+            mc[4 + q] = hc ? m : o;
+        }
+    }
+    prefetch();
+    if (__any_sync(kFull, bad != 0)) {
+        nv_tile_safe_v3<kBf>(b, t, g, R, C, sub_v3(w), s_enc_6, s_dec, st);
+        return;
+    }
+    uint32_t sg[8];
+#pragma unroll
+    for (int i = 0; i < 8; i++) sg[i] = fp4_signs_v3<kBf>(w[i]);
+    if (rowd) {
+        uint32_t o[8];
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            const float mm[8] = {mr[i], mr[i], mr[i], mr[i], mr[i], mr[i], mr[i], mr[i]};
+            o[i] = e2m1_row_v3<kBf>(w[i], mm) | sg[i];
+        }
+        nv_rows_out_v3(t, R, C, o);
+        *reinterpret_cast<uint32_t *>(&st[0][g.tc / 16][g.tr + 4 * hr]) = sr;
+    }
+    if (cold) {
+        uint32_t o[8];
+#pragma unroll
+        for (int i = 0; i < 8; i++) o[i] = e2m1_row_v3<kBf>(w[i], mc) | sg[i];
+        transpose_nibbles_v3(o);
+        nv_cols_out_v3(t, R, C, o);
+        *reinterpret_cast<uint32_t *>(&st[1][g.tr / 16][g.tc + 4 * hc]) = sc;
+    }
+}
+
+/* ---- v3 MXFP8 ------------------------------------------------------------- */
+
+template <bool kBf>
+__device__ __noinline__ void mx_tile_safe_v3(const etp__qbatch_t &b, const etp__qb_tensor_t &t, GeoV3 g,
+                                             size_t R, size_t C, const SubV3 sub, TileScales &st)
+{
+    const uint32_t (&w)[8][8] = sub.w;
+    const int e5m2 = (int)b.e5m2;
+    const float inv = etp__qf_mxfp8_inv_max(e5m2);
+    uint32_t ra[8], ca[8];
+#pragma unroll
+    for (int x = 0; x < 8; x++) ra[x] = ca[x] = 0;
+#pragma unroll
+    for (int i = 0; i < 8; i++)
+#pragma unroll
+        for (int e = 0; e < 8; e++) {
+            const uint32_t v = absbits_v3<kBf>(w[i], e);
+            ra[i] = amax_bits(ra[i], v);
+            ca[e] = amax_bits(ca[e], v);
+        }
+    if (t.row_data) {
+        uint8_t er[8];
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            ra[i] = max(ra[i], __shfl_xor_sync(kFull, ra[i], 1));
+            ra[i] = max(ra[i], __shfl_xor_sync(kFull, ra[i], 2));
+            er[i] = etp__qf_mxfp8_scale(__uint_as_float(ra[i]), inv);
+            const float s = etp__qf_mxfp8_multiplier(er[i]);
+            uint32_t o[2] = {0u, 0u};
+#pragma unroll
+            for (int e = 0; e < 8; e++)
+                o[e / 4] |= (uint32_t)etp__qf_mxfp8_encode_fast(elem_v3<kBf>(w[i], e), s, e5m2) << (8 * (e & 3));
+            fp8_out_v3(t.row_data, t, R, C, i, o[0], o[1], false);
+        }
+        if (!(g.cg & 3))
+#pragma unroll
+            for (int x = 0; x < 8; x++) st[0][g.tc / 32][g.tr + x] = er[x];
+    }
+    if (t.col_data) {
+        uint8_t ec[8];
+        float s[8];
+#pragma unroll
+        for (int e = 0; e < 8; e++) {
+            ca[e] = max(ca[e], __shfl_xor_sync(kFull, ca[e], 8));
+            ca[e] = max(ca[e], __shfl_xor_sync(kFull, ca[e], 16));
+            ec[e] = etp__qf_mxfp8_scale(__uint_as_float(ca[e]), inv);
+            s[e] = etp__qf_mxfp8_multiplier(ec[e]);
+        }
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            uint32_t o[2] = {0u, 0u};
+#pragma unroll
+            for (int e = 0; e < 8; e++)
+                o[e / 4] |= (uint32_t)etp__qf_mxfp8_encode_fast(elem_v3<kBf>(w[i], e), s[e], e5m2)
+                            << (8 * (e & 3));
+            fp8_out_v3(t.col_data, t, R, C, i, o[0], o[1], false);
+        }
+        if (g.rg == 0)
+#pragma unroll
+            for (int x = 0; x < 8; x++) st[1][g.wr][g.tc + x] = ec[x];
+    }
+}
+
+/* The multiplier of a block with amax bits a, its scale byte in *e; *bad
+ * set when an element could pass the format's largest value (NaN or
+ * infinite amax: the magic conversion would be out of its range). */
+__device__ __forceinline__ float mx_mult_v3(uint32_t a, float inv, float top, uint32_t *e, uint32_t *bad)
+{
+    const float af = __uint_as_float(a);
+    const uint8_t c = etp__qf_mxfp8_scale(af, inv);
+    const float s = etp__qf_mxfp8_multiplier(c);
+    *bad |= !(af * s <= top);
+    *e = c;
+    return s;
+}
+
+template <bool kBf, typename F>
+__device__ __forceinline__ void mx_tile_v3(const etp__qbatch_t &b, const etp__qb_tensor_t &t, const GeoV3 &g,
+                                           size_t R, size_t C, const uint32_t (&w)[8][8], TileScales &st,
+                                           F &&prefetch)
+{
+    const bool rowd = t.row_data != nullptr, cold = t.col_data != nullptr;
+    const int e5m2 = (int)b.e5m2;
+    const float inv = etp__qf_mxfp8_inv_max(e5m2), top = e5m2 ? 57344.0f : 448.0f;
+    const uint32_t emin = e5m2 ? 113u : 121u, mk = e5m2 ? 0x00800004u : 0x00800008u;
+    const uint32_t mc = e5m2 ? (21u << 23) - (113u << 2) : (20u << 23) - (121u << 3);
+    /* the 4 lanes of a block take 2 of its 8 rows (columns) each for the scales */
+    const int qr = g.cg & 3, qc = g.rg;
+    uint32_t bad = 0, er = 0, ec = 0;
+    float sr[8], sc[8];
+    if (rowd) {
+        uint32_t ra[8];
+        rows_amax_v3<kBf, 1, 2>(w, ra);
+        float s[2];
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const uint32_t a = qr == 0 ? ra[h] : qr == 1 ? ra[2 + h] : qr == 2 ? ra[4 + h] : ra[6 + h];
+            uint32_t e;
+            s[h] = mx_mult_v3(a, inv, top, &e, &bad);
+            er |= e << (8 * h);
+        }
+#pragma unroll
+        for (int q = 0; q < 4; q++)
+#pragma unroll
+            for (int h = 0; h < 2; h++) sr[2 * q + h] = __shfl_sync(kFull, s[h], (g.lane & ~3) | q);
+    }
+    if (cold) {
+        uint32_t ca[8];
+        cols_amax_v3<kBf, 8, 16>(w, ca);
+        float s[2];
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const uint32_t a = qc == 0 ? ca[h] : qc == 1 ? ca[2 + h] : qc == 2 ? ca[4 + h] : ca[6 + h];
+            uint32_t e;
+            s[h] = mx_mult_v3(a, inv, top, &e, &bad);
+            ec |= e << (8 * h);
+        }
+#pragma unroll
+        for (int q = 0; q < 4; q++)
+#pragma unroll
+            for (int h = 0; h < 2; h++) sc[2 * q + h] = __shfl_sync(kFull, s[h], (g.lane & 7) | (q << 3));
+    }
+    prefetch();
+    if (__any_sync(kFull, bad != 0)) {
+        mx_tile_safe_v3<kBf>(b, t, g, R, C, sub_v3(w), st);
+        return;
+    }
+    uint32_t s0[8], s1[8];
+#pragma unroll
+    for (int i = 0; i < 8; i++) fp8_signs_v3<kBf>(w[i], &s0[i], &s1[i]);
+    if (rowd) {
+        const bool whole = fp8_whole_v3(t.row_data, t, R, C);
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            const float ss[8] = {sr[i], sr[i], sr[i], sr[i], sr[i], sr[i], sr[i], sr[i]};
+            uint32_t o0, o1;
+            fp8_row_v3<kBf>(w[i], ss, emin, mk, mc, s0[i], s1[i], &o0, &o1);
+            fp8_out_v3(t.row_data, t, R, C, i, o0, o1, whole);
+        }
+        *reinterpret_cast<uint16_t *>(&st[0][g.tc / 32][g.tr + 2 * qr]) = (uint16_t)er;
+    }
+    if (cold) {
+        const bool whole = fp8_whole_v3(t.col_data, t, R, C);
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            uint32_t o0, o1;
+            fp8_row_v3<kBf>(w[i], sc, emin, mk, mc, s0[i], s1[i], &o0, &o1);
+            fp8_out_v3(t.col_data, t, R, C, i, o0, o1, whole);
+        }
+        *reinterpret_cast<uint16_t *>(&st[1][g.wr][g.tc + 2 * qc]) = (uint16_t)ec;
+    }
+}
+
+/* ---- v3 scales out ------------------------------------------------------- */
+
+__device__ __forceinline__ void scale_word_out_v3(void *base, size_t off, uint32_t v)
+{
+    uint8_t *d = static_cast<uint8_t *>(base) + off;
+    st4_v3(d, v, (reinterpret_cast<uintptr_t>(d) & 3u) == 0);
+}
+
+/* The tile's scale entries, padding included (zeros), as 4-byte words of 4
+ * consecutive blocks, one word per thread, consecutive threads on
+ * consecutive words of the output. */
+__device__ __forceinline__ void scales_out_v3(const etp__qbatch_t &b, const etp__qb_tensor_t &t, size_t r0,
+                                              size_t c0, const TileScales &st)
+{
+    const size_t M = t.rows, K = t.cols;
+    const int tid = threadIdx.x;
+    const bool nv = b.format == ETP__QB_NVFP4;
+    const int groups = nv ? 2 : 1; /* 4-block words per row (column) of a tile */
+    int o, gi; /* the row (column) in the tile, the word in it */
+    if (b.swizzle) { /* a 512-byte tile: word q holds rows q / 4 + 32 (q % 4) */
+        gi = tid >> 7;
+        const int q = tid & 127;
+        o = (q >> 2) | ((q & 3) << 5);
+    } else {
+        o = tid / groups;
+        gi = tid % groups;
+    }
+    if (t.row_data && tid < 128 * groups) {
+        const etp__qf_scale_shape_t ss = nv ? etp__qf_nvfp4_row_scales(M, K) : etp__qf_mxfp8_row_scales(M, K);
+        const size_t r = r0 + o, kb = (nv ? c0 / 16 : c0 / 32) + 4 * gi, kbs = nv ? K / 16 : K / 32;
+        if (r < ss.rows && kb < ss.cols) {
+            uint32_t v = 0;
+#pragma unroll
+            for (int j = 0; j < 4; j++)
+                if (r < M && kb + j < kbs) v |= (uint32_t)st[0][4 * gi + j][o] << (8 * j);
+            scale_word_out_v3(t.row_scales, etp__qf_scale_offset(r, kb, ss.cols, b.swizzle), v);
+        }
+    }
+    if (!t.col_data) return;
+    if (nv) { /* [column, M-block], like rowwise */
+        const etp__qf_scale_shape_t ss = etp__qf_nvfp4_col_scales(M, K);
+        const size_t j = c0 + o, mb = r0 / 16 + 4 * gi;
+        if (j < ss.rows && mb < ss.cols) {
+            uint32_t v = 0;
+#pragma unroll
+            for (int x = 0; x < 4; x++)
+                if (j < K && mb + x < M / 16) v |= (uint32_t)st[1][4 * gi + x][o] << (8 * x);
+            scale_word_out_v3(t.col_scales, etp__qf_scale_offset(j, mb, ss.cols, b.swizzle), v);
+        }
+        return;
+    }
+    if (tid >= 128) return;
+    const etp__qf_scale_shape_t ss = etp__qf_mxfp8_col_scales(M, K);
+    const size_t mb0 = r0 / 32;
+    if (b.swizzle) { /* the GEMM's view: column-major 4 M-blocks of a column */
+        const size_t kk = c0 + o;
+        if (mb0 < ss.rows && kk < ss.cols) {
+            uint32_t v = 0;
+#pragma unroll
+            for (int x = 0; x < 4; x++)
+                if (kk < K && mb0 + x < M / 32) v |= (uint32_t)st[1][x][o] << (8 * x);
+            scale_word_out_v3(t.col_scales, etp__qf_mxfp8_col_scale_offset(mb0, kk, ss, 1), v);
+        }
+    } else { /* [M-block, column]: 4 columns of one M-block */
+        const int x = tid >> 5;
+        const size_t mb = mb0 + x, kk = c0 + 4 * (tid & 31);
+        if (mb < ss.rows && kk < ss.cols) {
+            uint32_t v = 0;
+#pragma unroll
+            for (int y = 0; y < 4; y++)
+                if (mb < M / 32 && kk + y < K) v |= (uint32_t)st[1][x][4 * (tid & 31) + y] << (8 * y);
+            scale_word_out_v3(t.col_scales, etp__qf_mxfp8_col_scale_offset(mb, kk, ss, 0), v);
+        }
+    }
+}
+
+/* ---- v3 kernel ------------------------------------------------------------ */
+
+/* Tiles blockIdx.x, + gridDim.x, ... of the tensors of one input type
+ * (kBf: BF16, else FP32; the launcher gives the others no tiles, so each
+ * instantiation is allocated registers for its own type alone). Scale
+ * bytes alternate between two shared buffers: one barrier per tile. */
+template <bool kBf>
+__global__ void __launch_bounds__(kThreads, kCastV3BlocksPerSm) cast_kernel_v3(const __grid_constant__ Params p)
+{
+    const etp__qbatch_t &b = p.b;
+    if (skipped(b)) return;
+    __shared__ __align__(16) TileScales st[2];
+    __shared__ __align__(16) uint4 ahead[kBf ? 8 : 1][kThreads]; /* the next tile's rows, per thread */
+    const uint32_t total = p.tile_start[b.n];
+    uint32_t tile = blockIdx.x;
+    if (tile >= total) return;
+    const GeoV3 g = geo_v3();
+    uint32_t k = 0;
+    size_t r0, c0;
+    tile_coords_v3(p, tile, &k, &r0, &c0);
+    bool have = false;  /* ahead holds this tile's input */
+    uint32_t nvk = ~0u; /* the tensor s_enc_6 and s_dec belong to */
+    float s_enc_6 = 1.0f, s_dec = 1.0f;
+    for (int par = 0;; par ^= 1) {
+        const etp__qb_tensor_t &t = b.t[k];
+        const size_t R = r0 + g.tr, C = c0 + g.tc;
+        uint4 lo[8], hi[8];
+        if (have) {
+            cp_async_wait_v3();
+#pragma unroll
+            for (int i = 0; i < 8; i++) lo[i] = ahead[i][threadIdx.x];
+        } else if (kBf) {
+            if (fast_v3(t, R, C))
+                load_bf16_v3(t, R, C, lo);
+            else
+                load_slow_v3<true>(t, R, C, lo, hi);
+        } else {
+            if (fast_v3(t, R, C))
+                load_f32_v3(t, R, C, lo, hi);
+            else
+                load_slow_v3<false>(t, R, C, lo, hi);
+        }
+        const uint32_t next = tile + gridDim.x;
+        uint32_t nk = k;
+        size_t nr0 = 0, nc0 = 0;
+        if (next < total) tile_coords_v3(p, next, &nk, &nr0, &nc0);
+        /* FP32 rows would need twice the shared memory: those load in place */
+        have = kBf && next < total && fast_v3(b.t[nk], nr0 + g.tr, nc0 + g.tc);
+        const auto prefetch = [&]() {
+            if (!kBf || !have) return;
+            const etp__qb_tensor_t &nt = b.t[nk];
+            const size_t K = nt.cols;
+            const uint16_t *x = static_cast<const uint16_t *>(nt.x) + (nr0 + g.tr) * K + nc0 + g.tc;
+#pragma unroll
+            for (int i = 0; i < 8; i++) cp_async16_v3(&ahead[kBf ? i : 0][threadIdx.x], x + i * K);
+            cp_async_commit_v3();
+        };
+        const bool nv = b.format == ETP__QB_NVFP4;
+        if (nv && k != nvk) {
+            const float s_enc = etp__qf_nvfp4_s_enc(b.amax[b.first + k]);
+            s_enc_6 = etp__qf_nvfp4_s_enc_6(s_enc);
+            s_dec = 1.0f / s_enc;
+            nvk = k;
+        }
+        uint32_t w[8][8];
+        words_v3<kBf>(lo, hi, w);
+        if (nv)
+            nv_tile_v3<kBf>(b, t, g, R, C, w, s_enc_6, s_dec, st[par], prefetch);
+        else
+            mx_tile_v3<kBf>(b, t, g, R, C, w, st[par], prefetch);
+        __syncthreads();
+        scales_out_v3(b, t, r0, c0, st[par]);
+        if (next >= total) break;
+        tile = next;
+        k = nk;
+        r0 = nr0;
+        c0 = nc0;
+    }
+}
+
 /* ---- dequantize ------------------------------------------------------------ */
 
 __global__ void __launch_bounds__(kThreads) dequant_kernel(const __grid_constant__ Params p)
@@ -567,6 +1550,39 @@ __global__ void __launch_bounds__(kThreads) dequant_kernel(const __grid_constant
     }
 }
 
+/* p's tile prefix sums for the batch: every tensor, or (v3 casts, only >= 0)
+ * only those of input type `only`, the others getting no tiles. Returns
+ * the total; above 0x7fffffff the kernels' indices would overflow. */
+uint64_t plan_tiles(const etp__qbatch_t *batch, bool v3, int only, Params *p)
+{
+    uint64_t total = 0;
+    for (uint32_t k = 0; k < batch->n; k++) {
+        const etp__qb_tensor_t &t = batch->t[k];
+        const uint64_t count = (uint64_t)t.rows * t.cols;
+        uint64_t tiles = 0;
+        p->tiles_c[k] = 1;
+        if (batch->op == ETP__QB_AMAX) {
+            tiles = count ? (count + kAmaxUnit - 1) / kAmaxUnit : 1; /* an empty tensor still gets its 0 */
+        } else if (batch->op == ETP__QB_DEQUANT) {
+            tiles = (count + kDequantChunk - 1) / kDequantChunk;
+        } else if (only < 0 || t.dtype == only) {
+            size_t re, ce;
+            const size_t tile = v3 ? kTileV3 : kTile;
+            if (v3)
+                cast_extent_v3(t, &re, &ce);
+            else
+                cast_extent(batch[0], t, &re, &ce);
+            tiles = (uint64_t)(re / tile) * (ce / tile);
+            p->tiles_c[k] = ce / tile ? (uint32_t)(ce / tile) : 1;
+        }
+        p->tile_start[k] = (uint32_t)total;
+        total += tiles;
+        if (total > 0x7fffffffu) return total;
+    }
+    p->tile_start[batch->n] = (uint32_t)total;
+    return total;
+}
+
 } // namespace
 
 extern "C" cudaError_t etp__cuda_quant_launch(cudaStream_t s, const etp__qbatch_t *batch)
@@ -576,31 +1592,35 @@ extern "C" cudaError_t etp__cuda_quant_launch(cudaStream_t s, const etp__qbatch_
     /* the parameter block: the batch (only its tensors are meaningful) and
      * the tile prefix sums */
     static_assert(sizeof(Params) < 32764, "kernel parameters are limited to 32764 bytes");
-    const uint64_t amax_unit = kAmaxUnit;
     Params p;
     memcpy(&p.b, batch, etp__qbatch_bytes(batch->n));
-    uint64_t total = 0;
-    for (uint32_t k = 0; k < batch->n; k++) {
-        const etp__qb_tensor_t &t = batch->t[k];
-        const uint64_t count = (uint64_t)t.rows * t.cols;
-        uint64_t tiles = 0;
-        p.tiles_c[k] = 1;
-        if (batch->op == ETP__QB_AMAX) {
-            tiles = count ? (count + amax_unit - 1) / amax_unit : 1; /* an empty tensor still gets its 0 */
-        } else if (batch->op == ETP__QB_DEQUANT) {
-            tiles = (count + kDequantChunk - 1) / kDequantChunk;
-        } else {
-            size_t re, ce;
-            cast_extent(batch[0], t, &re, &ce);
-            tiles = (uint64_t)(re / kTile) * (ce / kTile);
-            p.tiles_c[k] = ce / kTile ? (uint32_t)(ce / kTile) : 1;
-        }
-        p.tile_start[k] = (uint32_t)total;
-        total += tiles;
-        if (total > 0x7fffffffu) return cudaErrorInvalidValue;
-    }
-    p.tile_start[batch->n] = (uint32_t)total;
     p.per_block = 1;
+    void *args[] = {&p};
+    /* cast: v3 unless asked for v2 (ETP_QUANT_CAST_KERNEL=2, kept until v3
+     * has a GPU record); stochastic rounding stays on v2, whose per-element
+     * path draws the random bits. v3 runs one launch per input type present
+     * (one for a batch of one type, the usual case). */
+    if (batch->op == ETP__QB_CAST && batch->cast_kernel != 2 && !batch->stochastic) {
+        uint64_t totals[2];
+        for (int dt = 0; dt < 2; dt++) /* checked before anything is launched */
+            if ((totals[dt] = plan_tiles(batch, true, dt, &p)) > 0x7fffffffu) return cudaErrorInvalidValue;
+        for (int dt = 0; dt < 2; dt++) {
+            if (totals[dt] == 0) continue;
+            plan_tiles(batch, true, dt, &p);
+            uint64_t grid = totals[dt];
+            if (batch->sms) {
+                const uint64_t most = (uint64_t)batch->sms * kCastV3BlocksPerSm;
+                grid = grid < most ? grid : most;
+            }
+            const void *fn = dt == ETP__QB_BF16 ? (const void *)cast_kernel_v3<true>
+                                                : (const void *)cast_kernel_v3<false>;
+            const cudaError_t e = cudaLaunchKernel(fn, dim3((unsigned)grid), dim3(kThreads), args, 0, s);
+            if (e != cudaSuccess) return e;
+        }
+        return cudaSuccess;
+    }
+    const uint64_t total = plan_tiles(batch, false, -1, &p);
+    if (total > 0x7fffffffu) return cudaErrorInvalidValue;
     if (total == 0) return cudaSuccess;
     /* one block per tile, or (the default kernels) as many blocks as the
      * device holds at once, each looping (sms = 0: one per tile) */
@@ -620,6 +1640,5 @@ extern "C" cudaError_t etp__cuda_quant_launch(cudaStream_t s, const etp__qbatch_
             grid = total < most ? total : most;
         }
     }
-    void *args[] = {&p};
     return cudaLaunchKernel(fn, dim3((unsigned)grid), dim3(kThreads), args, 0, s);
 }

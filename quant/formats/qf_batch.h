@@ -50,6 +50,8 @@ typedef struct etp__qbatch {
     uint32_t direction;           /* DEQUANT: ETP_QUANT_ROWWISE or ETP_QUANT_COLUMNWISE */
     uint32_t sms;                 /* the device's multiprocessor count (read once, at
                                      quantizer creation), to size grids; 0: unknown */
+    uint32_t cast_kernel;         /* CAST on CUDA: 2 runs the previous kernel (cast_kernel_v2),
+                                     anything else the current one (ETP_QUANT_CAST_KERNEL) */
     uint64_t seed;
     const int32_t *noop;          /* non-NULL and non-zero at run time: do nothing */
     float *amax_row, *amax_col;   /* AMAX outputs (either may be NULL), index first + i */

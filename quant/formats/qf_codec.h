@@ -266,6 +266,77 @@ ETP__QF_HD uint8_t etp__qf_e2m1_rne_satfinite_fast(float x)
     return (uint8_t)(s | etp__qf_rne_code_fast(a, 1, 0x3f800000u, 252u, 2.0f, 0x7u));
 }
 
+/* ---- magic-number conversions (the v3 cast kernel's hot loops) ----------- */
+
+/* Rounding a >= +0 to a narrow format in one FP32 addition, a + M: M is
+ * 2^(E - 127 + 23 - mbits) for E = max(e, emin), e the FP32 exponent field
+ * of a and emin that of the narrow format's smallest normal, so one unit in
+ * the last place of M is the narrow spacing in a's binade (the subnormal
+ * spacing below emin) and the IEEE addition rounds a to nearest even on the
+ * narrow grid; M also carries (E - emin) << mbits in its low mantissa bits,
+ * the narrow exponent, which makes the low byte of the sum's bits the narrow
+ * code (an even offset: ties still go to the even code). M's bits are
+ * E * k + c, k = 2^23 + 2^mbits, c = ((23 - mbits) << 23) - (emin << mbits):
+ * a shift, a max and a multiply-add, no branch and no conversion
+ * instruction (the `fast` functions above need a float-to-int conversion
+ * and a select). The sum stays in M's binade only for small enough a: each
+ * wrapper below states its range, and tests/unit/test_quant_formats.c sweeps
+ * it against the definitions. */
+ETP__QF_HD uint32_t etp__qf_magic_m(float a, uint32_t emin, uint32_t k, uint32_t c)
+{
+    const uint32_t e = etp__qf_bits(a) >> 23;
+    return (e > emin ? e : emin) * k + c;
+}
+
+/* The bits of a + M (its low byte is the code); the kernel packs codes
+ * straight from these bits. */
+ETP__QF_HD uint32_t etp__qf_round_magic(float a, uint32_t emin, uint32_t k, uint32_t c)
+{
+    return etp__qf_bits(a + etp__qf_float(etp__qf_magic_m(a, emin, k, c)));
+}
+
+/* (emin, k, c) of the three element formats. */
+#define ETP__QF_MAGIC_E2M1 127u, 0x00800002u, (22u << 23) - (127u << 1)
+#define ETP__QF_MAGIC_E4M3 121u, 0x00800008u, (20u << 23) - (121u << 3)
+#define ETP__QF_MAGIC_E5M2 113u, 0x00800004u, (21u << 23) - (113u << 2)
+
+/* etp__qf_e2m1_rne_satfinite(x) for every non-NaN x: |x| clamped to 6 first
+ * (which also makes +-Inf and beyond +-6). */
+ETP__QF_HD uint8_t etp__qf_e2m1_rne_satfinite_magic(float x)
+{
+    const uint32_t u = etp__qf_bits(x);
+    float a = etp__qf_float(u & 0x7fffffffu);
+    a = a < 6.0f ? a : 6.0f;
+    return (uint8_t)(((u >> 28) & 8u) | (etp__qf_round_magic(a, ETP__QF_MAGIC_E2M1) & 0xfu));
+}
+
+/* The E4M3 magnitude code of +0 <= a <= 464 (etp__qf_e4m3_rne_satfinite(a)). */
+ETP__QF_HD uint8_t etp__qf_e4m3_magic(float a)
+{
+    return (uint8_t)etp__qf_round_magic(a, ETP__QF_MAGIC_E4M3);
+}
+
+/* The E5M2 magnitude code of +0 <= a < 61440 (etp__qf_e5m2_rne_satfinite(a)). */
+ETP__QF_HD uint8_t etp__qf_e5m2_magic(float a)
+{
+    return (uint8_t)etp__qf_round_magic(a, ETP__QF_MAGIC_E5M2);
+}
+
+/* etp__qf_nvfp4_block_scale(block_amax, s_enc_6) for a non-NaN block_amax,
+ * and in *value the scale's value (etp__qf_e4m3_to_f32 of it): the sum
+ * minus M, exact (both lie in one binade). Saturation first: a product
+ * beyond 464 (+Inf included) gives 448 like 464 itself (the tie goes to
+ * the even 0x7E). */
+ETP__QF_HD uint8_t etp__qf_nvfp4_block_scale_magic(float block_amax, float s_enc_6, float *value)
+{
+    float v = block_amax * s_enc_6;
+    v = v < 464.0f ? v : 464.0f;
+    const uint32_t m = etp__qf_magic_m(v, ETP__QF_MAGIC_E4M3);
+    const uint32_t f = etp__qf_bits(v + etp__qf_float(m));
+    *value = etp__qf_float(f) - etp__qf_float(m);
+    return (uint8_t)f;
+}
+
 /* MXFP8 element with the fast conversion (etp__qf_mxfp8_encode's result). */
 ETP__QF_HD uint8_t etp__qf_mxfp8_encode_fast(float x, float s, int e5m2)
 {

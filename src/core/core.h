@@ -99,6 +99,7 @@ typedef struct etp__env {
     int64_t shuffle_seed;   /* ETP_HOST_SHUFFLE_SEED */
     int nccl_fast_launch;   /* ETP_NCCL_FAST_LAUNCH */
     int copy_engine;        /* ETP_COPY_ENGINE */
+    int quant_cast_kernel;  /* ETP_QUANT_CAST_KERNEL: 2 or 3 */
 } etp__env_t;
 
 /* One row of the settings table, for docs and `etp-demo --env`. */

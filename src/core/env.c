@@ -27,9 +27,13 @@ static const etp__env_doc_t env_docs[] = {
      "warmed up at creation (a launch needing new connections can then block until its peers "
      "arrive); 0: launch on the non-blocking communicator (tens of microseconds per launch)"},
     {"ETP_COPY_ENGINE", "1",
-     "1: gather slots of 1 MiB or more are NCCL symmetric windows and their all-gathers run on "
-     "the copy engines (NCCL >= 2.28, CTA policy zero: no SMs taken from compute); 0: plain "
-     "memory and NCCL's kernels"},
+     "1: chain buffers of 1 MiB or more (gather slots, wgrad ring, exchange staging) are NCCL "
+     "symmetric windows and their all-gathers and all-to-alls run on the copy engines (NCCL >= "
+     "2.28, CTA policy zero: no SMs taken from compute); 2: the same for buffers of any size "
+     "(tests); 0: plain memory and NCCL's kernels"},
+    {"ETP_QUANT_CAST_KERNEL", "3",
+     "CUDA cast-only quantization kernel: 3 (register-blocked), or 2 (the previous one, kept as "
+     "a fallback)"},
     {NULL, NULL, NULL},
 };
 
@@ -57,7 +61,7 @@ static etp_status_t parse_int64(const char *name, const char *v, int64_t *out)
 
 etp_status_t etp__env_load(etp__env_t *env)
 {
-    etp__env_t e = {ETP_LOG_NONE, ETP_SUBSYS_ALL, 300.0, 0, 0, 0, 1, 1};
+    etp__env_t e = {ETP_LOG_NONE, ETP_SUBSYS_ALL, 300.0, 0, 0, 0, 1, 1, 3};
     const char *v;
 
     if ((v = get("ETP_LOG_LEVEL"))) {
@@ -116,10 +120,18 @@ etp_status_t etp__env_load(etp__env_t *env)
     if ((v = get("ETP_COPY_ENGINE"))) {
         int64_t x = 0;
         ETP__TRY(parse_int64("ETP_COPY_ENGINE", v, &x));
-        if (x != 0 && x != 1)
+        if (x < 0 || x > 2)
             return etp__err(ETP_ERR_INVALID_ARGUMENT,
-                            "environment ETP_COPY_ENGINE='%s': expected 0 or 1", v);
+                            "environment ETP_COPY_ENGINE='%s': expected 0, 1 or 2", v);
         e.copy_engine = (int)x;
+    }
+    if ((v = get("ETP_QUANT_CAST_KERNEL"))) {
+        int64_t x = 0;
+        ETP__TRY(parse_int64("ETP_QUANT_CAST_KERNEL", v, &x));
+        if (x != 2 && x != 3)
+            return etp__err(ETP_ERR_INVALID_ARGUMENT,
+                            "environment ETP_QUANT_CAST_KERNEL='%s': expected 2 or 3", v);
+        e.quant_cast_kernel = (int)x;
     }
     *env = e;
     return ETP_SUCCESS;

@@ -137,7 +137,8 @@ static void test_vectors_e8m0(void **state)
 /* The kernels' branch-free conversions equal the definitions: every BF16
  * pattern (with several low halves: ties, one past, all ones) and a stride
  * through all 2^32 FP32 patterns. (An exhaustive sweep of all 2^32 agreed
- * when they were written; it takes a minute, too long for every run.) */
+ * when they were written, the magic ones included; it takes minutes, too
+ * long for every run.) */
 static void check_fast(uint32_t u, size_t *bad)
 {
     const float f = etp__qf_float(u);
@@ -149,6 +150,29 @@ static void check_fast(uint32_t u, size_t *bad)
     }
 }
 
+/* The magic-number conversions of the v3 cast kernel, each over its range:
+ * E2M1 every non-NaN input, E4M3 [+0, 464], E5M2 [+0, 61440), the NVFP4
+ * block scale (code and value) every non-negative amax up to +Inf. */
+static void check_magic(uint32_t u, size_t *bad)
+{
+    const float f = etp__qf_float(u);
+    int ok = 1;
+    if ((u & 0x7fffffffu) <= 0x7f800000u)
+        ok &= etp__qf_e2m1_rne_satfinite_magic(f) == etp__qf_e2m1_rne_satfinite(f);
+    if (u <= 0x7f800000u) {
+        float value;
+        const uint8_t sc = etp__qf_nvfp4_block_scale_magic(f, 1.0f, &value);
+        ok &= sc == etp__qf_nvfp4_block_scale(f, 1.0f) &&
+              etp__qf_bits(value) == etp__qf_bits(etp__qf_e4m3_to_f32(sc));
+        if (f <= 464.0f) ok &= etp__qf_e4m3_magic(f) == etp__qf_e4m3_rne_satfinite(f);
+        if (f < 61440.0f) ok &= etp__qf_e5m2_magic(f) == etp__qf_e5m2_rne_satfinite(f);
+    }
+    if (!ok) {
+        if (*bad == 0) print_error("magic conversion differs for 0x%08x\n", u);
+        ++*bad;
+    }
+}
+
 static void test_fast_conversions(void **state)
 {
     (void)state;
@@ -156,8 +180,23 @@ static void test_fast_conversions(void **state)
     const uint32_t lows[] = {0x0000u, 0x0001u, 0x3fffu, 0x4000u, 0x4001u, 0x7fffu, 0x8000u,
                              0x8001u, 0xbfffu, 0xc000u, 0xffffu, 0x1234u};
     for (uint32_t hi = 0; hi < 0x10000u; hi++)
-        for (size_t l = 0; l < sizeof lows / sizeof lows[0]; l++) check_fast((hi << 16) | lows[l], &bad);
-    for (uint64_t u = 0; u < 0x100000000ull; u += 4093) check_fast((uint32_t)u, &bad);
+        for (size_t l = 0; l < sizeof lows / sizeof lows[0]; l++) {
+            check_fast((hi << 16) | lows[l], &bad);
+            check_magic((hi << 16) | lows[l], &bad);
+        }
+    for (uint64_t u = 0; u < 0x100000000ull; u += 4093) {
+        check_fast((uint32_t)u, &bad);
+        check_magic((uint32_t)u, &bad);
+    }
+    /* every input near the E2M1 grid's ties and the saturation bounds */
+    const float edges[] = {0.25f, 0.75f, 1.25f, 1.75f, 2.5f, 3.5f, 5.0f, 6.0f, 7.0f, 448.0f, 464.0f, 480.0f,
+                           57344.0f, 61440.0f, 0.015625f, 6.103515625e-05f};
+    for (size_t i = 0; i < sizeof edges / sizeof edges[0]; i++)
+        for (uint32_t d = 0; d < 0x20000u; d++) {
+            const uint32_t c = etp__qf_bits(edges[i]) - 0x10000u + d;
+            check_magic(c, &bad);
+            check_magic(c | 0x80000000u, &bad);
+        }
     assert_int_equal(bad, 0);
 }
 
