@@ -557,7 +557,13 @@ __global__ void __launch_bounds__(kThreads, kCastBlocksPerSm) cast_kernel_v2(con
  * the v2 functions instead, element by element. */
 
 constexpr int kTileV3 = 128;          /* v3 tiles: 128 x 128 elements */
-constexpr int kCastV3BlocksPerSm = 2; /* resident blocks per SM (launch bounds) */
+/* resident blocks per SM (launch bounds); a build may override it to
+ * measure the occupancy / register trade-off */
+#ifdef ETP_QUANT_V3_BLOCKS_PER_SM
+constexpr int kCastV3BlocksPerSm = ETP_QUANT_V3_BLOCKS_PER_SM;
+#else
+constexpr int kCastV3BlocksPerSm = 2;
+#endif
 constexpr uint32_t kFull = 0xffffffffu;
 constexpr uint32_t kAbs2 = 0x7fff7fffu; /* |x| of two BF16 */
 
