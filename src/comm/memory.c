@@ -11,6 +11,27 @@ const char *etp_mem_owner_name(etp_mem_owner_t owner)
     return names[owner];
 }
 
+/* Room for one more allocation record (before allocating, so that a
+ * failure here leaks nothing). */
+static etp_status_t reserve_record(etp_context_t *ctx)
+{
+    if (ctx->num_allocs < ctx->cap_allocs) return ETP_SUCCESS;
+    size_t cap = ctx->cap_allocs ? 2 * ctx->cap_allocs : 16;
+    etp__alloc_rec_t *a = realloc(ctx->allocs, cap * sizeof *a);
+    if (!a) return etp__err(ETP_ERR_OUT_OF_MEMORY, "etp_mem_alloc: out of host memory");
+    ctx->allocs = a;
+    ctx->cap_allocs = cap;
+    return ETP_SUCCESS;
+}
+
+static void record(etp_context_t *ctx, etp__alloc_rec_t r)
+{
+    ctx->allocs[ctx->num_allocs++] = r;
+    ctx->bytes_by_owner[r.owner] += r.bytes;
+    ctx->total_bytes += r.bytes;
+    if (ctx->total_bytes > ctx->peak_bytes) ctx->peak_bytes = ctx->total_bytes;
+}
+
 etp_status_t etp_mem_alloc(etp_context_t *ctx, size_t bytes, etp_mem_owner_t owner, void **ptr)
 {
     ETP__CHECK_NULL(ctx, "etp_mem_alloc");
@@ -19,13 +40,7 @@ etp_status_t etp_mem_alloc(etp_context_t *ctx, size_t bytes, etp_mem_owner_t own
     ETP__CHECK_ARG((int)owner >= 0 && owner < ETP_MEM_OWNER_COUNT,
                    "etp_mem_alloc: owner %d is not an etp_mem_owner_t", (int)owner);
     ETP__TRY(etp__ctx_usable(ctx, "etp_mem_alloc"));
-    if (ctx->num_allocs == ctx->cap_allocs) {
-        size_t cap = ctx->cap_allocs ? 2 * ctx->cap_allocs : 16;
-        etp__alloc_rec_t *a = realloc(ctx->allocs, cap * sizeof *a);
-        if (!a) return etp__err(ETP_ERR_OUT_OF_MEMORY, "etp_mem_alloc: out of host memory");
-        ctx->allocs = a;
-        ctx->cap_allocs = cap;
-    }
+    ETP__TRY(reserve_record(ctx));
     void *p = NULL;
     if (ctx->allocator.alloc) {
         p = ctx->allocator.alloc(ctx->allocator.user, bytes, owner);
@@ -36,10 +51,7 @@ etp_status_t etp_mem_alloc(etp_context_t *ctx, size_t bytes, etp_mem_owner_t own
     } else {
         ETP__TRY(ctx->be->ops->mem_alloc(ctx->be, bytes, &p));
     }
-    ctx->allocs[ctx->num_allocs++] = (etp__alloc_rec_t){p, bytes, owner, NULL, 0, NULL};
-    ctx->bytes_by_owner[owner] += bytes;
-    ctx->total_bytes += bytes;
-    if (ctx->total_bytes > ctx->peak_bytes) ctx->peak_bytes = ctx->total_bytes;
+    record(ctx, (etp__alloc_rec_t){p, bytes, owner, NULL, 0, NULL});
     ETP__LOG(&ctx->log, ETP_LOG_DEBUG, ETP_SUBSYS_CORE, "alloc %zu bytes for %s at %p", bytes,
              etp_mem_owner_name(owner), p);
     *ptr = p;
@@ -60,23 +72,14 @@ etp_status_t etp__mem_alloc_window(etp_group_t *group, int role, size_t bytes,
     }
     ETP__CHECK_ARG(bytes > 0, "etp_mem_alloc: bytes is 0");
     ETP__TRY(etp__ctx_usable(ctx, "etp_mem_alloc"));
-    if (ctx->num_allocs == ctx->cap_allocs) {
-        size_t cap = ctx->cap_allocs ? 2 * ctx->cap_allocs : 16;
-        etp__alloc_rec_t *a = realloc(ctx->allocs, cap * sizeof *a);
-        if (!a) return etp__err(ETP_ERR_OUT_OF_MEMORY, "etp_mem_alloc: out of host memory");
-        ctx->allocs = a;
-        ctx->cap_allocs = cap;
-    }
+    ETP__TRY(reserve_record(ctx));
     void *p = NULL, *win = NULL;
     etp_status_t st = ops->win_alloc(ctx->be, group->comms[role], bytes, &p, &win);
     if (st == ETP_ERR_UNSUPPORTED) /* returned without a message: not an error */
         return etp_mem_alloc(ctx, bytes, owner, ptr);
     ETP__TRY(st);
-    ctx->allocs[ctx->num_allocs++] = (etp__alloc_rec_t){p, bytes, owner, group, role, win};
+    record(ctx, (etp__alloc_rec_t){p, bytes, owner, group, role, win});
     group->windows++;
-    ctx->bytes_by_owner[owner] += bytes;
-    ctx->total_bytes += bytes;
-    if (ctx->total_bytes > ctx->peak_bytes) ctx->peak_bytes = ctx->total_bytes;
     ETP__LOG(&ctx->log, ETP_LOG_DEBUG, ETP_SUBSYS_CORE, "window of %zu bytes for %s at %p (group '%s' role %d)",
              bytes, etp_mem_owner_name(owner), p, group->name, role);
     *ptr = p;

@@ -59,6 +59,19 @@ static etp_status_t parse_int64(const char *name, const char *v, int64_t *out)
     return ETP_SUCCESS;
 }
 
+/* An integer setting in [lo, hi], left as it is when unset. */
+static etp_status_t parse_choice(const char *name, int lo, int hi, const char *expected, int *out)
+{
+    const char *v = get(name);
+    if (v == NULL) return ETP_SUCCESS;
+    int64_t x = 0;
+    ETP__TRY(parse_int64(name, v, &x));
+    if (x < lo || x > hi)
+        return etp__err(ETP_ERR_INVALID_ARGUMENT, "environment %s='%s': expected %s", name, v, expected);
+    *out = (int)x;
+    return ETP_SUCCESS;
+}
+
 etp_status_t etp__env_load(etp__env_t *env)
 {
     etp__env_t e = {ETP_LOG_NONE, ETP_SUBSYS_ALL, 300.0, 0, 0, 0, 1, 1, 3};
@@ -86,14 +99,7 @@ etp_status_t etp__env_load(etp__env_t *env)
                             "environment ETP_TIMEOUT_S='%s': expected seconds >= 0", v);
         e.timeout_s = t;
     }
-    if ((v = get("ETP_CHECK_COLLECTIVES"))) {
-        int64_t x = 0;
-        ETP__TRY(parse_int64("ETP_CHECK_COLLECTIVES", v, &x));
-        if (x != 0 && x != 1)
-            return etp__err(ETP_ERR_INVALID_ARGUMENT,
-                            "environment ETP_CHECK_COLLECTIVES='%s': expected 0 or 1", v);
-        e.check_collectives = (int)x;
-    }
+    ETP__TRY(parse_choice("ETP_CHECK_COLLECTIVES", 0, 1, "0 or 1", &e.check_collectives));
     if ((v = get("ETP_HOST_STREAMS"))) {
         if (strcasecmp(v, "eager") == 0)
             e.host_streams = ETP_HOST_STREAMS_EAGER;
@@ -109,30 +115,9 @@ etp_status_t etp__env_load(etp__env_t *env)
             return etp__err(ETP_ERR_INVALID_ARGUMENT,
                             "environment ETP_HOST_SHUFFLE_SEED='%s': expected >= 0", v);
     }
-    if ((v = get("ETP_NCCL_FAST_LAUNCH"))) {
-        int64_t x = 0;
-        ETP__TRY(parse_int64("ETP_NCCL_FAST_LAUNCH", v, &x));
-        if (x != 0 && x != 1)
-            return etp__err(ETP_ERR_INVALID_ARGUMENT,
-                            "environment ETP_NCCL_FAST_LAUNCH='%s': expected 0 or 1", v);
-        e.nccl_fast_launch = (int)x;
-    }
-    if ((v = get("ETP_COPY_ENGINE"))) {
-        int64_t x = 0;
-        ETP__TRY(parse_int64("ETP_COPY_ENGINE", v, &x));
-        if (x < 0 || x > 2)
-            return etp__err(ETP_ERR_INVALID_ARGUMENT,
-                            "environment ETP_COPY_ENGINE='%s': expected 0, 1 or 2", v);
-        e.copy_engine = (int)x;
-    }
-    if ((v = get("ETP_QUANT_CAST_KERNEL"))) {
-        int64_t x = 0;
-        ETP__TRY(parse_int64("ETP_QUANT_CAST_KERNEL", v, &x));
-        if (x != 2 && x != 3)
-            return etp__err(ETP_ERR_INVALID_ARGUMENT,
-                            "environment ETP_QUANT_CAST_KERNEL='%s': expected 2 or 3", v);
-        e.quant_cast_kernel = (int)x;
-    }
+    ETP__TRY(parse_choice("ETP_NCCL_FAST_LAUNCH", 0, 1, "0 or 1", &e.nccl_fast_launch));
+    ETP__TRY(parse_choice("ETP_COPY_ENGINE", 0, 2, "0, 1 or 2", &e.copy_engine));
+    ETP__TRY(parse_choice("ETP_QUANT_CAST_KERNEL", 2, 3, "2 or 3", &e.quant_cast_kernel));
     *env = e;
     return ETP_SUCCESS;
 }
