@@ -5,6 +5,15 @@ if(ETP_WITH_MPI)
   etp_add_mpi_test_internal(test_shard_memory mpi/test_shard_memory.c shard 2)
   etp_add_mpi_test_internal(test_shard_quant mpi/test_shard_quant.c "shard,quant" 2 3 4)
   etp_add_mpi_test_internal(test_shard_graph mpi/test_shard_graph.c shard 1 2 3)
+  # The chains' plain-memory paths (gathers not in place, no windows), which
+  # the host backend otherwise never takes: ETP_COPY_ENGINE=0.
+  foreach(t test_shard test_shard_quant test_shard_graph)
+    add_test(NAME ${t}_plain_np2
+      COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 2 --oversubscribe --bind-to none
+              --mca mpi_yield_when_idle 1 ${MPIEXEC_PREFLAGS} $<TARGET_FILE:${t}> ${MPIEXEC_POSTFLAGS})
+    set_tests_properties(${t}_plain_np2 PROPERTIES LABELS "mpi;shard"
+      ENVIRONMENT "${ETP_TEST_ENV};ETP_COPY_ENGINE=0" TIMEOUT 600 PROCESSORS 2)
+  endforeach()
   # The long variant: 1000 steps.
   add_test(NAME test_shard_memory_soak
     COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 2 --oversubscribe --bind-to none

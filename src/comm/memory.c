@@ -64,8 +64,11 @@ etp_status_t etp__mem_alloc_window(etp_group_t *group, int role, size_t bytes,
     etp_context_t *ctx = group->ctx;
     const etp__backend_ops_t *ops = ctx->be->ops;
     *window = 0;
-    /* The host backend: any memory is a window. A user allocator: its
-     * memory cannot be registered. */
+    /* ETP_COPY_ENGINE=0: plain memory (on the host backend too, so that CI
+     * runs the chains' plain-memory paths as well). The host backend: any
+     * memory is a window. A user allocator: its memory cannot be
+     * registered. */
+    if (ctx->env.copy_engine == 0) return etp_mem_alloc(ctx, bytes, owner, ptr);
     if (ops->win_alloc == NULL || ctx->allocator.alloc) {
         *window = ops->win_alloc == NULL;
         return etp_mem_alloc(ctx, bytes, owner, ptr);
