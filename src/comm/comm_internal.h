@@ -61,6 +61,7 @@ struct etp_group {
     etp__bcomm_t *comms[ETP_GROUP_MAX_ROLES];
     uint64_t seq[ETP_GROUP_MAX_ROLES];
     int windows; /* live etp__mem_alloc_window allocations on its communicators */
+    int users;   /* live parameters, chains and EP groups built on it */
 };
 
 /* ETP_SUCCESS, or ETP_ERR_ABORTED with the context's first failure. */

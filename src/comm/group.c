@@ -87,6 +87,11 @@ etp_status_t etp_group_destroy(etp_group_t *group)
         return etp__err(ETP_ERR_BUSY,
                         "etp_group_destroy: group '%s' still has %d group(s) split from it",
                         group->name, group->children);
+    if (group->users)
+        return etp__err(ETP_ERR_BUSY,
+                        "etp_group_destroy: group '%s' is still used by %d parameter(s), chain(s) "
+                        "or EP group(s); destroy them first",
+                        group->name, group->users);
     if (group->windows)
         return etp__err(ETP_ERR_BUSY,
                         "etp_group_destroy: group '%s' still has %d registered buffer(s) (gather "

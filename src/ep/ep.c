@@ -394,6 +394,7 @@ etp_status_t etp_ep_group_create(etp_group_t *group, const etp_ep_group_config_t
              token_dtype_name(c.token_dtype),
              c.transport == ETP_EP_TRANSPORT_CAPACITY ? "capacity" : "exact", (long long)slab,
              (long long)tok_cap, ep->buf_bytes);
+    ep->group->users++;
     *out = ep;
     return ETP_SUCCESS;
 }
@@ -404,6 +405,7 @@ etp_status_t etp_ep_group_destroy(etp_ep_group_t *ep)
     if (ep->layers > 0)
         return etp__err(ETP_ERR_BUSY, "etp_ep_group_destroy: EP group '%s' still has %d layer(s)",
                         ep->name, ep->layers);
+    ep->group->users--;
     group_free(ep);
     return ETP_SUCCESS;
 }

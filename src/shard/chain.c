@@ -38,6 +38,7 @@ etp_status_t etp_chain_create(etp_context_t *ctx, const etp_chain_config_t *cfg,
     if (!c) return etp__err(ETP_ERR_OUT_OF_MEMORY, "%s: out of memory", fn);
     c->ctx = ctx;
     c->group = cfg->group;
+    c->group->users++; /* etp_chain_destroy, also on the failure paths below, returns it */
     snprintf(c->name, sizeof c->name, "%s", cfg->name ? cfg->name : "chain");
     c->depth = cfg->depth;
     c->graphed = cfg->graphed != 0;
@@ -99,6 +100,7 @@ etp_status_t etp_chain_destroy(etp_chain_t *c)
                             "etp_wait_grads and synchronize first", c->name);
     }
     if (c->ctx->recording == c) c->ctx->recording = NULL;
+    c->group->users--;
     for (int i = 0; i < c->nparams; i++) {
         c->params[i]->chain = NULL;
         c->params[i]->ticket[0] = c->params[i]->ticket[1] = -1;

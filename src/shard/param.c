@@ -127,6 +127,7 @@ etp_status_t etp_param_create(etp_context_t *ctx, const etp_param_config_t *cfg,
              p->name, (long long)p->experts, (long long)p->rows, (long long)p->cols,
              etp_dtype_name(p->dtype), (long long)p->padded_rows, (long long)p->shard_rows,
              (long long)p->valid_rows);
+    p->group->users++;
     *out = p;
     return ETP_SUCCESS;
 }
@@ -137,6 +138,7 @@ etp_status_t etp_param_destroy(etp_param_t *p)
     if (p->chain)
         return etp__err(ETP_ERR_BUSY, "etp_param_destroy: '%s' is in chain '%s'; destroy the chain first",
                         p->name, p->chain->name);
+    p->group->users--;
     param_free(p);
     return ETP_SUCCESS;
 }

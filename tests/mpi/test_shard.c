@@ -452,6 +452,8 @@ static void test_errors(void **state)
     ETP_EXPECT_MSG(etp_reduce_grad(r.p[0], r.main, 1.0f), ETP_ERR_INVALID_STATE, "no wgrad buffer");
     ETP_EXPECT_MSG(etp_chain_add(r.chain, loose), ETP_ERR_INVALID_STATE, "finalized");
     ETP_EXPECT_MSG(etp_param_destroy(r.p[0]), ETP_ERR_BUSY, "chain");
+    /* the group outlives its parameters and chains: refused while used */
+    ETP_EXPECT_MSG(etp_group_destroy(r.tp), ETP_ERR_BUSY, "parameter(s), chain(s)");
     ETP_EXPECT(etp_gather(r.p[0], (etp_pass_t)5, r.main, &v), ETP_ERR_INVALID_ARGUMENT);
     /* holding a weight: a prefetch into its slot, or destroy, is refused */
     load_weights(&r, 0);
