@@ -77,10 +77,16 @@ typedef struct etp_param_config {
      * BF16 (for GPUs without block-scaled GEMMs, e.g. Hopper); the wire
      * still carries 4 or 8 bits. */
     int gather_dequantized;
+    /* Quantized modes without gather_dequantized: 1 makes gathers return
+     * the scales in cuBLASLt's swizzled order (128x4 tiles, what Blackwell's
+     * block-scaled GEMMs read; docs/FORMATS.md), converted on the
+     * all-gather stream after the gather; the wire and the cached shard keep
+     * row-major scales. */
+    int swizzle_scales;
 } etp_param_config_t;
 
 #define ETP_PARAM_CONFIG_INIT \
-    {sizeof(etp_param_config_t), NULL, NULL, 1, 0, 0, ETP_DTYPE_BF16, (etp_dtype_t)-1, 0, 0, 0, ETP_PARAM_QUANT_NONE, 0}
+    {sizeof(etp_param_config_t), NULL, NULL, 1, 0, 0, ETP_DTYPE_BF16, (etp_dtype_t)-1, 0, 0, 0, ETP_PARAM_QUANT_NONE, 0, 0}
 
 /* Create a parameter: allocates the shard, main_grad (zeroed) and master
  * shards through the context allocator. Not collective.
@@ -201,8 +207,9 @@ ETP_API etp_status_t etp_chain_cache_report(const etp_chain_t *chain, etp_cache_
  * expert_stride in elements. Quantized gathers (quant != NONE): the layouts
  * of docs/FORMATS.md for the full padded weight [padded_rows, cols] of each
  * expert (rowwise data for the forward pass, columnwise for the backward),
- * dtype U8, ld and expert_stride in bytes, row-major (not swizzled) scales,
- * and for NVFP4 the group-wide per-tensor amax of each expert. Padding rows
+ * dtype U8, ld and expert_stride in bytes, scales row-major or (the
+ * parameter's swizzle_scales) swizzled, and for NVFP4 the group-wide
+ * per-tensor amax of each expert. Padding rows
  * quantize to zero codes with zero scales. */
 typedef struct etp_weight_view {
     size_t size;               /* sizeof(etp_weight_view_t) */
@@ -215,10 +222,11 @@ typedef struct etp_weight_view {
     void *scales;              /* quantized: expert e's scales at scales + e * scale_expert_stride */
     int64_t scale_rows, scale_cols, scale_expert_stride; /* bytes */
     const float *amax;         /* NVFP4: [experts] per-tensor amax; else NULL */
+    int scales_swizzled;       /* 1: scales in cuBLASLt's swizzled order (same bytes) */
 } etp_weight_view_t;
 
 #define ETP_WEIGHT_VIEW_INIT \
-    {sizeof(etp_weight_view_t), NULL, ETP_DTYPE_BF16, 0, 0, 0, 0, 0, ETP_PARAM_QUANT_NONE, NULL, 0, 0, 0, NULL}
+    {sizeof(etp_weight_view_t), NULL, ETP_DTYPE_BF16, 0, 0, 0, 0, 0, ETP_PARAM_QUANT_NONE, NULL, 0, 0, 0, NULL, 0}
 
 /* The full weight for `pass`, ready for work enqueued on `stream` after this
  * call. Waits (on the device) for the prefetch, or gathers now on a cold

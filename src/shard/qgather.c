@@ -28,7 +28,7 @@ static size_t up(size_t x)
 typedef struct {
     size_t data_e, scales_e;     /* full, per expert */
     size_t sdata_e, sscales_e;   /* one shard's, per expert */
-    size_t data, scales, stage_scales, stage_data, amax, bf16, total; /* offsets */
+    size_t data, scales, stage_scales, stage_data, amax, bf16, swz, total; /* offsets */
     int row;
 } qlayout_t;
 
@@ -47,7 +47,8 @@ static void layout(const etp_param_t *p, etp_pass_t pass, qlayout_t *L)
     L->stage_data = up(L->stage_scales + E * R * L->sscales_e);
     L->amax = up(L->stage_data + (transposed ? E * R * L->sdata_e : 0));
     L->bf16 = up(L->amax + E * sizeof(float));
-    L->total = up(L->bf16 + (p->gather_dequant ? E * (size_t)(p->padded_rows * p->cols) * 2 : 0));
+    L->swz = up(L->bf16 + (p->gather_dequant ? E * (size_t)(p->padded_rows * p->cols) * 2 : 0));
+    L->total = up(L->swz + (p->swizzle ? E * L->scales_e : 0));
 }
 
 size_t etp__qgather_bytes(const etp_param_t *p, etp_pass_t pass)
@@ -69,6 +70,13 @@ etp_status_t etp__param_quant_init(etp_param_t *p)
     p->qs_full = (etp_quant_sizes_t)ETP_QUANT_SIZES_INIT;
     ETP__TRY(etp_quant_sizes(p->qz, (size_t)p->shard_rows, (size_t)p->cols, &p->qs_shard));
     ETP__TRY(etp_quant_sizes(p->qz, (size_t)p->padded_rows, (size_t)p->cols, &p->qs_full));
+    /* The swizzle converts what a quantizer's directions say: one quantizer
+     * a direction, as a gather has the scales of one. */
+    for (int d = 0; d < 2 && p->swizzle; d++) {
+        etp_quantizer_config_t dc = qc;
+        dc.directions = d == 0 ? ETP_QUANT_ROWWISE : ETP_QUANT_COLUMNWISE;
+        ETP__TRY(etp_quantizer_create(p->ctx, &dc, &p->qz_dir[d]));
+    }
     const etp_quant_sizes_t *q = &p->qs_shard;
     p->q_expert_bytes = up(q->rowwise_data_bytes) + up(q->rowwise_scales_bytes) +
                         up(q->columnwise_data_bytes) + up(q->columnwise_scales_bytes);
@@ -85,6 +93,8 @@ void etp__param_quant_free(etp_param_t *p)
     if (p->q_store) etp_mem_free(p->ctx, p->q_store);
     if (p->q_amax) etp_mem_free(p->ctx, p->q_amax);
     if (p->qz) etp_quantizer_destroy(p->qz);
+    for (int d = 0; d < 2; d++)
+        if (p->qz_dir[d]) etp_quantizer_destroy(p->qz_dir[d]);
 }
 
 /* Expert e's quantized shard, both directions. */
@@ -120,6 +130,36 @@ static etp_status_t quantize_shard(etp_chain_t *c, etp_param_t *p)
     free(in);
     free(out);
     if (st == ETP_SUCCESS) p->q_version = p->version;
+    return st;
+}
+
+/* The gathered row-major scales of every expert, swizzled into their own
+ * region of the slot (one launch on the AG stream). */
+static etp_status_t swizzle_gathered(etp_chain_t *c, const etp_param_t *p, const qlayout_t *L,
+                                     uint8_t *s)
+{
+    size_t E = (size_t)p->experts;
+    etp_quant_scales_t *in = calloc(E, sizeof *in), *out = calloc(E, sizeof *out);
+    etp_status_t st = (in && out) ? ETP_SUCCESS
+                                  : etp__err(ETP_ERR_OUT_OF_MEMORY, "swizzling '%s': out of host memory", p->name);
+    for (size_t e = 0; e < E && st == ETP_SUCCESS; e++) {
+        etp_quant_scales_t a = {(size_t)p->padded_rows, (size_t)p->cols, NULL, 0, NULL, 0};
+        etp_quant_scales_t b = a;
+        uint8_t *src = s + L->scales + e * L->scales_e, *dst = s + L->swz + e * L->scales_e;
+        if (L->row) {
+            a.rowwise = src, a.rowwise_bytes = L->scales_e;
+            b.rowwise = dst, b.rowwise_bytes = L->scales_e;
+        } else {
+            a.columnwise = src, a.columnwise_bytes = L->scales_e;
+            b.columnwise = dst, b.columnwise_bytes = L->scales_e;
+        }
+        in[e] = a;
+        out[e] = b;
+    }
+    if (st == ETP_SUCCESS)
+        st = etp_quant_swizzle_scales(p->qz_dir[L->row ? 0 : 1], E, in, out, ETP_QUANT_SWIZZLE, c->ag);
+    free(in);
+    free(out);
     return st;
 }
 
@@ -203,6 +243,7 @@ etp_status_t etp__qgather_issue(etp_chain_t *c, etp_param_t *p, etp_pass_t pass,
                 }
             }
     }
+    if (p->swizzle) ETP__TRY(swizzle_gathered(c, p, &L, s));
     if (p->quant == ETP_PARAM_QUANT_NVFP4)
         ETP__TRY(etp_memcpy_async(c->ag, s + L.amax, p->q_amax, E * sizeof(float)));
     if (p->gather_dequant) {
@@ -257,7 +298,8 @@ void etp__qgather_view(const etp_param_t *p, etp_pass_t pass, void *slot, etp_we
         out.ld = transposed ? p->padded_rows / 2 : fp4 ? p->cols / 2 : p->cols;
         out.expert_stride = (int64_t)L.data_e;
         out.quant = p->quant;
-        out.scales = s + L.scales;
+        out.scales = s + (p->swizzle ? L.swz : L.scales);
+        out.scales_swizzled = p->swizzle;
         out.scale_rows = (int64_t)(L.row ? p->qs_full.rowwise_scale_rows : p->qs_full.columnwise_scale_rows);
         out.scale_cols = (int64_t)(L.row ? p->qs_full.rowwise_scale_cols : p->qs_full.columnwise_scale_cols);
         out.scale_expert_stride = (int64_t)L.scales_e;

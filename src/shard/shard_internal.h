@@ -43,6 +43,8 @@ struct etp_param {
     /* quantized modes (qgather.c) */
     etp_quantizer_t *qz;
     int gather_dequant;
+    int swizzle;                 /* gathered scales swizzled (qgather.c) */
+    etp_quantizer_t *qz_dir[2];  /* swizzle: one-direction quantizers (rowwise, columnwise) */
     uint64_t version, q_version; /* bumped by mark_updated; the quantized shard's */
     etp_quant_sizes_t qs_shard, qs_full; /* per expert */
     uint8_t *q_store;  /* per expert: row data, row scales, column data, column scales */

@@ -477,6 +477,18 @@ static void test_errors(void **state)
     q.quant = ETP_PARAM_QUANT_MXFP8;
     q.alignment = 16;
     ETP_EXPECT_MSG(etp_param_create(r.ctx, &q, &bad), ETP_ERR_INVALID_ARGUMENT, "multiple of 32");
+    /* swizzled gathered scales: only for quantized gathers that keep scales */
+    etp_param_config_t z = pc;
+    z.swizzle_scales = 1;
+    ETP_EXPECT_MSG(etp_param_create(r.ctx, &z, &bad), ETP_ERR_INVALID_ARGUMENT, "swizzle_scales needs");
+    z.quant = ETP_PARAM_QUANT_MXFP8;
+    z.alignment = 32;
+    z.gather_dequantized = 1;
+    ETP_EXPECT_MSG(etp_param_create(r.ctx, &z, &bad), ETP_ERR_INVALID_ARGUMENT, "swizzle_scales needs");
+    z.gather_dequantized = 0;
+    z.swizzle_scales = 2;
+    ETP_EXPECT_MSG(etp_param_create(r.ctx, &z, &bad), ETP_ERR_INVALID_ARGUMENT, "expected 0 or 1");
+    assert_null(bad);
     pc.dtype = ETP_DTYPE_I32;
     ETP_EXPECT_MSG(etp_param_create(r.ctx, &pc, &bad), ETP_ERR_INVALID_ARGUMENT, "bf16 or f32");
     pc.dtype = ETP_DTYPE_BF16;

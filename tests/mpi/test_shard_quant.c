@@ -18,20 +18,25 @@ typedef struct {
     int alignment;
     etp_dtype_t dtype;
     int dequant;
+    int swizzle; /* gathered scales in cuBLASLt's swizzled order */
 } qspec_t;
 
 static const qspec_t qspecs[] = {
-    {ETP_PARAM_QUANT_MXFP8, 1, 70, 64, 32, ETP_DTYPE_BF16, 0},
-    {ETP_PARAM_QUANT_NVFP4, 1, 45, 32, 16, ETP_DTYPE_F32, 0},
-    {ETP_PARAM_QUANT_NVFP4, 3, 100, 48, 16, ETP_DTYPE_BF16, 0},
-    {ETP_PARAM_QUANT_MXFP8, 3, 33, 32, 64, ETP_DTYPE_F32, 0},
-    {ETP_PARAM_QUANT_NVFP4, 64, 16, 16, 16, ETP_DTYPE_BF16, 0},
-    {ETP_PARAM_QUANT_MXFP8, 64, 20, 32, 32, ETP_DTYPE_BF16, 0},
-    {ETP_PARAM_QUANT_NVFP4, 2, 130, 64, 32, ETP_DTYPE_BF16, 1},
-    {ETP_PARAM_QUANT_MXFP8, 2, 40, 64, 32, ETP_DTYPE_F32, 1},
+    {ETP_PARAM_QUANT_MXFP8, 1, 70, 64, 32, ETP_DTYPE_BF16, 0, 0},
+    {ETP_PARAM_QUANT_NVFP4, 1, 45, 32, 16, ETP_DTYPE_F32, 0, 0},
+    {ETP_PARAM_QUANT_NVFP4, 3, 100, 48, 16, ETP_DTYPE_BF16, 0, 0},
+    {ETP_PARAM_QUANT_MXFP8, 3, 33, 32, 64, ETP_DTYPE_F32, 0, 0},
+    {ETP_PARAM_QUANT_NVFP4, 64, 16, 16, 16, ETP_DTYPE_BF16, 0, 0},
+    {ETP_PARAM_QUANT_MXFP8, 64, 20, 32, 32, ETP_DTYPE_BF16, 0, 0},
+    {ETP_PARAM_QUANT_NVFP4, 2, 130, 64, 32, ETP_DTYPE_BF16, 1, 0},
+    {ETP_PARAM_QUANT_MXFP8, 2, 40, 64, 32, ETP_DTYPE_F32, 1, 0},
     /* shards of a multiple of 128 rows: scales gathered in place */
-    {ETP_PARAM_QUANT_MXFP8, 2, 300, 64, 128, ETP_DTYPE_BF16, 0},
-    {ETP_PARAM_QUANT_NVFP4, 1, 250, 32, 128, ETP_DTYPE_BF16, 0},
+    {ETP_PARAM_QUANT_MXFP8, 2, 300, 64, 128, ETP_DTYPE_BF16, 0, 0},
+    {ETP_PARAM_QUANT_NVFP4, 1, 250, 32, 128, ETP_DTYPE_BF16, 0, 0},
+    /* swizzled scales: one and several experts, in place and re-laid */
+    {ETP_PARAM_QUANT_NVFP4, 3, 100, 48, 16, ETP_DTYPE_BF16, 0, 1},
+    {ETP_PARAM_QUANT_MXFP8, 2, 300, 160, 128, ETP_DTYPE_BF16, 0, 1},
+    {ETP_PARAM_QUANT_MXFP8, 1, 70, 64, 32, ETP_DTYPE_F32, 0, 1},
 };
 #define NQ (sizeof qspecs / sizeof qspecs[0])
 
@@ -70,7 +75,7 @@ static long check_param(int i, const qspec_t *q, etp_param_t *p, etp_stream_t *m
     ETP_OK(etp_param_info(p, &info));
     int64_t pr = info.padded_rows, K = q->cols;
     etp__qref_cfg_t cfg = {q->quant == ETP_PARAM_QUANT_MXFP8 ? ETP__QB_MXFP8 : ETP__QB_NVFP4, 0,
-                           q->quant == ETP_PARAM_QUANT_NVFP4, 0, 0, 0, 0};
+                           q->quant == ETP_PARAM_QUANT_NVFP4, q->swizzle, 0, 0, 0};
     long bad = 0;
     for (int pass = 0; pass < 2; pass++) {
         etp_weight_view_t v = ETP_WEIGHT_VIEW_INIT;
@@ -88,6 +93,7 @@ static long check_param(int i, const qspec_t *q, etp_param_t *p, etp_stream_t *m
         } else {
             assert_int_equal(v.quant, q->quant);
             assert_int_equal(v.dtype, ETP_DTYPE_U8);
+            assert_int_equal(v.scales_swizzled, q->swizzle);
         }
         for (int64_t e = 0; e < q->experts; e++) {
             /* the full padded weight, as every rank can build it */
@@ -160,6 +166,7 @@ static void run_quant_gathers(int64_t seed)
         pc.dtype = q->dtype;
         pc.quant = q->quant;
         pc.gather_dequantized = q->dequant;
+        pc.swizzle_scales = q->swizzle;
         ETP_OK(etp_param_create(ctx, &pc, &p[i]));
         ETP_OK(etp_chain_add(chain, p[i]));
     }
