@@ -5,7 +5,7 @@
  *
  *   etp-bench ep [--tokens 4096[,...]] [--hidden 7168] [--topk 8] [--experts 64]
  *                [--skew uniform|zipf:S[,...]] [--transport exact|capacity[:C][,...]]
- *                [--layout packed|fixed[,...]] [--capacity-factor 1.25] [--dtype bf16|f32]
+ *                [--layout packed|fixed[,...]] [--capacity-factor 1.25] [--dtype bf16|f32|mxfp8]
  *                [--align 1] [--unweighted] [--rows N] [--seed 1]
  *
  * Every combination of the listed tokens, skews, transports and layouts is
@@ -55,6 +55,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../kernels/ep/ep_args.h"
 #include "../src/ep/ep_hook.h"
 #include "etp/ep.h"
 #include "etp_bench.h"
@@ -86,8 +87,9 @@ typedef struct {
     int64_t T, H, E, L;
     int k, align, weighted;
     double zipf, cf;
-    etp_dtype_t dt;
-    size_t es;
+    etp_dtype_t dt;  /* the group's token dtype */
+    size_t es;       /* bytes of a token element in and out (MXFP8: BF16 in, BF16 combine) */
+    int mx;          /* MXFP8 dispatch: E4M3 + E8M0 rows on the wire and received */
     etp_ep_transport_t transport;
     etp_ep_layout_t layout;
     char shape[96];
@@ -482,20 +484,33 @@ static void run_case(bench_t *b, const opts_t *o, case_t *c, etp_group_t *world,
         x_to += to[p];
         x_from += from[p];
     }
-    const size_t drow = rb + (c->weighted ? (size_t)k * 4 : 0), crow = (size_t)H * 4;
+    /* MXFP8: a wire row holds H data and H/32 scale bytes (padded to 16);
+     * what dispatch delivers per row is H + H/32 bytes; combine stays BF16. */
+    const size_t wrow = c->mx ? (size_t)ETP__EP_MX_ROW_BYTES(H) : rb;
+    const size_t xrow = c->mx ? (size_t)(H + H / ETP_EP_MXFP8_BLOCK) : rb;
+    const size_t drow = wrow + (c->weighted ? (size_t)k * 4 : 0), crow = (size_t)H * 4;
     const double x_rows = max_over_ranks_i(x_to > x_from ? x_to : x_from);
     const double bytes_xd = x_rows * (double)drow, bytes_xc = x_rows * (double)crow;
+    const double bytes_logical_d = max_over_ranks_i(all_from) * (double)xrow;
     const double bytes_logical = max_over_ranks_i(all_from) * (double)rb;
-    const double bytes_pack = max_over_ranks_i(all_to) * (double)rb;
+    const double bytes_pack = max_over_ranks_i(all_to) * (double)wrow;
     const double bytes_sum = max_over_ranks_i(all_to) * (double)crow;
 
     /* Buffers. */
-    void *tokens, *topk_idx, *topk_w, *recv, *recv_w, *out;
+    void *tokens, *topk_idx, *topk_w, *recv, *recv_w, *out, *recv_sc = NULL, *ein = NULL;
     etp_context_t *ctx = b->ctx;
     BENCH_CHECK(b, etp_mem_alloc(ctx, (size_t)T * rb, ETP_MEM_WORKSPACE, &tokens));
     BENCH_CHECK(b, etp_mem_alloc(ctx, (size_t)T * (size_t)k * 8, ETP_MEM_WORKSPACE, &topk_idx));
     BENCH_CHECK(b, etp_mem_alloc(ctx, (size_t)T * (size_t)k * 4, ETP_MEM_WORKSPACE, &topk_w));
     BENCH_CHECK(b, etp_mem_alloc(ctx, (size_t)rows * rb, ETP_MEM_WORKSPACE, &recv));
+    if (c->mx) {
+        /* E4M3 rows land in recv (H bytes each), scales beside; the expert
+         * outputs combine reads are BF16 rows of their own */
+        BENCH_CHECK(b, etp_mem_alloc(ctx, (size_t)rows * (size_t)(H / ETP_EP_MXFP8_BLOCK), ETP_MEM_WORKSPACE,
+                                     &recv_sc));
+        BENCH_CHECK(b, etp_mem_alloc(ctx, (size_t)rows * rb, ETP_MEM_WORKSPACE, &ein));
+        BENCH_CHECK(b, etp_memset_async(s, ein, 0, (size_t)rows * rb));
+    }
     BENCH_CHECK(b, etp_mem_alloc(ctx, (size_t)rows * 4, ETP_MEM_WORKSPACE, &recv_w));
     BENCH_CHECK(b, etp_mem_alloc(ctx, (size_t)T * rb, ETP_MEM_WORKSPACE, &out));
     size_t bcap = 1;
@@ -532,6 +547,7 @@ static void run_case(bench_t *b, const opts_t *o, case_t *c, etp_group_t *world,
                     me, c->shape, (long long)expanded, (long long)expanded_me);
     }
     const double bytes_exp = max_over_ranks_i(expanded) * (double)rb;
+    const double bytes_exp_d = max_over_ranks_i(expanded) * (double)xrow;
     /* the copy baseline copies the expanded bytes out of the received rows */
     void *copy_dst;
     const size_t copy_bytes = (size_t)expanded * rb;
@@ -559,7 +575,19 @@ static void run_case(bench_t *b, const opts_t *o, case_t *c, etp_group_t *world,
 
         MPI_Barrier(MPI_COMM_WORLD);
         phases_start(ph);
-        BENCH_CHECK(b, etp_ep_dispatch(ly, tokens, c->dt, wptr, ETP_DTYPE_F32, recv, rwptr, rows, s));
+        if (c->mx) {
+            etp_ep_dispatch_args_t da = ETP_EP_DISPATCH_ARGS_INIT;
+            da.tokens = tokens;
+            da.dtype = ETP_DTYPE_BF16;
+            da.topk_weights = wptr;
+            da.recv_tokens = recv;
+            da.recv_scales = recv_sc;
+            da.recv_weights = rwptr;
+            da.rows = rows;
+            BENCH_CHECK(b, etp_ep_dispatch_ex(ly, &da, s));
+        } else {
+            BENCH_CHECK(b, etp_ep_dispatch(ly, tokens, c->dt, wptr, ETP_DTYPE_F32, recv, rwptr, rows, s));
+        }
         phases_stop(ph, x.d);
 
         baseline_set(base, from, crow, to, crow);
@@ -572,7 +600,7 @@ static void run_case(bench_t *b, const opts_t *o, case_t *c, etp_group_t *world,
         /* the received rows stand in for the expert outputs */
         MPI_Barrier(MPI_COMM_WORLD);
         phases_start(ph);
-        BENCH_CHECK(b, etp_ep_combine(ly, recv, c->dt, rows, out, s));
+        BENCH_CHECK(b, etp_ep_combine(ly, c->mx ? ein : recv, c->mx ? ETP_DTYPE_BF16 : c->dt, rows, out, s));
         phases_stop(ph, x.c);
 
         MPI_Barrier(MPI_COMM_WORLD);
@@ -613,10 +641,10 @@ static void run_case(bench_t *b, const opts_t *o, case_t *c, etp_group_t *world,
     bench_add(b, "ep prepare", sh, 0, us_prep, 0);
     snprintf(nm, sizeof nm, "%s: dispatch bytes", bname);
     bench_row_t *bd = bench_add(b, nm, sh, bytes_xd, us_bd, 0);
-    bench_add(b, "dispatch: whole call (logical)", sh, bytes_logical, us_d[3], 0);
+    bench_add(b, "dispatch: whole call (logical)", sh, bytes_logical_d, us_d[3], 0);
     bench_add(b, "dispatch: pack / copy", sh, bytes_pack, us_d[0], copy_gbps);
     bench_add(b, "dispatch: exchange / send-recv", sh, bytes_xd, us_d[1], bd->gbps);
-    bench_add(b, "dispatch: expand / copy", sh, bytes_exp, us_d[2], copy_gbps);
+    bench_add(b, "dispatch: expand / copy", sh, bytes_exp_d, us_d[2], copy_gbps);
     snprintf(nm, sizeof nm, "%s: combine bytes", bname);
     bench_row_t *bc = bench_add(b, nm, sh, bytes_xc, us_bc, 0);
     bench_add(b, "combine: whole call (logical)", sh, bytes_logical, us_c[3], 0);
@@ -640,6 +668,8 @@ static void run_case(bench_t *b, const opts_t *o, case_t *c, etp_group_t *world,
     BENCH_CHECK(b, etp_ep_group_destroy(ep));
     void *bufs[] = {tokens, topk_idx, topk_w, recv, recv_w, out, copy_dst, base->send, base->recv};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) BENCH_CHECK(b, etp_mem_free(ctx, bufs[i]));
+    BENCH_CHECK(b, etp_mem_free(ctx, recv_sc)); /* NULL unless MXFP8: a no-op */
+    BENCH_CHECK(b, etp_mem_free(ctx, ein));
     base->send = base->recv = NULL;
     free(idx);
     free(wts);
@@ -793,6 +823,7 @@ int etp_bench_ep(bench_t *b, int argc, char **argv)
             const char *d = argv[++i];
             if (strcmp(d, "bf16") == 0) o.dtype = ETP_DTYPE_BF16;
             else if (strcmp(d, "f32") == 0) o.dtype = ETP_DTYPE_F32;
+            else if (strcmp(d, "mxfp8") == 0) o.dtype = ETP_EP_TOKEN_MXFP8;
             else ok = 0;
         } else {
             ok = 0;
@@ -827,7 +858,8 @@ int etp_bench_ep(bench_t *b, int argc, char **argv)
                     case_t c = {.T = o.tokens[it], .H = o.hidden, .E = o.experts,
                                 .L = o.experts / b->size, .k = o.topk, .align = o.align,
                                 .weighted = o.weighted, .zipf = o.zipf[is], .cf = o.cf[itr],
-                                .dt = o.dtype, .es = etp_dtype_size(o.dtype),
+                                .dt = o.dtype, .mx = o.dtype == ETP_EP_TOKEN_MXFP8,
+                                .es = o.dtype == ETP_EP_TOKEN_MXFP8 ? 2 : etp_dtype_size(o.dtype),
                                 .transport = o.transport[itr], .layout = o.layout[il]};
                     char tr[32], sk[32];
                     if (c.transport == ETP_EP_TRANSPORT_CAPACITY)
@@ -841,7 +873,7 @@ int etp_bench_ep(bench_t *b, int argc, char **argv)
                     snprintf(c.shape, sizeof c.shape, "%s %s %s T%lld H%lld k%d E%lld %s%s", tr,
                              c.layout == ETP_EP_LAYOUT_PACKED ? "packed" : "fixed", sk,
                              (long long)c.T, (long long)c.H, c.k, (long long)c.E,
-                             etp_dtype_name(c.dt), c.weighted ? "" : " unw");
+                             c.mx ? "mxfp8" : etp_dtype_name(c.dt), c.weighted ? "" : " unw");
                     run_case(b, &o, &c, world, s, &base, &ph, tm);
                 }
     bench_timer_destroy(tm);
