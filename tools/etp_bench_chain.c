@@ -18,6 +18,8 @@
  *                   [--loop K (each sample runs K steps back to back, as a training
  *                    loop does, and counts their mean; default 1: one step alone, so
  *                    its first gather and last reduction are exposed by construction)]
+ *                   [--update (every weight marked updated at each step's start, as after an
+ *                    optimizer step)] [--prefetch-on-update (the chain's prefetch_on_update)]
  */
 #include <stdlib.h>
 #include <string.h>
@@ -100,7 +102,7 @@ static void wgrad(gemm_t *g, int64_t M, int64_t d, const void *dY, const void *X
 enum { MODE_ETP, MODE_LOCAL, MODE_COMM };
 
 typedef struct {
-    int L, depth;
+    int L, depth, update;
     int64_t d, M;
     etp_param_t **p;
     etp_chain_t *chain;
@@ -112,6 +114,8 @@ static void step(bench_t *b, gemm_t *g, model_t *m, int mode)
 {
     etp_weight_view_t v = ETP_WEIGHT_VIEW_INIT;
     if (mode != MODE_LOCAL) BENCH_CHECK(b, etp_zero_grad(m->chain, m->main));
+    if (mode != MODE_LOCAL && m->update)
+        for (int l = 0; l < m->L; l++) BENCH_CHECK(b, etp_param_mark_updated(m->p[l], m->main));
     for (int l = 0; l < m->L; l++) {
         const void *W = m->full[l];
         if (mode != MODE_LOCAL) {
@@ -143,7 +147,7 @@ static void step(bench_t *b, gemm_t *g, model_t *m, int mode)
 int etp_bench_chain(bench_t *b, int argc, char **argv)
 {
     model_t m = {.L = 16, .depth = 1, .d = 8192, .M = 4096};
-    int max_ctas = -1, gemm_sms = 0, loop = 1;
+    int max_ctas = -1, gemm_sms = 0, loop = 1, pou = 0;
     for (int i = 0; i < argc; i++) {
         if (strcmp(argv[i], "--layers") == 0 && i + 1 < argc) m.L = atoi(argv[++i]);
         else if (strcmp(argv[i], "--d") == 0 && i + 1 < argc) m.d = atol(argv[++i]);
@@ -152,6 +156,8 @@ int etp_bench_chain(bench_t *b, int argc, char **argv)
         else if (strcmp(argv[i], "--max-ctas") == 0 && i + 1 < argc) max_ctas = atoi(argv[++i]);
         else if (strcmp(argv[i], "--gemm-sms") == 0 && i + 1 < argc) gemm_sms = atoi(argv[++i]);
         else if (strcmp(argv[i], "--loop") == 0 && i + 1 < argc) loop = atoi(argv[++i]);
+        else if (strcmp(argv[i], "--update") == 0) m.update = 1;
+        else if (strcmp(argv[i], "--prefetch-on-update") == 0) pou = 1;
         else {
             if (b->rank == 0) fprintf(stderr, "etp-bench chain: unknown option %s\n", argv[i]);
             return 2;
@@ -181,6 +187,7 @@ int etp_bench_chain(bench_t *b, int argc, char **argv)
     etp_chain_config_t cc = ETP_CHAIN_CONFIG_INIT;
     cc.group = grp;
     cc.depth = m.depth;
+    cc.prefetch_on_update = pou;
     BENCH_CHECK(b, etp_chain_create(b->ctx, &cc, &m.chain));
     m.p = calloc((size_t)m.L, sizeof *m.p);
     m.full = calloc((size_t)m.L, sizeof *m.full);
@@ -224,8 +231,9 @@ int etp_bench_chain(bench_t *b, int argc, char **argv)
     double us[3];
     for (int k = 0; k < 3; k++) us[k] = bench_max_over_ranks(bench_median(t[k], b->iters));
     char shape[96];
-    snprintf(shape, sizeof shape, "L=%d d=%lld M=%lld dp%d cta%d sm%d loop%d", m.L, (long long)m.d,
-             (long long)m.M, m.depth, max_ctas, gemm_sms, loop);
+    snprintf(shape, sizeof shape, "L=%d d=%lld M=%lld dp%d cta%d sm%d loop%d%s%s", m.L, (long long)m.d,
+             (long long)m.M, m.depth, max_ctas, gemm_sms, loop, m.update ? " upd" : "",
+             pou ? " pou" : "");
     double comm_bytes = 3.0 * (double)m.L * (double)wbytes * (double)(b->size - 1) / (double)b->size;
     bench_add(b, "chain step: local weights", shape, 0, us[MODE_LOCAL], 0);
     bench_add(b, "chain step: communication only", shape, comm_bytes, us[MODE_COMM], 0);

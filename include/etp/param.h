@@ -162,9 +162,18 @@ typedef struct etp_chain_config {
     int ag_role, rs_role;   /* communicator roles of the group (default 0 and 1) */
     int wgrad_ring;         /* wgrad buffers in the ring, >= 1 (default 2) */
     int num_microbatches;   /* reduce_grad calls per parameter per step (default 1) */
+    /* 1 (ungraphed chains): the next step's first `depth` gathers start at
+     * the weights' updates instead of at the step's first gather: between
+     * steps (no weight of the chain gathered and not released),
+     * etp_param_mark_updated of one of the chain's first `depth` parameters
+     * issues its forward gather on the all-gather stream, after the update;
+     * a second update before that gather issues it again. Such calls are
+     * then collective: every rank of the group must mark the same
+     * parameters updated in the same order. */
+    int prefetch_on_update;
 } etp_chain_config_t;
 
-#define ETP_CHAIN_CONFIG_INIT {sizeof(etp_chain_config_t), NULL, NULL, 1, 0, 0, 1, 2, 1}
+#define ETP_CHAIN_CONFIG_INIT {sizeof(etp_chain_config_t), NULL, NULL, 1, 0, 0, 1, 2, 1, 0}
 
 /* Create a chain with its own all-gather and reduce-scatter streams. */
 ETP_API etp_status_t etp_chain_create(etp_context_t *ctx, const etp_chain_config_t *config,

@@ -24,6 +24,11 @@ etp_status_t etp_chain_create(etp_context_t *ctx, const etp_chain_config_t *cfg,
     ETP__CHECK_ARG(cfg->wgrad_ring >= 1, "%s: wgrad_ring %d (expected >= 1)", fn, cfg->wgrad_ring);
     ETP__CHECK_ARG(cfg->num_microbatches >= 1, "%s: num_microbatches %d (expected >= 1)", fn,
                    cfg->num_microbatches);
+    ETP__CHECK_ARG(cfg->prefetch_on_update == 0 || cfg->prefetch_on_update == 1,
+                   "%s: prefetch_on_update %d (expected 0 or 1)", fn, cfg->prefetch_on_update);
+    ETP__CHECK_ARG(!(cfg->prefetch_on_update && cfg->graphed),
+                   "%s: prefetch_on_update is for ungraphed chains (a graphed chain's prefetches "
+                   "stay inside its captured steps)", fn);
     int roles = cfg->group->num_roles;
     ETP__CHECK_ARG(cfg->ag_role >= 0 && cfg->ag_role < roles && cfg->rs_role >= 0 && cfg->rs_role < roles,
                    "%s: roles ag %d, rs %d not in [0, %d) of group '%s'", fn, cfg->ag_role,
@@ -46,6 +51,7 @@ etp_status_t etp_chain_create(etp_context_t *ctx, const etp_chain_config_t *cfg,
     c->rs_role = cfg->rs_role;
     c->ring_n = cfg->wgrad_ring;
     c->num_micro = cfg->num_microbatches;
+    c->prefetch_on_update = cfg->prefetch_on_update;
     etp_status_t st = etp_stream_create(ctx, ETP_STREAM_PRIORITY_HIGH, &c->ag);
     if (st == ETP_SUCCESS) st = etp_stream_create(ctx, ETP_STREAM_PRIORITY_HIGH, &c->rs);
     if (st == ETP_SUCCESS) st = etp_event_create(ctx, &c->scratch);
@@ -391,6 +397,25 @@ static etp_status_t issue(etp_chain_t *c, int u, etp_stream_t *caller)
     return ETP_SUCCESS;
 }
 
+etp_status_t etp__chain_on_update(etp_param_t *p, etp_stream_t *s)
+{
+    etp_chain_t *c = p->chain;
+    if (!c || !c->prefetch_on_update || c->state != ETP__CHAIN_FINALIZED) return ETP_SUCCESS;
+    int t = p->ticket[ETP_PASS_FORWARD];
+    if (t < 0 || t >= c->depth) return ETP_SUCCESS; /* not at the head of the chain */
+    if (!c->early_step) {
+        /* Between steps only: nothing held, nothing issued for this step. */
+        for (int i = 0; i < c->ntickets; i++)
+            if (c->tickets[i].state == ETP__TICKET_HELD || c->tickets[i].state == ETP__TICKET_ISSUED)
+                return ETP_SUCCESS;
+        /* The next step begins now, as its first gather would begin it. */
+        for (int i = 0; i < c->ntickets; i++) c->tickets[i].state = ETP__TICKET_IDLE;
+        c->early_step = 1;
+    }
+    /* Issued already (an update before): again, after this update. */
+    return issue(c, t, s);
+}
+
 static etp_status_t check_use(const etp_param_t *p, etp_pass_t pass, const etp_stream_t *s,
                               const char *fn)
 {
@@ -421,6 +446,7 @@ etp_status_t etp_gather(etp_param_t *p, etp_pass_t pass, etp_stream_t *stream, e
     }
     int t = p->ticket[pass];
     etp__ticket_t *tk = &c->tickets[t];
+    c->early_step = 0; /* the step is under way: updates no longer prefetch */
     if (tk->state == ETP__TICKET_HELD)
         return etp__err(ETP_ERR_INVALID_STATE, "%s: '%s' %s is gathered already and not released",
                         fn, p->name, pass_name(pass));

@@ -216,7 +216,7 @@ etp_status_t etp_param_mark_updated(etp_param_t *p, etp_stream_t *s)
     ETP__TRY(etp_event_record(p->updated, s));
     p->updated_recorded = 1;
     p->version++; /* the quantized shard is stale */
-    return ETP_SUCCESS;
+    return etp__chain_on_update(p, s);
 }
 
 etp_status_t etp_param_export_full(etp_param_t *p, void *dst, etp_stream_t *s)

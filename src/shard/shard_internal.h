@@ -74,6 +74,8 @@ struct etp_chain {
     etp_group_t *group;
     char name[64];
     int depth, graphed, ag_role, rs_role, ring_n, num_micro;
+    int prefetch_on_update;
+    int early_step; /* a step begun by mark_updated's prefetch, before its first gather */
     int state;
     etp_stream_t *ag, *rs;
     etp_event_t *scratch;
@@ -108,6 +110,8 @@ int etp__plan_tickets(const size_t *bytes, int n, int depth, int *slot, size_t *
 size_t etp__param_gather_bytes(const etp_param_t *p, etp_pass_t pass);
 etp_status_t etp__chain_record_ticket(etp_chain_t *c, etp_param_t *p, etp_pass_t pass);
 etp_status_t etp__chain_ensure_workspace(etp_chain_t *c);
+/* etp_param_mark_updated's part in the chain: the prefetch on update. */
+etp_status_t etp__chain_on_update(etp_param_t *p, etp_stream_t *s);
 
 /* grouped.c: the per-expert collectives of a parameter as one batch;
  * strides in bytes, counts in elements per expert. */

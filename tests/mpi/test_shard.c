@@ -105,8 +105,10 @@ static void on_grad(void *user, etp_param_t *param, etp_stream_t *final_stream)
 }
 
 
+enum { RUN_GRAPHED = 1, RUN_PREFETCH_ON_UPDATE = 2 };
+
 static void open_run(run_t *r, int64_t seed, int nparams, int depth, int ring, unsigned skip,
-                     int graphed)
+                     int mode)
 {
     memset(r, 0, sizeof *r);
     r->ctx = tu_test_ctx(seed);
@@ -122,7 +124,8 @@ static void open_run(run_t *r, int64_t seed, int nparams, int depth, int ring, u
     cc.depth = depth;
     cc.wgrad_ring = ring;
     cc.num_microbatches = 2;
-    cc.graphed = graphed;
+    cc.graphed = (mode & RUN_GRAPHED) != 0;
+    cc.prefetch_on_update = (mode & RUN_PREFETCH_ON_UPDATE) != 0;
     ETP_OK(etp_chain_create(r->ctx, &cc, &r->chain));
     r->nparams = nparams;
     for (int i = 0; i < nparams; i++) {
@@ -328,8 +331,31 @@ static void test_graphed_chain(void **state)
     const int64_t gseeds[] = {0, 42, 99991};
     for (size_t k = 0; k < sizeof gseeds / sizeof gseeds[0]; k++) {
         run_t r;
-        open_run(&r, gseeds[k], (int)NSPECS, 1 + (int)k, 2, 0, 1);
+        open_run(&r, gseeds[k], (int)NSPECS, 1 + (int)k, 2, 0, RUN_GRAPHED);
         assert_int_equal(run_steps(&r, 3), 0);
+        close_run(&r);
+    }
+}
+
+/* Gathers that start at the weights' updates (prefetch_on_update): as
+ * correct, in shuffle mode, over seeds and depths; the head of the chain is
+ * issued by the updates themselves, before the step's first gather. */
+static void test_prefetch_on_update(void **state)
+{
+    (void)state;
+    const int64_t pseeds[] = {0, 1, 42};
+    for (size_t k = 0; k < sizeof pseeds / sizeof pseeds[0]; k++) {
+        run_t r;
+        const int depth = 1 + (int)k;
+        open_run(&r, pseeds[k], (int)NSPECS, depth, 2, 0, RUN_PREFETCH_ON_UPDATE);
+        assert_int_equal(run_steps(&r, 4), 0);
+        /* between steps, updates issue the first `depth` forward gathers */
+        load_weights(&r, 9);
+        for (int i = 0; i < (int)NSPECS; i++)
+            assert_int_equal(r.chain->tickets[r.p[i]->ticket[ETP_PASS_FORWARD]].state,
+                             i < depth ? ETP__TICKET_ISSUED : ETP__TICKET_IDLE);
+        ETP_OK(etp_stream_synchronize(r.main));
+        drop_kept(&r);
         close_run(&r);
     }
 }
@@ -387,7 +413,15 @@ static void test_edge_ring_reuse(void **s) { (void)s; check_edge(ETP__EDGE_RING_
 static void test_edge_grads_join(void **s) { (void)s; check_edge(ETP__EDGE_GRADS_JOIN, "grads join"); }
 /* A graphed chain's fork of the AG stream from the caller's stands for both
  * the shard-writer and the slot-release edges. */
-static void test_edge_graphed_fork(void **s) { (void)s; check_edge_kind(ETP__EDGE_SLOT_RELEASE, "graphed fork", 1); }
+static void test_edge_graphed_fork(void **s) { (void)s; check_edge_kind(ETP__EDGE_SLOT_RELEASE, "graphed fork", RUN_GRAPHED); }
+/* The prefetch an update issues waits for that update, and for the slot's
+ * last reader of the previous step. */
+static void test_edge_update_prefetch(void **s)
+{
+    (void)s;
+    check_edge_kind(ETP__EDGE_SHARD_WRITER, "shard writer (prefetch on update)", RUN_PREFETCH_ON_UPDATE);
+    check_edge_kind(ETP__EDGE_SLOT_RELEASE, "slot release (prefetch on update)", RUN_PREFETCH_ON_UPDATE);
+}
 #endif
 
 /* A chain recorded during one eager step plans the same tickets. */
@@ -513,6 +547,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_chain_every_seed),
         cmocka_unit_test(test_grad_stats),
         cmocka_unit_test(test_graphed_chain),
+        cmocka_unit_test(test_prefetch_on_update),
         cmocka_unit_test(test_recorded_chain),
         cmocka_unit_test(test_edge_shard_writer),
         cmocka_unit_test(test_edge_slot_release),
@@ -521,6 +556,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_edge_ring_reuse),
         cmocka_unit_test(test_edge_grads_join),
         cmocka_unit_test(test_edge_graphed_fork),
+        cmocka_unit_test(test_edge_update_prefetch),
         cmocka_unit_test(test_errors),
     };
     return tu_mpi_finish(cmocka_run_group_tests(tests, NULL, NULL));
