@@ -30,7 +30,9 @@ run gather-noce -x ETP_COPY_ENGINE=0 $b gather --mib 256,1024
 run quant $b quant
 run quant-cast2 -x ETP_QUANT_CAST_KERNEL=2 $b quant
 run ep $b ep
+run ep-mxfp8 $b ep --dtype mxfp8
 run chain $b chain
 run chain-loop $b chain --loop 4
 run chain-m8k $b chain --m 8192 --loop 4
 run chain-noce -x ETP_COPY_ENGINE=0 $b chain --loop 4
+run chain-pou $b chain --loop 4 --update --prefetch-on-update
