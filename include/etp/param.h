@@ -67,9 +67,8 @@ typedef struct etp_param_config {
     int64_t rows, cols;     /* per expert; both > 0 */
     etp_dtype_t dtype;      /* weights: ETP_DTYPE_BF16 or ETP_DTYPE_F32 */
     etp_dtype_t wgrad_dtype; /* -1: same as dtype; else BF16 or F32 */
-    int upcast_wgrad;       /* 1: convert a BF16 wgrad to FP32 before the exchange (twice
-                             * the bytes; the sum is FP32 either way, so the result is
-                             * the same) */
+    int upcast_wgrad;       /* accepted, no effect: the reduction sums BF16 wgrads in FP32
+                             * (etp_reduce_grad); it once chose an FP32 reduce-scatter */
     int alignment;          /* rows pad to group_size * alignment; 0 or 1: group_size */
     int master;             /* 1: keep an FP32 master shard */
     etp_param_quant_t quant;

@@ -1,5 +1,5 @@
-/* The shard module's elementwise kernels: main_grad accumulation, the wgrad
- * upcast, row conversions and gradient statistics. Memory-bound: grid-stride
+/* The shard module's elementwise kernels: main_grad accumulation, row
+ * conversions and gradient statistics. Memory-bound: grid-stride
  * loops over (expert, element), one element per thread per step. */
 #include <cuda_bf16.h>
 #include <math.h>
@@ -95,13 +95,6 @@ __global__ void accumulate_vec4(float *dst, const void *src, int64_t experts, in
     }
 }
 
-__global__ void bf16_to_f32_kernel(float *dst, const uint16_t *src, size_t n)
-{
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
-         i += (size_t)gridDim.x * blockDim.x)
-        dst[i] = bf16_to_float(src[i]);
-}
-
 __global__ void convert_rows_kernel(void *dst, int dst_bf16, int64_t dst_stride, const void *src,
                                     int src_bf16, int64_t src_stride, int64_t src_ld,
                                     int64_t experts, int64_t rows, int64_t cols, int64_t valid)
@@ -179,13 +172,6 @@ extern "C" cudaError_t etp__cuda_shard_accumulate(cudaStream_t s, float *dst, co
         accumulate_kernel<true><<<g, kThreads, 0, s>>>(dst, src, experts, valid, stride, nsrc, rstride, estride, scale);
     else
         accumulate_kernel<false><<<g, kThreads, 0, s>>>(dst, src, experts, valid, stride, nsrc, rstride, estride, scale);
-    return cudaGetLastError();
-}
-
-extern "C" cudaError_t etp__cuda_bf16_to_f32(cudaStream_t s, float *dst, const uint16_t *src, size_t n)
-{
-    if (n == 0) return cudaSuccess;
-    bf16_to_f32_kernel<<<blocks_for((int64_t)n), kThreads, 0, s>>>(dst, src, n);
     return cudaGetLastError();
 }
 

@@ -17,7 +17,6 @@ cudaError_t etp__cuda_shard_accumulate(cudaStream_t s, float *dst, const void *s
                                        int64_t experts, int64_t valid_elems, int64_t stride,
                                        int nsrc, int64_t src_rstride, int64_t src_estride,
                                        float scale);
-cudaError_t etp__cuda_bf16_to_f32(cudaStream_t s, float *dst, const uint16_t *src, size_t n);
 /* dst[e*dst_stride + i*cols + c] = convert(src[e*src_stride + i*src_ld + c])
  * for i < valid_rows, 0 for valid_rows <= i < rows. Types: 0 = F32, 1 = BF16. */
 cudaError_t etp__cuda_convert_rows(cudaStream_t s, void *dst, int dst_bf16, int64_t dst_stride,

@@ -20,9 +20,6 @@ struct etp__shard_kernels {
     etp_status_t (*accumulate)(etp__be_t *be, etp__bstream_t *s, float *dst, const void *src,
                                etp_dtype_t src_dtype, etp__shard_geom_t g, int nsrc,
                                int64_t src_rstride, int64_t src_estride, float scale);
-    /* dst[i] = float(src[i]) for BF16 src: the wgrad upcast. */
-    etp_status_t (*bf16_to_f32)(etp__be_t *be, etp__bstream_t *s, float *dst, const uint16_t *src,
-                                size_t n);
     /* dst (dtype) from src (F32 or BF16) over the valid rows, converting;
      * rows past valid are zeroed: shard loads and the master copy. */
     etp_status_t (*convert_rows)(etp__be_t *be, etp__bstream_t *s, void *dst, etp_dtype_t dst_dtype,

@@ -116,7 +116,6 @@ etp_status_t etp_chain_destroy(etp_chain_t *c)
         if (c->ring && c->ring[k]) etp_mem_free(c->ctx, c->ring[k]);
         if (c->ring_done && c->ring_done[k]) etp_event_destroy(c->ring_done[k]);
     }
-    if (c->up_stage) etp_mem_free(c->ctx, c->up_stage);
     if (c->rs_stage) etp_mem_free(c->ctx, c->rs_stage);
     if (c->stats) etp_mem_free(c->ctx, c->stats);
     if (c->scratch) etp_event_destroy(c->scratch);

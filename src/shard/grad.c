@@ -29,19 +29,17 @@ static etp_status_t rs_buffer(etp_chain_t *c, void **buf, size_t *have, size_t n
 
 /* Size the ring and staging for every parameter of the chain. Only before
  * the chain is finalized (at finalize, or while recording, when it may
- * grow); afterwards nothing is allocated. The ring, the upcast staging and
- * the all-to-all staging are windows of the RS communicator, so that the
+ * grow); afterwards nothing is allocated. The ring and the all-to-all
+ * staging are windows of the RS communicator, so that the
  * all-to-all of a reduction runs on the copy engines (cuda_window.c). */
 etp_status_t etp__chain_ensure_workspace(etp_chain_t *c)
 {
-    size_t ring = 0, up = 0, rs = 0;
+    size_t ring = 0, rs = 0;
     for (int i = 0; i < c->nparams; i++) {
         const etp_param_t *p = c->params[i];
         size_t n = full_elems(p);
         if (n * etp_dtype_size(p->wgrad_dtype) > ring) ring = n * etp_dtype_size(p->wgrad_dtype);
-        if (p->upcast && n * sizeof(float) > up) up = n * sizeof(float);
-        size_t rs_dtype = p->upcast ? sizeof(float) : etp_dtype_size(p->wgrad_dtype);
-        if (n * rs_dtype > rs) rs = n * rs_dtype;
+        if (n * etp_dtype_size(p->wgrad_dtype) > rs) rs = n * etp_dtype_size(p->wgrad_dtype);
     }
     if (ring > c->ring_bytes) {
         /* Only while recording can a ring entry in use be replaced. */
@@ -58,7 +56,6 @@ etp_status_t etp__chain_ensure_workspace(etp_chain_t *c)
         }
         c->ring_bytes = ring;
     }
-    ETP__TRY(rs_buffer(c, &c->up_stage, &c->up_bytes, up, ETP_MEM_WORKSPACE));
     ETP__TRY(rs_buffer(c, &c->rs_stage, &c->rs_bytes, rs, ETP_MEM_WORKSPACE));
     if (!c->a2a_counts) {
         size_t R = (size_t)c->group->size;
@@ -135,13 +132,10 @@ etp_status_t etp_reduce_grad(etp_param_t *p, etp_stream_t *stream, float scale)
         ETP__TRY(etp_event_record(c->scratch, stream));
         ETP__TRY(etp_stream_wait_event(c->rs, c->scratch));
     }
+    /* The wgrad travels in its own dtype: the sum below is FP32 anyway, so
+     * converting BF16 first (upcast_wgrad) would only double the bytes. */
     const void *src = c->ring[e];
-    etp_dtype_t dt = p->wgrad_dtype;
-    if (p->upcast) {
-        ETP__TRY(k->bf16_to_f32(be, c->rs->bs, c->up_stage, src, full_elems(p)));
-        src = c->up_stage;
-        dt = ETP_DTYPE_F32;
-    }
+    const etp_dtype_t dt = p->wgrad_dtype;
     /* A reduce-scatter as an all-to-all (rank q's chunk r of each expert
      * to rank r) and one kernel summing the chunks in rank order in FP32
      * into main_grad: the sum is deterministic and rounded once, whatever

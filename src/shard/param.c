@@ -92,7 +92,6 @@ etp_status_t etp_param_create(etp_context_t *ctx, const etp_param_config_t *cfg,
     p->valid_rows = valid < 0 ? 0 : valid > p->shard_rows ? p->shard_rows : valid;
     p->dtype = cfg->dtype;
     p->wgrad_dtype = (int)cfg->wgrad_dtype == -1 ? cfg->dtype : cfg->wgrad_dtype;
-    p->upcast = cfg->upcast_wgrad && p->wgrad_dtype == ETP_DTYPE_BF16;
     p->alignment = cfg->alignment;
     p->has_master = cfg->master != 0;
     p->quant = cfg->quant;

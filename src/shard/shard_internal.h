@@ -28,7 +28,7 @@ struct etp_param {
     int group_rank, group_size;
     int64_t experts, rows, cols, padded_rows, shard_rows, row_begin, valid_rows;
     etp_dtype_t dtype, wgrad_dtype;
-    int upcast, alignment, has_master;
+    int alignment, has_master;
     etp_param_quant_t quant;
     void *shard;
     float *main_grad, *master;
@@ -91,10 +91,10 @@ struct etp_chain {
     etp_event_t **ring_done;
     int *ring_done_recorded;
     int ring_next;
-    size_t ring_bytes, up_bytes, rs_bytes;
+    size_t ring_bytes, rs_bytes;
     /* rs_stage receives the ranks' chunks of a wgrad (an all-to-all), which
      * one kernel sums in rank order into main_grad (grad.c) */
-    void *up_stage, *rs_stage;
+    void *rs_stage;
     size_t *a2a_counts, *a2a_displs; /* [group size]: the all-to-all's, in elements */
     double *stats;
     unsigned skip_edges;

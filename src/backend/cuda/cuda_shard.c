@@ -22,14 +22,6 @@ static etp_status_t cuda_accumulate(etp__be_t *be, etp__bstream_t *s, float *dst
                                                src_estride, scale));
 }
 
-static etp_status_t cuda_bf16_to_f32(etp__be_t *be, etp__bstream_t *s, float *dst,
-                                     const uint16_t *src, size_t n)
-{
-    cudaStream_t cs;
-    ETP__TRY(etp__cuda_stream_for_launch(be, s, &cs));
-    return launched("bf16_to_f32", etp__cuda_bf16_to_f32(cs, dst, src, n));
-}
-
 static etp_status_t cuda_convert_rows(etp__be_t *be, etp__bstream_t *s, void *dst,
                                       etp_dtype_t dst_dtype, int64_t dst_stride, const void *src,
                                       etp_dtype_t src_dtype, int64_t src_stride, int64_t src_ld,
@@ -67,7 +59,6 @@ static etp_status_t cuda_copy2d(etp__be_t *be, etp__bstream_t *s, void *dst, siz
 const etp__shard_kernels_t etp__cuda_shard_kernels = {
     .copy2d = cuda_copy2d,
     .accumulate = cuda_accumulate,
-    .bf16_to_f32 = cuda_bf16_to_f32,
     .convert_rows = cuda_convert_rows,
     .grad_stats = cuda_grad_stats,
 };

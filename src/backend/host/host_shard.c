@@ -50,25 +50,6 @@ static etp_status_t host_accumulate(etp__be_t *be, etp__bstream_t *s, float *dst
 }
 
 typedef struct {
-    float *dst;
-    const uint16_t *src;
-    size_t n;
-} up_args_t;
-
-static void up_run(void *p)
-{
-    const up_args_t *a = p;
-    for (size_t i = 0; i < a->n; i++) a->dst[i] = etp__bf16_to_f32(a->src[i]);
-}
-
-static etp_status_t host_bf16_to_f32(etp__be_t *be, etp__bstream_t *s, float *dst,
-                                     const uint16_t *src, size_t n)
-{
-    up_args_t a = {dst, src, n};
-    return etp__host_launch(be, s, up_run, &a, sizeof a);
-}
-
-typedef struct {
     void *dst;
     etp_dtype_t dst_dtype;
     int64_t dst_stride;
@@ -152,7 +133,6 @@ static etp_status_t host_copy2d(etp__be_t *be, etp__bstream_t *s, void *dst, siz
 const etp__shard_kernels_t etp__host_shard_kernels = {
     .copy2d = host_copy2d,
     .accumulate = host_accumulate,
-    .bf16_to_f32 = host_bf16_to_f32,
     .convert_rows = host_convert_rows,
     .grad_stats = host_grad_stats,
 };
