@@ -525,6 +525,16 @@ static void test_errors(void **state)
     assert_null(bad);
     pc.dtype = ETP_DTYPE_I32;
     ETP_EXPECT_MSG(etp_param_create(r.ctx, &pc, &bad), ETP_ERR_INVALID_ARGUMENT, "bf16 or f32");
+    /* prefetch on update: 0 or 1, ungraphed chains only */
+    etp_chain_config_t pcc = ETP_CHAIN_CONFIG_INIT;
+    pcc.group = r.tp;
+    etp_chain_t *no_chain = NULL;
+    pcc.prefetch_on_update = 2;
+    ETP_EXPECT_MSG(etp_chain_create(r.ctx, &pcc, &no_chain), ETP_ERR_INVALID_ARGUMENT, "expected 0 or 1");
+    pcc.prefetch_on_update = 1;
+    pcc.graphed = 1;
+    ETP_EXPECT_MSG(etp_chain_create(r.ctx, &pcc, &no_chain), ETP_ERR_INVALID_ARGUMENT, "ungraphed chains");
+    assert_null(no_chain);
     pc.dtype = ETP_DTYPE_BF16;
     pc.rows = 0;
     ETP_EXPECT_MSG(etp_param_create(r.ctx, &pc, &bad), ETP_ERR_INVALID_ARGUMENT, "shape");
