@@ -557,12 +557,18 @@ __global__ void __launch_bounds__(kThreads, kCastBlocksPerSm) cast_kernel_v2(con
  * the v2 functions instead, element by element. */
 
 constexpr int kTileV3 = 128;          /* v3 tiles: 128 x 128 elements */
-/* resident blocks per SM (launch bounds); a build may override it to
- * measure the occupancy / register trade-off */
-#ifdef ETP_QUANT_V3_BLOCKS_PER_SM
-constexpr int kCastV3BlocksPerSm = ETP_QUANT_V3_BLOCKS_PER_SM;
+/* resident blocks per SM (launch bounds) of the NVFP4 and the MXFP8
+ * kernels; a build may override them to measure the occupancy / register
+ * trade-off */
+#ifdef ETP_QUANT_V3_NV_BLOCKS_PER_SM
+constexpr int kCastV3NvBlocksPerSm = ETP_QUANT_V3_NV_BLOCKS_PER_SM;
 #else
-constexpr int kCastV3BlocksPerSm = 2;
+constexpr int kCastV3NvBlocksPerSm = 2;
+#endif
+#ifdef ETP_QUANT_V3_MX_BLOCKS_PER_SM
+constexpr int kCastV3MxBlocksPerSm = ETP_QUANT_V3_MX_BLOCKS_PER_SM;
+#else
+constexpr int kCastV3MxBlocksPerSm = 2;
 #endif
 constexpr uint32_t kFull = 0xffffffffu;
 constexpr uint32_t kAbs2 = 0x7fff7fffu; /* |x| of two BF16 */
@@ -869,19 +875,6 @@ __device__ __forceinline__ uint32_t fp4_signs_v3(const uint32_t (&r)[8])
     return ((ev >> 4) & 0x08080808u) | (od & 0x80808080u);
 }
 
-/* Bytes whose top bit is the sign of elements 0-3 (*s0) and 4-7 (*s1). */
-template <bool kBf>
-__device__ __forceinline__ void fp8_signs_v3(const uint32_t (&r)[8], uint32_t *s0, uint32_t *s1)
-{
-    if (kBf) {
-        *s0 = __byte_perm(r[0], r[1], 0x7531);
-        *s1 = __byte_perm(r[2], r[3], 0x7531);
-    } else {
-        *s0 = __byte_perm(__byte_perm(r[0], r[1], 0x0073), __byte_perm(r[2], r[3], 0x0073), 0x5410);
-        *s1 = __byte_perm(__byte_perm(r[4], r[5], 0x0073), __byte_perm(r[6], r[7], 0x0073), 0x5410);
-    }
-}
-
 /* E2M1 magnitudes of a row's |x| * m[e], element e in nibble e. The low
  * byte of each sum is its code (< 8): pairs are joined by a multiply-add,
  * the four bytes by permutes. */
@@ -895,22 +888,6 @@ __device__ __forceinline__ uint32_t e2m1_row_v3(const uint32_t (&r)[8], const fl
 #pragma unroll
     for (int j = 0; j < 4; j++) p[j] = f[2 * j + 1] * 16u + f[2 * j];
     return __byte_perm(__byte_perm(p[0], p[1], 0x0040), __byte_perm(p[2], p[3], 0x0040), 0x5410);
-}
-
-/* FP8 codes of a row's x * s[e] (|x| * s[e] at most the format's largest
- * value), with signs: elements 0-3 in *o0, 4-7 in *o1. */
-template <bool kBf>
-__device__ __forceinline__ void fp8_row_v3(const uint32_t (&r)[8], const float (&s)[8], uint32_t emin,
-                                           uint32_t k, uint32_t c, uint32_t s0, uint32_t s1, uint32_t *o0,
-                                           uint32_t *o1)
-{
-    uint32_t f[8], q[4];
-#pragma unroll
-    for (int e = 0; e < 8; e++) f[e] = etp__qf_round_magic(fabsf(elem_v3<kBf>(r, e)) * s[e], emin, k, c);
-#pragma unroll
-    for (int j = 0; j < 4; j++) q[j] = f[2 * j + 1] * 256u + f[2 * j];
-    *o0 = __byte_perm(q[0], q[1], 0x5410) | (s0 & 0x80808080u);
-    *o1 = __byte_perm(q[2], q[3], 0x5410) | (s1 & 0x80808080u);
 }
 
 /* w[r] nibble c becomes w[c] nibble r: 4x4 blocks of nibbles swap as 16-bit
@@ -1277,6 +1254,62 @@ __device__ __forceinline__ float mx_mult_v3(uint32_t a, float inv, float top, ui
     return s;
 }
 
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ < 890
+/* Bytes 0-3 of a word from four values (their low bytes). */
+__device__ __forceinline__ uint32_t pack4_v3(uint32_t a, uint32_t b, uint32_t c, uint32_t d)
+{
+    return __byte_perm(__byte_perm(a, b, 0x0040), __byte_perm(c, d, 0x0040), 0x5410);
+}
+#endif
+
+/* Four FP8 codes (element 0 in the low byte) of FP32 values that are
+ * finite and at most the format's largest value: the hardware's
+ * round-to-nearest-even conversion (sm_89 and later), which is the
+ * reference's rne_satfinite there, signs and subnormals included. */
+template <bool kE5>
+__device__ __forceinline__ uint32_t fp8x4_v3(float a, float b, float c, float d)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+    uint32_t o;
+    if (kE5)
+        asm("{\n\t.reg .b16 lo, hi;\n\t"
+            "cvt.rn.satfinite.e5m2x2.f32 lo, %2, %1;\n\t"
+            "cvt.rn.satfinite.e5m2x2.f32 hi, %4, %3;\n\t"
+            "mov.b32 %0, {lo, hi};\n\t}"
+            : "=r"(o)
+            : "f"(a), "f"(b), "f"(c), "f"(d));
+    else
+        asm("{\n\t.reg .b16 lo, hi;\n\t"
+            "cvt.rn.satfinite.e4m3x2.f32 lo, %2, %1;\n\t"
+            "cvt.rn.satfinite.e4m3x2.f32 hi, %4, %3;\n\t"
+            "mov.b32 %0, {lo, hi};\n\t}"
+            : "=r"(o)
+            : "f"(a), "f"(b), "f"(c), "f"(d));
+    return o;
+#else
+    const int e5 = kE5 ? 1 : 0;
+    return pack4_v3(etp__qf_mxfp8_encode_fast(a, 1.0f, e5), etp__qf_mxfp8_encode_fast(b, 1.0f, e5),
+                    etp__qf_mxfp8_encode_fast(c, 1.0f, e5), etp__qf_mxfp8_encode_fast(d, 1.0f, e5));
+#endif
+}
+
+/* Row i's 8 codes of x * s[e] into the tensor (either copy). */
+template <bool kBf, bool kE5>
+__device__ __forceinline__ void mx_codes_out_v3(void *data, const etp__qb_tensor_t &t, size_t R, size_t C,
+                                                const uint32_t (&w)[8][8], const float (&sr)[8],
+                                                const float (&sc)[8], bool col)
+{
+    const bool whole = fp8_whole_v3(data, t, R, C);
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        float f[8];
+#pragma unroll
+        for (int e = 0; e < 8; e++) f[e] = elem_v3<kBf>(w[i], e) * (col ? sc[e] : sr[i]);
+        fp8_out_v3(data, t, R, C, i, fp8x4_v3<kE5>(f[0], f[1], f[2], f[3]),
+                   fp8x4_v3<kE5>(f[4], f[5], f[6], f[7]), whole);
+    }
+}
+
 template <bool kBf, typename F>
 __device__ __forceinline__ void mx_tile_v3(const etp__qbatch_t &b, const etp__qb_tensor_t &t, const GeoV3 &g,
                                            size_t R, size_t C, const uint32_t (&w)[8][8], TileScales &st,
@@ -1285,8 +1318,6 @@ __device__ __forceinline__ void mx_tile_v3(const etp__qbatch_t &b, const etp__qb
     const bool rowd = t.row_data != nullptr, cold = t.col_data != nullptr;
     const int e5m2 = (int)b.e5m2;
     const float inv = etp__qf_mxfp8_inv_max(e5m2), top = e5m2 ? 57344.0f : 448.0f;
-    const uint32_t emin = e5m2 ? 113u : 121u, mk = e5m2 ? 0x00800004u : 0x00800008u;
-    const uint32_t mc = e5m2 ? (21u << 23) - (113u << 2) : (20u << 23) - (121u << 3);
     /* the 4 lanes of a block take 2 of its 8 rows (columns) each for the scales */
     const int qr = g.cg & 3, qc = g.rg;
     uint32_t bad = 0, er = 0, ec = 0;
@@ -1328,28 +1359,18 @@ __device__ __forceinline__ void mx_tile_v3(const etp__qbatch_t &b, const etp__qb
         mx_tile_safe_v3<kBf>(b, t, g, R, C, sub_v3(w), st);
         return;
     }
-    uint32_t s0[8], s1[8];
-#pragma unroll
-    for (int i = 0; i < 8; i++) fp8_signs_v3<kBf>(w[i], &s0[i], &s1[i]);
     if (rowd) {
-        const bool whole = fp8_whole_v3(t.row_data, t, R, C);
-#pragma unroll
-        for (int i = 0; i < 8; i++) {
-            const float ss[8] = {sr[i], sr[i], sr[i], sr[i], sr[i], sr[i], sr[i], sr[i]};
-            uint32_t o0, o1;
-            fp8_row_v3<kBf>(w[i], ss, emin, mk, mc, s0[i], s1[i], &o0, &o1);
-            fp8_out_v3(t.row_data, t, R, C, i, o0, o1, whole);
-        }
+        if (e5m2)
+            mx_codes_out_v3<kBf, true>(t.row_data, t, R, C, w, sr, sc, false);
+        else
+            mx_codes_out_v3<kBf, false>(t.row_data, t, R, C, w, sr, sc, false);
         *reinterpret_cast<uint16_t *>(&st[0][g.tc / 32][g.tr + 2 * qr]) = (uint16_t)er;
     }
     if (cold) {
-        const bool whole = fp8_whole_v3(t.col_data, t, R, C);
-#pragma unroll
-        for (int i = 0; i < 8; i++) {
-            uint32_t o0, o1;
-            fp8_row_v3<kBf>(w[i], sc, emin, mk, mc, s0[i], s1[i], &o0, &o1);
-            fp8_out_v3(t.col_data, t, R, C, i, o0, o1, whole);
-        }
+        if (e5m2)
+            mx_codes_out_v3<kBf, true>(t.col_data, t, R, C, w, sr, sc, true);
+        else
+            mx_codes_out_v3<kBf, false>(t.col_data, t, R, C, w, sr, sc, true);
         *reinterpret_cast<uint16_t *>(&st[1][g.wr][g.tc + 2 * qc]) = (uint16_t)ec;
     }
 }
@@ -1433,11 +1454,15 @@ __device__ __forceinline__ void scales_out_v3(const etp__qbatch_t &b, const etp_
 /* ---- v3 kernel ------------------------------------------------------------ */
 
 /* Tiles blockIdx.x, + gridDim.x, ... of the tensors of one input type
- * (kBf: BF16, else FP32; the launcher gives the others no tiles, so each
- * instantiation is allocated registers for its own type alone). Scale
- * bytes alternate between two shared buffers: one barrier per tile. */
-template <bool kBf>
-__global__ void __launch_bounds__(kThreads, kCastV3BlocksPerSm) cast_kernel_v3(const __grid_constant__ Params p)
+ * (kBf: BF16, else FP32; the launcher gives the others no tiles) and one
+ * format (kNv: NVFP4, else MXFP8): each instantiation is allocated
+ * registers, and fills the instruction cache, for its own case alone.
+ * Scale bytes alternate between two shared buffers: one barrier per tile
+ * (warps storing their own scales straight from registers, as 2-byte
+ * pieces of words that other warps complete, measured slower). */
+template <bool kBf, bool kNv>
+__global__ void __launch_bounds__(kThreads, kNv ? kCastV3NvBlocksPerSm : kCastV3MxBlocksPerSm)
+    cast_kernel_v3(const __grid_constant__ Params p)
 {
     const etp__qbatch_t &b = p.b;
     if (skipped(b)) return;
@@ -1487,7 +1512,7 @@ __global__ void __launch_bounds__(kThreads, kCastV3BlocksPerSm) cast_kernel_v3(c
             for (int i = 0; i < 8; i++) cp_async16_v3(&ahead[kBf ? i : 0][threadIdx.x], x + i * K);
             cp_async_commit_v3();
         };
-        const bool nv = b.format == ETP__QB_NVFP4;
+        constexpr bool nv = kNv;
         if (nv && k != nvk) {
             const float s_enc = etp__qf_nvfp4_s_enc(b.amax[b.first + k]);
             s_enc_6 = etp__qf_nvfp4_s_enc_6(s_enc);
@@ -1614,12 +1639,15 @@ extern "C" cudaError_t etp__cuda_quant_launch(cudaStream_t s, const etp__qbatch_
             if (totals[dt] == 0) continue;
             plan_tiles(batch, true, dt, &p);
             uint64_t grid = totals[dt];
+            const bool nv = batch->format == ETP__QB_NVFP4;
             if (batch->sms) {
-                const uint64_t most = (uint64_t)batch->sms * kCastV3BlocksPerSm;
+                const uint64_t most = (uint64_t)batch->sms * (nv ? kCastV3NvBlocksPerSm : kCastV3MxBlocksPerSm);
                 grid = grid < most ? grid : most;
             }
-            const void *fn = dt == ETP__QB_BF16 ? (const void *)cast_kernel_v3<true>
-                                                : (const void *)cast_kernel_v3<false>;
+            const void *fn = dt == ETP__QB_BF16 ? (nv ? (const void *)cast_kernel_v3<true, true>
+                                                      : (const void *)cast_kernel_v3<true, false>)
+                                                : (nv ? (const void *)cast_kernel_v3<false, true>
+                                                      : (const void *)cast_kernel_v3<false, false>);
             const cudaError_t e = cudaLaunchKernel(fn, dim3((unsigned)grid), dim3(kThreads), args, 0, s);
             if (e != cudaSuccess) return e;
         }
