@@ -536,9 +536,15 @@ __global__ void __launch_bounds__(kThreads, kCastBlocksPerSm) cast_kernel_v2(con
  *   its amax is an integer max (two BF16 per instruction) finished by one or
  *   two shuffles, its scale computed by one of the block's lanes and
  *   shuffled to the others;
- * - elements are converted by one FP32 addition of a magic number
+ * - NVFP4 elements are converted by one FP32 addition of a magic number
  *   (etp__qf_round_magic: the code lands in the low byte of the sum), codes
- *   packed with byte permutes, signs taken from the input words;
+ *   packed with byte permutes, signs taken from the input words; MXFP8
+ *   elements by the hardware's FP8 conversion, two per instruction (sm_89
+ *   and later: its rounding is the reference's once the scale keeps every
+ *   element finite and in range, which the fast path checks; it cut the
+ *   MXFP8 kernel's instructions by about a third, from 0.71 to 0.85 of a
+ *   copy). Hopper has no E2M1 conversion, and rounding through E4M3 first
+ *   would round twice;
  * - an NVFP4 row of 8 codes is one 32-bit word, the columnwise copy is the
  *   8 x 8 nibble transpose of those words in registers; with 16x16 blocks
  *   both copies have the same codes, converted once;
