@@ -20,6 +20,8 @@
  *                    its first gather and last reduction are exposed by construction)]
  *                   [--update (every weight marked updated at each step's start, as after an
  *                    optimizer step)] [--prefetch-on-update (the chain's prefetch_on_update)]
+ *                   [--defer-zero (the chain's defer_zero_grad: no zeroing pass, each step's
+ *                    reduction stores instead of adding)]
  */
 #include <stdlib.h>
 #include <string.h>
@@ -147,7 +149,7 @@ static void step(bench_t *b, gemm_t *g, model_t *m, int mode)
 int etp_bench_chain(bench_t *b, int argc, char **argv)
 {
     model_t m = {.L = 16, .depth = 1, .d = 8192, .M = 4096};
-    int max_ctas = -1, gemm_sms = 0, loop = 1, pou = 0;
+    int max_ctas = -1, gemm_sms = 0, loop = 1, pou = 0, defer = 0;
     for (int i = 0; i < argc; i++) {
         if (strcmp(argv[i], "--layers") == 0 && i + 1 < argc) m.L = atoi(argv[++i]);
         else if (strcmp(argv[i], "--d") == 0 && i + 1 < argc) m.d = atol(argv[++i]);
@@ -158,6 +160,7 @@ int etp_bench_chain(bench_t *b, int argc, char **argv)
         else if (strcmp(argv[i], "--loop") == 0 && i + 1 < argc) loop = atoi(argv[++i]);
         else if (strcmp(argv[i], "--update") == 0) m.update = 1;
         else if (strcmp(argv[i], "--prefetch-on-update") == 0) pou = 1;
+        else if (strcmp(argv[i], "--defer-zero") == 0) defer = 1;
         else {
             if (b->rank == 0) fprintf(stderr, "etp-bench chain: unknown option %s\n", argv[i]);
             return 2;
@@ -188,6 +191,7 @@ int etp_bench_chain(bench_t *b, int argc, char **argv)
     cc.group = grp;
     cc.depth = m.depth;
     cc.prefetch_on_update = pou;
+    cc.defer_zero_grad = defer;
     BENCH_CHECK(b, etp_chain_create(b->ctx, &cc, &m.chain));
     m.p = calloc((size_t)m.L, sizeof *m.p);
     m.full = calloc((size_t)m.L, sizeof *m.full);
@@ -231,9 +235,9 @@ int etp_bench_chain(bench_t *b, int argc, char **argv)
     double us[3];
     for (int k = 0; k < 3; k++) us[k] = bench_max_over_ranks(bench_median(t[k], b->iters));
     char shape[96];
-    snprintf(shape, sizeof shape, "L=%d d=%lld M=%lld dp%d cta%d sm%d loop%d%s%s", m.L, (long long)m.d,
+    snprintf(shape, sizeof shape, "L=%d d=%lld M=%lld dp%d cta%d sm%d loop%d%s%s%s", m.L, (long long)m.d,
              (long long)m.M, m.depth, max_ctas, gemm_sms, loop, m.update ? " upd" : "",
-             pou ? " pou" : "");
+             pou ? " pou" : "", defer ? " dz" : "");
     double comm_bytes = 3.0 * (double)m.L * (double)wbytes * (double)(b->size - 1) / (double)b->size;
     bench_add(b, "chain step: local weights", shape, 0, us[MODE_LOCAL], 0);
     bench_add(b, "chain step: communication only", shape, comm_bytes, us[MODE_COMM], 0);

@@ -170,9 +170,19 @@ typedef struct etp_chain_config {
      * then collective: every rank of the group must mark the same
      * parameters updated in the same order. */
     int prefetch_on_update;
+    /* 1 (ungraphed chains): etp_zero_grad writes nothing; each parameter's
+     * first reduction after it stores scale * sum instead of adding it to
+     * main_grad (the same bits as zeroing and adding: fmaf(scale, sum, +0)),
+     * so a step neither writes every main_grad with zeros nor reads it back
+     * once. The zeros become visible to main_grad's readers at
+     * etp_wait_grads (which zeroes, on the chain's reduce-scatter stream,
+     * every parameter not reduced since), etp_chain_grad_stats and
+     * etp_chain_destroy, not at etp_zero_grad: read main_grad only after
+     * etp_wait_grads. */
+    int defer_zero_grad;
 } etp_chain_config_t;
 
-#define ETP_CHAIN_CONFIG_INIT {sizeof(etp_chain_config_t), NULL, NULL, 1, 0, 0, 1, 2, 1, 0}
+#define ETP_CHAIN_CONFIG_INIT {sizeof(etp_chain_config_t), NULL, NULL, 1, 0, 0, 1, 2, 1, 0, 0}
 
 /* Create a chain with its own all-gather and reduce-scatter streams. */
 ETP_API etp_status_t etp_chain_create(etp_context_t *ctx, const etp_chain_config_t *config,
@@ -263,9 +273,12 @@ ETP_API etp_status_t etp_wgrad_buffer(etp_param_t *param, etp_stream_t *stream,
  * one full wgrad of the chain's largest parameter). */
 ETP_API etp_status_t etp_reduce_grad(etp_param_t *param, etp_stream_t *stream, float scale);
 /* Zero every main_grad of the chain, ordered after `stream` and before later
- * reductions. Starts a new step's micro-batch count. */
+ * reductions (with defer_zero_grad, by the first reductions: see there).
+ * Starts a new step's micro-batch count. */
 ETP_API etp_status_t etp_zero_grad(etp_chain_t *chain, etp_stream_t *stream);
-/* Make `stream` wait for all gradient work enqueued so far (a stream join). */
+/* Make `stream` wait for all gradient work enqueued so far (a stream join;
+ * with defer_zero_grad, after zeroing the main_grads not reduced since
+ * etp_zero_grad). */
 ETP_API etp_status_t etp_wait_grads(etp_chain_t *chain, etp_stream_t *stream);
 /* Sum of squares of every main_grad element of the chain's parameters
  * (padding excluded) over the group, and the count of NaN/Inf elements.

@@ -33,7 +33,7 @@ int blocks_for(int64_t n)
 
 /* The FP32 sum of the ranks' chunks starts from +0 and adds in rank order,
  * like the host reference (a -0 chunk alone gives +0 there too). */
-template <bool kBf16>
+template <bool kBf16, bool kStore>
 __global__ void accumulate_kernel(float *dst, const void *src, int64_t experts, int64_t valid,
                                   int64_t stride, int nsrc, int64_t rstride, int64_t estride,
                                   float scale)
@@ -49,14 +49,14 @@ __global__ void accumulate_kernel(float *dst, const void *src, int64_t experts, 
                                    : static_cast<const float *>(src)[j]);
         }
         float *d = dst + e * stride + i;
-        *d = fmaf(scale, x, *d);
+        *d = fmaf(scale, x, kStore ? 0.0f : *d);
     }
 }
 
 /* The same on 4 elements per thread (every offset a multiple of 4 and the
  * buffers aligned: checked by the launcher), the chunks' loads issued
  * together. */
-template <bool kBf16>
+template <bool kBf16, bool kStore>
 __global__ void accumulate_vec4(float *dst, const void *src, int64_t experts, int64_t valid,
                                 int64_t stride, int nsrc, int64_t rstride, int64_t estride,
                                 float scale)
@@ -86,7 +86,7 @@ __global__ void accumulate_vec4(float *dst, const void *src, int64_t experts, in
             for (int q = 0; q < 4; q++) x[q] = __fadd_rn(x[q], y[q]);
         }
         float4 *d = reinterpret_cast<float4 *>(dst + e * stride + i);
-        float4 o = *d;
+        float4 o = kStore ? make_float4(0.0f, 0.0f, 0.0f, 0.0f) : *d;
         o.x = fmaf(scale, x[0], o.x);
         o.y = fmaf(scale, x[1], o.y);
         o.z = fmaf(scale, x[2], o.z);
@@ -149,30 +149,37 @@ __global__ void grad_stats_kernel(const float *x, int64_t experts, int64_t valid
 
 }  // namespace
 
+/* One instantiation per (source type, store) pair: the store variant never
+ * loads main_grad. */
+template <bool kBf16, bool kStore>
+static cudaError_t accumulate_launch(cudaStream_t s, float *dst, const void *src, int64_t experts,
+                                     int64_t valid, int64_t stride, int nsrc, int64_t rstride,
+                                     int64_t estride, float scale, bool vec)
+{
+    if (vec)
+        accumulate_vec4<kBf16, kStore><<<blocks_for(experts * valid / 4), kThreads, 0, s>>>(
+            dst, src, experts, valid, stride, nsrc, rstride, estride, scale);
+    else
+        accumulate_kernel<kBf16, kStore><<<blocks_for(experts * valid), kThreads, 0, s>>>(
+            dst, src, experts, valid, stride, nsrc, rstride, estride, scale);
+    return cudaGetLastError();
+}
+
 extern "C" cudaError_t etp__cuda_shard_accumulate(cudaStream_t s, float *dst, const void *src,
                                                   int src_bf16, int64_t experts, int64_t valid,
                                                   int64_t stride, int nsrc, int64_t rstride,
-                                                  int64_t estride, float scale)
+                                                  int64_t estride, float scale, int store)
 {
     if (experts <= 0 || valid <= 0) return cudaSuccess;
     const int64_t es = src_bf16 ? 2 : 4;
     const bool vec = ((valid | stride | rstride | estride) & 3) == 0 &&
                      (reinterpret_cast<uintptr_t>(dst) & 15u) == 0 &&
                      (reinterpret_cast<uintptr_t>(src) & (uintptr_t)(4 * es - 1)) == 0;
-    if (vec) {
-        const int g = blocks_for(experts * valid / 4);
-        if (src_bf16)
-            accumulate_vec4<true><<<g, kThreads, 0, s>>>(dst, src, experts, valid, stride, nsrc, rstride, estride, scale);
-        else
-            accumulate_vec4<false><<<g, kThreads, 0, s>>>(dst, src, experts, valid, stride, nsrc, rstride, estride, scale);
-        return cudaGetLastError();
-    }
-    const int g = blocks_for(experts * valid);
     if (src_bf16)
-        accumulate_kernel<true><<<g, kThreads, 0, s>>>(dst, src, experts, valid, stride, nsrc, rstride, estride, scale);
-    else
-        accumulate_kernel<false><<<g, kThreads, 0, s>>>(dst, src, experts, valid, stride, nsrc, rstride, estride, scale);
-    return cudaGetLastError();
+        return store ? accumulate_launch<true, true>(s, dst, src, experts, valid, stride, nsrc, rstride, estride, scale, vec)
+                     : accumulate_launch<true, false>(s, dst, src, experts, valid, stride, nsrc, rstride, estride, scale, vec);
+    return store ? accumulate_launch<false, true>(s, dst, src, experts, valid, stride, nsrc, rstride, estride, scale, vec)
+                 : accumulate_launch<false, false>(s, dst, src, experts, valid, stride, nsrc, rstride, estride, scale, vec);
 }
 
 extern "C" cudaError_t etp__cuda_convert_rows(cudaStream_t s, void *dst, int dst_bf16,

@@ -16,7 +16,7 @@ extern "C" {
 cudaError_t etp__cuda_shard_accumulate(cudaStream_t s, float *dst, const void *src, int src_bf16,
                                        int64_t experts, int64_t valid_elems, int64_t stride,
                                        int nsrc, int64_t src_rstride, int64_t src_estride,
-                                       float scale);
+                                       float scale, int store);
 /* dst[e*dst_stride + i*cols + c] = convert(src[e*src_stride + i*src_ld + c])
  * for i < valid_rows, 0 for valid_rows <= i < rows. Types: 0 = F32, 1 = BF16. */
 cudaError_t etp__cuda_convert_rows(cudaStream_t s, void *dst, int dst_bf16, int64_t dst_stride,

@@ -16,10 +16,11 @@ struct etp__shard_kernels {
      * elements i < g.valid_rows * g.cols of each expert e, where x is the sum
      * in FP32, in order r = 0 .. nsrc-1, of float(src[e*src_estride +
      * r*src_rstride + i]) (src F32 or BF16): the main_grad accumulation of
-     * the ranks' chunks of a wgrad, in rank order. */
+     * the ranks' chunks of a wgrad, in rank order. store: dst is not read,
+     * as if it held +0 (fmaf(scale, x, +0): a deferred zero_grad). */
     etp_status_t (*accumulate)(etp__be_t *be, etp__bstream_t *s, float *dst, const void *src,
                                etp_dtype_t src_dtype, etp__shard_geom_t g, int nsrc,
-                               int64_t src_rstride, int64_t src_estride, float scale);
+                               int64_t src_rstride, int64_t src_estride, float scale, int store);
     /* dst (dtype) from src (F32 or BF16) over the valid rows, converting;
      * rows past valid are zeroed: shard loads and the master copy. */
     etp_status_t (*convert_rows)(etp__be_t *be, etp__bstream_t *s, void *dst, etp_dtype_t dst_dtype,

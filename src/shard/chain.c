@@ -29,6 +29,12 @@ etp_status_t etp_chain_create(etp_context_t *ctx, const etp_chain_config_t *cfg,
     ETP__CHECK_ARG(!(cfg->prefetch_on_update && cfg->graphed),
                    "%s: prefetch_on_update is for ungraphed chains (a graphed chain's prefetches "
                    "stay inside its captured steps)", fn);
+    ETP__CHECK_ARG(cfg->defer_zero_grad == 0 || cfg->defer_zero_grad == 1,
+                   "%s: defer_zero_grad %d (expected 0 or 1)", fn, cfg->defer_zero_grad);
+    /* a replayed graph would repeat whichever of store and add was captured */
+    ETP__CHECK_ARG(!(cfg->defer_zero_grad && cfg->graphed),
+                   "%s: defer_zero_grad is for ungraphed chains (a captured reduction would store "
+                   "or add on every replay, whatever etp_zero_grad said)", fn);
     int roles = cfg->group->num_roles;
     ETP__CHECK_ARG(cfg->ag_role >= 0 && cfg->ag_role < roles && cfg->rs_role >= 0 && cfg->rs_role < roles,
                    "%s: roles ag %d, rs %d not in [0, %d) of group '%s'", fn, cfg->ag_role,
@@ -52,6 +58,7 @@ etp_status_t etp_chain_create(etp_context_t *ctx, const etp_chain_config_t *cfg,
     c->ring_n = cfg->wgrad_ring;
     c->num_micro = cfg->num_microbatches;
     c->prefetch_on_update = cfg->prefetch_on_update;
+    c->defer_zero = cfg->defer_zero_grad;
     etp_status_t st = etp_stream_create(ctx, ETP_STREAM_PRIORITY_HIGH, &c->ag);
     if (st == ETP_SUCCESS) st = etp_stream_create(ctx, ETP_STREAM_PRIORITY_HIGH, &c->rs);
     if (st == ETP_SUCCESS) st = etp_event_create(ctx, &c->scratch);
@@ -104,6 +111,12 @@ etp_status_t etp_chain_destroy(etp_chain_t *c)
             return etp__err(ETP_ERR_BUSY,
                             "etp_chain_destroy: chain '%s' has communication in flight; call "
                             "etp_wait_grads and synchronize first", c->name);
+    }
+    /* deferred zeros become real before the parameters leave */
+    if (!c->ctx->be->failed && c->rs) {
+        etp_status_t zs = etp__chain_zero_pending(c);
+        if (zs == ETP_SUCCESS) zs = etp_stream_synchronize(c->rs);
+        if (zs != ETP_SUCCESS) return zs;
     }
     if (c->ctx->recording == c) c->ctx->recording = NULL;
     c->group->users--;

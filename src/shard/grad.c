@@ -158,7 +158,8 @@ etp_status_t etp_reduce_grad(etp_param_t *p, etp_stream_t *stream, float scale)
     ETP__TRY(st != ETP_SUCCESS ? st : st2);
     etp__shard_geom_t g = {p->experts, p->shard_rows, p->cols, p->valid_rows, (int64_t)shard_elems};
     ETP__TRY(k->accumulate(be, c->rs->bs, p->main_grad, c->rs_stage, dt, g, R, (int64_t)shard_elems,
-                           (int64_t)full_e, scale));
+                           (int64_t)full_e, scale, p->zero_pending));
+    p->zero_pending = 0;
     ETP__TRY(etp_event_record(c->ring_done[e], c->rs));
     c->ring_done_recorded[e] = 1;
     p->wgrad_entry = -1;
@@ -175,13 +176,30 @@ etp_status_t etp_zero_grad(etp_chain_t *c, etp_stream_t *stream)
     ETP__CHECK_NULL(stream, "etp_zero_grad");
     ETP__CHECK_ARG(stream->ctx == c->ctx, "etp_zero_grad: the stream belongs to another context");
     ETP__TRY(etp__ctx_usable(c->ctx, "etp_zero_grad"));
+    /* deferred too: the first reductions' writes then follow whatever
+     * `stream` did before (an optimizer reading main_grad) */
     ETP__TRY(etp_event_record(c->scratch, stream));
     ETP__TRY(etp_stream_wait_event(c->rs, c->scratch));
     for (int i = 0; i < c->nparams; i++) {
         etp_param_t *p = c->params[i];
+        if (c->defer_zero)
+            p->zero_pending = 1;
+        else
+            ETP__TRY(etp_memset_async(c->rs, p->main_grad, 0,
+                                      (size_t)(p->experts * p->shard_rows * p->cols) * sizeof(float)));
+        p->micro = 0;
+    }
+    return ETP_SUCCESS;
+}
+
+etp_status_t etp__chain_zero_pending(etp_chain_t *c)
+{
+    for (int i = 0; i < c->nparams; i++) {
+        etp_param_t *p = c->params[i];
+        if (!p->zero_pending) continue;
         ETP__TRY(etp_memset_async(c->rs, p->main_grad, 0,
                                   (size_t)(p->experts * p->shard_rows * p->cols) * sizeof(float)));
-        p->micro = 0;
+        p->zero_pending = 0;
     }
     return ETP_SUCCESS;
 }
@@ -192,6 +210,7 @@ etp_status_t etp_wait_grads(etp_chain_t *c, etp_stream_t *stream)
     ETP__CHECK_NULL(stream, "etp_wait_grads");
     ETP__CHECK_ARG(stream->ctx == c->ctx, "etp_wait_grads: the stream belongs to another context");
     ETP__TRY(etp__ctx_usable(c->ctx, "etp_wait_grads"));
+    ETP__TRY(etp__chain_zero_pending(c));
     if (c->skip_edges & ETP__EDGE_GRADS_JOIN) return ETP_SUCCESS;
     ETP__TRY(etp_event_record(c->scratch, c->rs));
     return etp_stream_wait_event(stream, c->scratch);
@@ -207,6 +226,7 @@ etp_status_t etp_chain_grad_stats(etp_chain_t *c, double *sum_squares, int64_t *
     if (!c->stats)
         return etp__err(ETP_ERR_INVALID_STATE, "%s: chain '%s' is not finalized", fn, c->name);
     etp__be_t *be = c->ctx->be;
+    ETP__TRY(etp__chain_zero_pending(c));
     ETP__TRY(etp_memset_async(c->rs, c->stats, 0, 2 * sizeof(double)));
     for (int i = 0; i < c->nparams; i++) {
         const etp_param_t *p = c->params[i];

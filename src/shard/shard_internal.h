@@ -38,6 +38,7 @@ struct etp_param {
     int ticket[2];   /* per pass, -1 when not planned */
     int wgrad_entry; /* ring entry handed out and not yet reduced, or -1 */
     int micro;       /* reductions this step */
+    int zero_pending; /* defer_zero_grad: zeroed by etp_zero_grad, not yet written */
     etp_grad_ready_fn_t cb;
     void *cb_user;
     /* quantized modes (qgather.c) */
@@ -75,6 +76,7 @@ struct etp_chain {
     char name[64];
     int depth, graphed, ag_role, rs_role, ring_n, num_micro;
     int prefetch_on_update;
+    int defer_zero; /* defer_zero_grad */
     int early_step; /* a step begun by mark_updated's prefetch, before its first gather */
     int state;
     etp_stream_t *ag, *rs;
@@ -110,6 +112,9 @@ int etp__plan_tickets(const size_t *bytes, int n, int depth, int *slot, size_t *
 size_t etp__param_gather_bytes(const etp_param_t *p, etp_pass_t pass);
 etp_status_t etp__chain_record_ticket(etp_chain_t *c, etp_param_t *p, etp_pass_t pass);
 etp_status_t etp__chain_ensure_workspace(etp_chain_t *c);
+/* defer_zero_grad: zero, on the RS stream, every main_grad still waiting
+ * for its first reduction since etp_zero_grad. */
+etp_status_t etp__chain_zero_pending(etp_chain_t *c);
 /* etp_param_mark_updated's part in the chain: the prefetch on update. */
 etp_status_t etp__chain_on_update(etp_param_t *p, etp_stream_t *s);
 

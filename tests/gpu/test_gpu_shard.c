@@ -33,6 +33,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_grad_stats),
         cmocka_unit_test(test_graphed_chain),
         cmocka_unit_test(test_prefetch_on_update),
+        cmocka_unit_test(test_defer_zero_grad),
         cmocka_unit_test(test_recorded_chain),
         cmocka_unit_test(test_errors),
     };

@@ -105,7 +105,7 @@ static void on_grad(void *user, etp_param_t *param, etp_stream_t *final_stream)
 }
 
 
-enum { RUN_GRAPHED = 1, RUN_PREFETCH_ON_UPDATE = 2 };
+enum { RUN_GRAPHED = 1, RUN_PREFETCH_ON_UPDATE = 2, RUN_DEFER_ZERO = 4 };
 
 static void open_run(run_t *r, int64_t seed, int nparams, int depth, int ring, unsigned skip,
                      int mode)
@@ -126,6 +126,7 @@ static void open_run(run_t *r, int64_t seed, int nparams, int depth, int ring, u
     cc.num_microbatches = 2;
     cc.graphed = (mode & RUN_GRAPHED) != 0;
     cc.prefetch_on_update = (mode & RUN_PREFETCH_ON_UPDATE) != 0;
+    cc.defer_zero_grad = (mode & RUN_DEFER_ZERO) != 0;
     ETP_OK(etp_chain_create(r->ctx, &cc, &r->chain));
     r->nparams = nparams;
     for (int i = 0; i < nparams; i++) {
@@ -360,6 +361,51 @@ static void test_prefetch_on_update(void **state)
     }
 }
 
+/* Deferred zero_grad: each step's first reduction stores, the second adds,
+ * so that 5 steps of 2 micro-batches (each step's main_grad unlike the
+ * last's) equal the reference; a step without reductions leaves zeros at
+ * etp_wait_grads, and the grad norm sees them. */
+static long count_nonzero(run_t *r)
+{
+    long nz = 0;
+    for (int i = 0; i < r->nparams; i++) {
+        etp_param_info_t info = ETP_PARAM_INFO_INIT;
+        ETP_OK(etp_param_info(r->p[i], &info));
+        size_t n = (size_t)(info.experts * info.shard_rows * info.cols);
+        float *g = keep(r, n * sizeof(float));
+        tu_poison(g, n * sizeof(float));
+        ETP_OK(etp_memcpy_async(r->main, g, info.main_grad, n * sizeof(float)));
+        ETP_OK(etp_stream_synchronize(r->main));
+        for (size_t k = 0; k < n; k++) nz += g[k] != 0.0f;
+    }
+    drop_kept(r);
+    return nz;
+}
+
+static void test_defer_zero_grad(void **state)
+{
+    (void)state;
+    const int64_t dseeds[] = {0, 3, 42};
+    for (size_t k = 0; k < sizeof dseeds / sizeof dseeds[0]; k++) {
+        run_t r;
+        open_run(&r, dseeds[k], (int)NSPECS, 1 + (int)k, 2, 0, RUN_DEFER_ZERO);
+        assert_int_equal(run_steps(&r, 5), 0);
+        assert_true(count_nonzero(&r) > 0);
+        ETP_OK(etp_zero_grad(r.chain, r.main));
+        ETP_OK(etp_wait_grads(r.chain, r.main));
+        assert_int_equal(count_nonzero(&r), 0);
+        /* and through the norm, without etp_wait_grads */
+        assert_int_equal(run_steps(&r, 1), 0);
+        ETP_OK(etp_zero_grad(r.chain, r.main));
+        double sumsq = -1;
+        int64_t nonfinite = -1;
+        ETP_OK(etp_chain_grad_stats(r.chain, &sumsq, &nonfinite));
+        assert_true(sumsq == 0.0);
+        assert_int_equal(nonfinite, 0);
+        close_run(&r);
+    }
+}
+
 /* Grad norm over the chain equals the sum computed from the reference. */
 static void test_grad_stats(void **state)
 {
@@ -535,6 +581,15 @@ static void test_errors(void **state)
     pcc.graphed = 1;
     ETP_EXPECT_MSG(etp_chain_create(r.ctx, &pcc, &no_chain), ETP_ERR_INVALID_ARGUMENT, "ungraphed chains");
     assert_null(no_chain);
+    /* deferred zero_grad: 0 or 1, ungraphed chains only */
+    pcc.prefetch_on_update = 0;
+    pcc.graphed = 0;
+    pcc.defer_zero_grad = 2;
+    ETP_EXPECT_MSG(etp_chain_create(r.ctx, &pcc, &no_chain), ETP_ERR_INVALID_ARGUMENT, "expected 0 or 1");
+    pcc.defer_zero_grad = 1;
+    pcc.graphed = 1;
+    ETP_EXPECT_MSG(etp_chain_create(r.ctx, &pcc, &no_chain), ETP_ERR_INVALID_ARGUMENT, "ungraphed chains");
+    assert_null(no_chain);
     pc.dtype = ETP_DTYPE_BF16;
     pc.rows = 0;
     ETP_EXPECT_MSG(etp_param_create(r.ctx, &pc, &bad), ETP_ERR_INVALID_ARGUMENT, "shape");
@@ -558,6 +613,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_grad_stats),
         cmocka_unit_test(test_graphed_chain),
         cmocka_unit_test(test_prefetch_on_update),
+        cmocka_unit_test(test_defer_zero_grad),
         cmocka_unit_test(test_recorded_chain),
         cmocka_unit_test(test_edge_shard_writer),
         cmocka_unit_test(test_edge_slot_release),

@@ -12,14 +12,14 @@ static etp_status_t launched(const char *what, cudaError_t e)
 
 static etp_status_t cuda_accumulate(etp__be_t *be, etp__bstream_t *s, float *dst, const void *src,
                                     etp_dtype_t src_dtype, etp__shard_geom_t g, int nsrc,
-                                    int64_t src_rstride, int64_t src_estride, float scale)
+                                    int64_t src_rstride, int64_t src_estride, float scale, int store)
 {
     cudaStream_t cs;
     ETP__TRY(etp__cuda_stream_for_launch(be, s, &cs));
     return launched("shard accumulate",
                     etp__cuda_shard_accumulate(cs, dst, src, src_dtype == ETP_DTYPE_BF16, g.experts,
                                                g.valid_rows * g.cols, g.stride, nsrc, src_rstride,
-                                               src_estride, scale));
+                                               src_estride, scale, store));
 }
 
 static etp_status_t cuda_convert_rows(etp__be_t *be, etp__bstream_t *s, void *dst,

@@ -27,6 +27,7 @@ typedef struct {
     int nsrc;
     int64_t rstride, estride;
     float scale;
+    int store;
 } acc_args_t;
 
 static void acc_run(void *p)
@@ -37,15 +38,15 @@ static void acc_run(void *p)
             float x = 0.0f;
             for (int r = 0; r < a->nsrc; r++) x += load(a->src, a->src_dtype, e * a->estride + r * a->rstride + i);
             int64_t k = e * a->g.stride + i;
-            a->dst[k] = fmaf(a->scale, x, a->dst[k]);
+            a->dst[k] = fmaf(a->scale, x, a->store ? 0.0f : a->dst[k]);
         }
 }
 
 static etp_status_t host_accumulate(etp__be_t *be, etp__bstream_t *s, float *dst, const void *src,
                                     etp_dtype_t src_dtype, etp__shard_geom_t g, int nsrc,
-                                    int64_t src_rstride, int64_t src_estride, float scale)
+                                    int64_t src_rstride, int64_t src_estride, float scale, int store)
 {
-    acc_args_t a = {dst, src, src_dtype, g, nsrc, src_rstride, src_estride, scale};
+    acc_args_t a = {dst, src, src_dtype, g, nsrc, src_rstride, src_estride, scale, store};
     return etp__host_launch(be, s, acc_run, &a, sizeof a);
 }
 
