@@ -33,13 +33,6 @@ static gcfg_t base_cfg(int64_t E, int64_t H, int maxk, etp_dtype_t dt, etp_ep_tr
     return g;
 }
 
-static int64_t experts_for(int k)
-{
-    int64_t E = (int64_t)g_size * 4;
-    while (E < 2 * k) E += g_size;
-    return E;
-}
-
 /* The matrix: top-k x routing x layout x weighting x transport, dtype
  * alternating; capacity factors that drop and that do not. */
 static void test_matrix(void **state)
@@ -56,23 +49,14 @@ static void test_matrix(void **state)
                         int k = ks[ki];
                         etp_dtype_t dt = (ki + route + layout + weighted + tr) % 2 ? ETP_DTYPE_BF16
                                                                                   : ETP_DTYPE_F32;
-                        gcfg_t g = base_cfg(experts_for(k), 20 + 3 * ki, k, dt,
+                        gcfg_t g = base_cfg(ep_experts_for(k), 20 + 3 * ki, k, dt,
                                             tr ? ETP_EP_TRANSPORT_CAPACITY : ETP_EP_TRANSPORT_EXACT);
                         g.cf = (layout + weighted) % 2 ? 1.0 : 8.0;
-                        etp_ep_group_t *ep = ep_make_group(f, &g);
                         lcfg_t l = {.k = k, .align = (ki + layout) % 2 ? 4 : 1,
                                     .weighted = weighted,
                                     .layout = layout ? ETP_EP_LAYOUT_FIXED_SLOTS : ETP_EP_LAYOUT_PACKED};
-                        etp_ep_layer_t *ly = ep_make_layer(ep, &g, &l, "moe");
-                        ep_bufs_t b;
-                        ep_bufs_alloc(f, &g, l.rows, k, &b);
-                        ep_step_opts_t o = {.route_mode = route, .check_report = 1};
-                        ep_step(f, &g, &l, ly, f->s0, &b, tag++, &o);
-                        /* a second step on the same handle: new routing, new T */
-                        ep_step(f, &g, &l, ly, f->s0, &b, tag++, &o);
-                        ep_bufs_free(f, &b);
-                        ETP_OK(etp_ep_layer_destroy(ly));
-                        ETP_OK(etp_ep_group_destroy(ep));
+                        ep_two_steps(f, &g, &l, "moe", route, 0, tag);
+                        tag += 2;
                         cases++;
                     }
     assert_int_equal(cases, 64);
@@ -83,22 +67,10 @@ static void test_empty_ranks(void **state)
 {
     ep_fx_t *f = *state;
     for (int tr = 0; tr < 2; tr++) {
-        gcfg_t g = base_cfg(experts_for(2), 8, 2, ETP_DTYPE_F32,
+        gcfg_t g = base_cfg(ep_experts_for(2), 8, 2, ETP_DTYPE_F32,
                             tr ? ETP_EP_TRANSPORT_CAPACITY : ETP_EP_TRANSPORT_EXACT);
-        etp_ep_group_t *ep = ep_make_group(f, &g);
         lcfg_t l = {.k = 2, .align = 2, .weighted = 1, .layout = ETP_EP_LAYOUT_PACKED};
-        etp_ep_layer_t *ly = ep_make_layer(ep, &g, &l, "empty");
-        ep_bufs_t b;
-        ep_bufs_alloc(f, &g, l.rows, 2, &b);
-        int64_t zeros[64] = {0}, one[64] = {0};
-        one[g_size - 1] = g.tmax;
-        ep_step_opts_t o = {.route_mode = ROUTE_UNIFORM, .fixed_T = zeros, .check_report = 1};
-        ep_step(f, &g, &l, ly, f->s0, &b, 7000 + tr, &o);
-        o.fixed_T = one;
-        ep_step(f, &g, &l, ly, f->s0, &b, 7100 + tr, &o);
-        ep_bufs_free(f, &b);
-        ETP_OK(etp_ep_layer_destroy(ly));
-        ETP_OK(etp_ep_group_destroy(ep));
+        ep_empty_ranks(f, &g, &l, 7000 + tr, 7100 + tr);
     }
 }
 
@@ -108,7 +80,7 @@ static void test_two_layers(void **state)
 {
     ep_fx_t *f = *state;
     for (int tr = 0; tr < 2; tr++) {
-        gcfg_t g = base_cfg(experts_for(6), 300, 6, ETP_DTYPE_BF16,
+        gcfg_t g = base_cfg(ep_experts_for(6), 300, 6, ETP_DTYPE_BF16,
                             tr ? ETP_EP_TRANSPORT_CAPACITY : ETP_EP_TRANSPORT_EXACT);
         g.cf = 4.0;
         etp_ep_group_t *ep = ep_make_group(f, &g);
@@ -209,27 +181,11 @@ static void test_overflow_drop(void **state)
     ep_fx_t *f = *state;
     for (int v = 0; v < 6; v++) {
         int tr = v % 2, k = v < 2 ? 2 : 6;
-        gcfg_t g = base_cfg(experts_for(k), 12, k, ETP_DTYPE_F32,
+        gcfg_t g = base_cfg(ep_experts_for(k), 12, k, ETP_DTYPE_F32,
                             tr ? ETP_EP_TRANSPORT_CAPACITY : ETP_EP_TRANSPORT_EXACT);
-        g.cf = 0.3;                  /* slabs too small */
-        g.cap = 8 * (g.L + 1);       /* rows too few */
-        etp_ep_group_t *ep = ep_make_group(f, &g);
         lcfg_t l = {.k = k, .align = v >= 4 ? 4 : 1, .weighted = 1,
                     .layout = v / 2 == 1 ? ETP_EP_LAYOUT_FIXED_SLOTS : ETP_EP_LAYOUT_PACKED};
-        etp_ep_layer_t *ly = ep_make_layer(ep, &g, &l, "tight");
-        ep_bufs_t b;
-        ep_bufs_alloc(f, &g, l.rows, k, &b);
-        ep_step_opts_t o = {.route_mode = v == 5 ? ROUTE_BAD : ROUTE_SKEWED, .check_report = 1};
-        ep_step(f, &g, &l, ly, f->s0, &b, 9000 + v, &o);
-        o.route_mode = ROUTE_BAD;
-        ep_step(f, &g, &l, ly, f->s0, &b, 9100 + v, &o);
-        /* the drop policy never fails */
-        etp_ep_report_t r = ETP_EP_REPORT_INIT;
-        ETP_OK(etp_ep_check(ly, &r));
-        ETP_OK(etp_ep_poll(ly, &r));
-        ep_bufs_free(f, &b);
-        ETP_OK(etp_ep_layer_destroy(ly));
-        ETP_OK(etp_ep_group_destroy(ep));
+        ep_overflow_steps(f, &g, &l, v == 5 ? ROUTE_BAD : ROUTE_SKEWED, 9000 + v, 9100 + v);
     }
 }
 
@@ -240,7 +196,7 @@ static void test_overflow_error(void **state)
     ep_fx_t *f = *state;
     for (int v = 0; v < 4; v++) {
         int tr = v % 2;
-        gcfg_t g = base_cfg(experts_for(2), 4, 2, ETP_DTYPE_F32,
+        gcfg_t g = base_cfg(ep_experts_for(2), 4, 2, ETP_DTYPE_F32,
                             tr ? ETP_EP_TRANSPORT_CAPACITY : ETP_EP_TRANSPORT_EXACT);
         g.overflow = ETP_EP_OVERFLOW_ERROR;
         g.cf = 0.2;
@@ -296,24 +252,10 @@ static void test_overflow_error(void **state)
 static void test_device_tokens(void **state)
 {
     ep_fx_t *f = *state;
-    gcfg_t g = base_cfg(experts_for(2), 10, 2, ETP_DTYPE_BF16, ETP_EP_TRANSPORT_CAPACITY);
+    gcfg_t g = base_cfg(ep_experts_for(2), 10, 2, ETP_DTYPE_BF16, ETP_EP_TRANSPORT_CAPACITY);
     g.cf = 8;
-    etp_ep_group_t *ep = ep_make_group(f, &g);
     lcfg_t l = {.k = 2, .align = 2, .weighted = 1, .layout = ETP_EP_LAYOUT_FIXED_SLOTS};
-    etp_ep_layer_t *ly = ep_make_layer(ep, &g, &l, "graphable");
-    ep_bufs_t b;
-    ep_bufs_alloc(f, &g, l.rows, 2, &b);
-    for (int v = 0; v < 3; v++) {
-        int64_t Ts[64];
-        for (int r = 0; r < g_size; r++)
-            Ts[r] = v == 0 ? (r * 5) % (g.tmax + 1) : v == 1 ? 0 : (r == 0 ? g.tmax + 7 : r);
-        ep_step_opts_t o = {.route_mode = ROUTE_UNIFORM, .fixed_T = Ts, .device_T = 1,
-                            .check_report = 1};
-        ep_step(f, &g, &l, ly, f->s0, &b, 9700 + v, &o);
-    }
-    ep_bufs_free(f, &b);
-    ETP_OK(etp_ep_layer_destroy(ly));
-    ETP_OK(etp_ep_group_destroy(ep));
+    ep_device_tokens(f, &g, &l, "graphable", 9700);
 }
 
 /* Many steps of random routing through two layers: the memory report
@@ -325,7 +267,7 @@ static void test_memory_steady(void **state)
     long steps = env && *env ? strtol(env, NULL, 10) : 100;
     if (f->mode == ETP_HOST_STREAMS_SHUFFLE && steps > 100) steps /= 10;
     for (int tr = 0; tr < 2; tr++) {
-        gcfg_t g = base_cfg(experts_for(4), 16, 4, ETP_DTYPE_BF16,
+        gcfg_t g = base_cfg(ep_experts_for(4), 16, 4, ETP_DTYPE_BF16,
                             tr ? ETP_EP_TRANSPORT_CAPACITY : ETP_EP_TRANSPORT_EXACT);
         g.cf = 1.0;
         g.cap = g.cap / 2 / 8 * 8; /* some steps overflow */
@@ -402,7 +344,7 @@ static void test_memory_steady(void **state)
 static void test_bad_input(void **state)
 {
     ep_fx_t *f = *state;
-    gcfg_t g = base_cfg(experts_for(2), 8, 2, ETP_DTYPE_BF16, ETP_EP_TRANSPORT_EXACT);
+    gcfg_t g = base_cfg(ep_experts_for(2), 8, 2, ETP_DTYPE_BF16, ETP_EP_TRANSPORT_EXACT);
     etp_ep_group_config_t c = ETP_EP_GROUP_CONFIG_INIT;
     c.num_experts = g.E;
     c.hidden = g.H;

@@ -14,13 +14,6 @@
 #define ETP_TEST_EP_MXFP8 1
 #include "test_ep_steps.h"
 
-static int64_t experts_for(int k)
-{
-    int64_t E = (int64_t)g_size * 4;
-    while (E < 2 * k) E += g_size;
-    return E;
-}
-
 /* An MXFP8 group (BF16 data calls) with room for everything. */
 static gcfg_t mx_cfg(int64_t E, int64_t H, int maxk, etp_ep_transport_t tr)
 {
@@ -55,23 +48,13 @@ static void test_mx_matrix(void **state)
             for (int tr = 0; tr < 2; tr++)
                 for (int weighted = 0; weighted < 2; weighted++) {
                     const int k = ks[ki], v = ki + layout + tr + weighted;
-                    gcfg_t g = mx_cfg(experts_for(k), Hs[v % 4], k,
+                    gcfg_t g = mx_cfg(ep_experts_for(k), Hs[v % 4], k,
                                       tr ? ETP_EP_TRANSPORT_CAPACITY : ETP_EP_TRANSPORT_EXACT);
                     g.cf = (layout + weighted) % 2 ? 1.0 : 8.0;
-                    etp_ep_group_t *ep = ep_make_group(f, &g);
                     lcfg_t l = {.k = k, .align = (ki + layout) % 2 ? 4 : 1, .weighted = weighted,
                                 .layout = layout ? ETP_EP_LAYOUT_FIXED_SLOTS : ETP_EP_LAYOUT_PACKED};
-                    etp_ep_layer_t *ly = ep_make_layer(ep, &g, &l, "mx");
-                    ep_bufs_t b;
-                    ep_bufs_alloc(f, &g, l.rows, k, &b);
-                    ep_step_opts_t o = {.route_mode = v % 2 ? ROUTE_SKEWED : ROUTE_UNIFORM,
-                                        .check_report = 1, .misalign = v % 3 == 0};
-                    ep_step(f, &g, &l, ly, f->s0, &b, tag++, &o);
-                    /* a second step on the same handle: new routing, new T */
-                    ep_step(f, &g, &l, ly, f->s0, &b, tag++, &o);
-                    ep_bufs_free(f, &b);
-                    ETP_OK(etp_ep_layer_destroy(ly));
-                    ETP_OK(etp_ep_group_destroy(ep));
+                    ep_two_steps(f, &g, &l, "mx", v % 2 ? ROUTE_SKEWED : ROUTE_UNIFORM, v % 3 == 0, tag);
+                    tag += 2;
                     cases++;
                 }
     assert_int_equal(cases, 24);
@@ -84,22 +67,10 @@ static void test_mx_empty_ranks(void **state)
     ep_fx_t *f = *state;
     for (int tr = 0; tr < 2; tr++)
         for (int layout = 0; layout < 2; layout++) {
-            gcfg_t g = mx_cfg(experts_for(2), 64, 2, tr ? ETP_EP_TRANSPORT_CAPACITY : ETP_EP_TRANSPORT_EXACT);
-            etp_ep_group_t *ep = ep_make_group(f, &g);
+            gcfg_t g = mx_cfg(ep_experts_for(2), 64, 2, tr ? ETP_EP_TRANSPORT_CAPACITY : ETP_EP_TRANSPORT_EXACT);
             lcfg_t l = {.k = 2, .align = 2, .weighted = 1,
                         .layout = layout ? ETP_EP_LAYOUT_FIXED_SLOTS : ETP_EP_LAYOUT_PACKED};
-            etp_ep_layer_t *ly = ep_make_layer(ep, &g, &l, "empty");
-            ep_bufs_t b;
-            ep_bufs_alloc(f, &g, l.rows, 2, &b);
-            int64_t zeros[64] = {0}, one[64] = {0};
-            one[g_size - 1] = g.tmax;
-            ep_step_opts_t o = {.route_mode = ROUTE_UNIFORM, .fixed_T = zeros, .check_report = 1};
-            ep_step(f, &g, &l, ly, f->s0, &b, 37000 + 10 * tr + layout, &o);
-            o.fixed_T = one;
-            ep_step(f, &g, &l, ly, f->s0, &b, 37100 + 10 * tr + layout, &o);
-            ep_bufs_free(f, &b);
-            ETP_OK(etp_ep_layer_destroy(ly));
-            ETP_OK(etp_ep_group_destroy(ep));
+            ep_empty_ranks(f, &g, &l, 37000 + 10 * tr + layout, 37100 + 10 * tr + layout);
         }
 }
 
@@ -110,22 +81,10 @@ static void test_mx_overflow(void **state)
     ep_fx_t *f = *state;
     for (int v = 0; v < 4; v++) {
         int tr = v % 2, k = v < 2 ? 2 : 8;
-        gcfg_t g = mx_cfg(experts_for(k), 96, k, tr ? ETP_EP_TRANSPORT_CAPACITY : ETP_EP_TRANSPORT_EXACT);
-        g.cf = 0.3;
-        g.cap = 8 * (g.L + 1);
-        etp_ep_group_t *ep = ep_make_group(f, &g);
+        gcfg_t g = mx_cfg(ep_experts_for(k), 96, k, tr ? ETP_EP_TRANSPORT_CAPACITY : ETP_EP_TRANSPORT_EXACT);
         lcfg_t l = {.k = k, .align = v >= 2 ? 4 : 1, .weighted = 1,
                     .layout = v == 1 || v == 2 ? ETP_EP_LAYOUT_FIXED_SLOTS : ETP_EP_LAYOUT_PACKED};
-        etp_ep_layer_t *ly = ep_make_layer(ep, &g, &l, "tight");
-        ep_bufs_t b;
-        ep_bufs_alloc(f, &g, l.rows, k, &b);
-        ep_step_opts_t o = {.route_mode = ROUTE_SKEWED, .check_report = 1};
-        ep_step(f, &g, &l, ly, f->s0, &b, 38000 + v, &o);
-        o.route_mode = ROUTE_BAD;
-        ep_step(f, &g, &l, ly, f->s0, &b, 38100 + v, &o);
-        ep_bufs_free(f, &b);
-        ETP_OK(etp_ep_layer_destroy(ly));
-        ETP_OK(etp_ep_group_destroy(ep));
+        ep_overflow_steps(f, &g, &l, ROUTE_SKEWED, 38000 + v, 38100 + v);
     }
 }
 
@@ -133,24 +92,10 @@ static void test_mx_overflow(void **state)
 static void test_mx_device_tokens(void **state)
 {
     ep_fx_t *f = *state;
-    gcfg_t g = mx_cfg(experts_for(2), 64, 2, ETP_EP_TRANSPORT_CAPACITY);
+    gcfg_t g = mx_cfg(ep_experts_for(2), 64, 2, ETP_EP_TRANSPORT_CAPACITY);
     g.cf = 4.0;
-    etp_ep_group_t *ep = ep_make_group(f, &g);
     lcfg_t l = {.k = 2, .align = 1, .weighted = 1, .layout = ETP_EP_LAYOUT_PACKED};
-    etp_ep_layer_t *ly = ep_make_layer(ep, &g, &l, "devT");
-    ep_bufs_t b;
-    ep_bufs_alloc(f, &g, l.rows, 2, &b);
-    for (int v = 0; v < 3; v++) {
-        int64_t Ts[64];
-        for (int r = 0; r < g_size; r++)
-            Ts[r] = v == 0 ? (r * 5) % (g.tmax + 1) : v == 1 ? 0 : (r == 0 ? g.tmax + 7 : r);
-        ep_step_opts_t o = {.route_mode = ROUTE_UNIFORM, .fixed_T = Ts, .device_T = 1,
-                            .check_report = 1};
-        ep_step(f, &g, &l, ly, f->s0, &b, 39000 + v, &o);
-    }
-    ep_bufs_free(f, &b);
-    ETP_OK(etp_ep_layer_destroy(ly));
-    ETP_OK(etp_ep_group_destroy(ep));
+    ep_device_tokens(f, &g, &l, "devT", 39000);
 }
 
 /* Two layers of one MXFP8 group, different top-k, layout and alignment,
@@ -159,7 +104,7 @@ static void test_mx_two_layers(void **state)
 {
     ep_fx_t *f = *state;
     for (int tr = 0; tr < 2; tr++) {
-        gcfg_t g = mx_cfg(experts_for(8), 128, 8, tr ? ETP_EP_TRANSPORT_CAPACITY : ETP_EP_TRANSPORT_EXACT);
+        gcfg_t g = mx_cfg(ep_experts_for(8), 128, 8, tr ? ETP_EP_TRANSPORT_CAPACITY : ETP_EP_TRANSPORT_EXACT);
         g.cf = 4.0;
         etp_ep_group_t *ep = ep_make_group(f, &g);
         lcfg_t l1 = {.k = 2, .align = 1, .weighted = 1, .layout = ETP_EP_LAYOUT_PACKED};
@@ -190,7 +135,7 @@ static void test_mx_two_layers(void **state)
 static void test_mx_literal(void **state)
 {
     ep_fx_t *f = *state;
-    gcfg_t g = mx_cfg(experts_for(1), 64, 1, ETP_EP_TRANSPORT_EXACT);
+    gcfg_t g = mx_cfg(ep_experts_for(1), 64, 1, ETP_EP_TRANSPORT_EXACT);
     etp_ep_group_t *ep = ep_make_group(f, &g);
     lcfg_t l = {.k = 1, .align = 1, .weighted = 0, .layout = ETP_EP_LAYOUT_PACKED};
     etp_ep_layer_t *ly = ep_make_layer(ep, &g, &l, "literal");
@@ -235,7 +180,7 @@ static void test_mx_literal(void **state)
 static void test_mx_bad_input(void **state)
 {
     ep_fx_t *f = *state;
-    gcfg_t g = mx_cfg(experts_for(2), 64, 2, ETP_EP_TRANSPORT_EXACT);
+    gcfg_t g = mx_cfg(ep_experts_for(2), 64, 2, ETP_EP_TRANSPORT_EXACT);
     etp_ep_group_config_t c = ETP_EP_GROUP_CONFIG_INIT;
     c.num_experts = g.E;
     c.hidden = 48; /* not a multiple of 32 */

@@ -579,4 +579,94 @@ static inline void ep_step(ep_fx_t *f, const gcfg_t *g, const lcfg_t *l, etp_ep_
     ref_free(&rf);
 }
 
+/* ---- whole test bodies shared by the BF16/F32 and the MXFP8 tests ---- */
+
+/* Experts for top-k on this world: 4 a rank, and at least 2k. */
+static inline int64_t ep_experts_for(int k)
+{
+    int64_t E = (int64_t)g_size * 4;
+    while (E < 2 * k) E += g_size;
+    return E;
+}
+
+/* A group of g and one layer of l with its buffers; the steps opts[i]
+ * (tags[i]) on the first stream; `after` (may be NULL) on the layer; then
+ * everything destroyed. */
+static inline void ep_run_steps(ep_fx_t *f, gcfg_t *g, lcfg_t *l, const char *name,
+                                const ep_step_opts_t *opts, const uint64_t *tags, int n,
+                                void (*after)(etp_ep_layer_t *))
+{
+    etp_ep_group_t *ep = ep_make_group(f, g);
+    etp_ep_layer_t *ly = ep_make_layer(ep, g, l, name);
+    ep_bufs_t b;
+    ep_bufs_alloc(f, g, l->rows, l->k, &b);
+    for (int i = 0; i < n; i++) ep_step(f, g, l, ly, f->s0, &b, tags[i], &opts[i]);
+    if (after) after(ly);
+    ep_bufs_free(f, &b);
+    ETP_OK(etp_ep_layer_destroy(ly));
+    ETP_OK(etp_ep_group_destroy(ep));
+}
+
+/* Two steps of `route` on one layer handle (new routing, new T the
+ * second time). */
+static inline void ep_two_steps(ep_fx_t *f, gcfg_t *g, lcfg_t *l, const char *name, int route,
+                                int misalign, uint64_t tag)
+{
+    ep_step_opts_t o = {.route_mode = route, .check_report = 1, .misalign = misalign};
+    const ep_step_opts_t opts[2] = {o, o};
+    const uint64_t tags[2] = {tag, tag + 1};
+    ep_run_steps(f, g, l, name, opts, tags, 2, NULL);
+}
+
+/* Every rank with T = 0, then one rank with all the tokens. */
+static inline void ep_empty_ranks(ep_fx_t *f, gcfg_t *g, lcfg_t *l, uint64_t tag_zero,
+                                  uint64_t tag_one)
+{
+    static const int64_t zeros[64] = {0};
+    int64_t one[64] = {0};
+    one[g_size - 1] = g->tmax;
+    const ep_step_opts_t opts[2] = {{.route_mode = ROUTE_UNIFORM, .fixed_T = zeros, .check_report = 1},
+                                    {.route_mode = ROUTE_UNIFORM, .fixed_T = one, .check_report = 1}};
+    const uint64_t tags[2] = {tag_zero, tag_one};
+    ep_run_steps(f, g, l, "empty", opts, tags, 2, NULL);
+}
+
+/* T on the device: in range, 0, and past tmax on rank 0 (clamped and
+ * flagged). */
+static inline void ep_device_tokens(ep_fx_t *f, gcfg_t *g, lcfg_t *l, const char *name, uint64_t tag)
+{
+    int64_t Ts[3][64];
+    ep_step_opts_t opts[3];
+    uint64_t tags[3];
+    for (int v = 0; v < 3; v++) {
+        for (int r = 0; r < g_size; r++)
+            Ts[v][r] = v == 0 ? (r * 5) % (g->tmax + 1) : v == 1 ? 0 : (r == 0 ? g->tmax + 7 : r);
+        opts[v] = (ep_step_opts_t){.route_mode = ROUTE_UNIFORM, .fixed_T = Ts[v], .device_T = 1,
+                                   .check_report = 1};
+        tags[v] = tag + (uint64_t)v;
+    }
+    ep_run_steps(f, g, l, name, opts, tags, 3, NULL);
+}
+
+/* The drop policy never fails check or poll. */
+static inline void ep_check_and_poll_succeed(etp_ep_layer_t *ly)
+{
+    etp_ep_report_t r = ETP_EP_REPORT_INIT;
+    ETP_OK(etp_ep_check(ly, &r));
+    ETP_OK(etp_ep_poll(ly, &r));
+}
+
+/* Slabs and rows too small, then bad indices too (first_route first):
+ * the reference drops the same slots. */
+static inline void ep_overflow_steps(ep_fx_t *f, gcfg_t *g, lcfg_t *l, int first_route, uint64_t tag0,
+                                     uint64_t tag1)
+{
+    g->cf = 0.3;               /* slabs too small */
+    g->cap = 8 * (g->L + 1);   /* rows too few */
+    const ep_step_opts_t opts[2] = {{.route_mode = first_route, .check_report = 1},
+                                    {.route_mode = ROUTE_BAD, .check_report = 1}};
+    const uint64_t tags[2] = {tag0, tag1};
+    ep_run_steps(f, g, l, "tight", opts, tags, 2, ep_check_and_poll_succeed);
+}
+
 #endif /* ETP_TEST_EP_STEPS_H */
