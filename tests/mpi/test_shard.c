@@ -152,7 +152,8 @@ static void open_run(run_t *r, int64_t seed, int nparams, int depth, int ring, u
     etp__chain_test_skip_edges(r->chain, skip);
 }
 
-static void close_run(run_t *r)
+/* Everything done, then the chain destroyed. */
+static void close_chain(run_t *r)
 {
     etp_stream_t *ag, *rs;
     ETP_OK(etp_chain_streams(r->chain, &ag, &rs));
@@ -161,6 +162,13 @@ static void close_run(run_t *r)
     ETP_OK(etp_stream_synchronize(r->main));
     drop_kept(r);
     ETP_OK(etp_chain_destroy(r->chain));
+    r->chain = NULL;
+}
+
+static void close_run(run_t *r)
+{
+    if (r->chain) close_chain(r);
+    drop_kept(r);
     for (int i = 0; i < r->nparams; i++) ETP_OK(etp_param_destroy(r->p[i]));
     ETP_OK(etp_stream_destroy(r->main));
     ETP_OK(etp_group_destroy(r->tp));
@@ -402,6 +410,12 @@ static void test_defer_zero_grad(void **state)
         ETP_OK(etp_chain_grad_stats(r.chain, &sumsq, &nonfinite));
         assert_true(sumsq == 0.0);
         assert_int_equal(nonfinite, 0);
+        /* and at the chain's destruction, the parameters outliving it */
+        assert_int_equal(run_steps(&r, 1), 0);
+        assert_true(count_nonzero(&r) > 0);
+        ETP_OK(etp_zero_grad(r.chain, r.main));
+        close_chain(&r);
+        assert_int_equal(count_nonzero(&r), 0);
         close_run(&r);
     }
 }
