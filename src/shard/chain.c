@@ -112,8 +112,11 @@ etp_status_t etp_chain_destroy(etp_chain_t *c)
                             "etp_chain_destroy: chain '%s' has communication in flight; call "
                             "etp_wait_grads and synchronize first", c->name);
     }
-    /* deferred zeros become real before the parameters leave */
-    if (!c->ctx->be->failed && c->rs) {
+    /* deferred zeros become real before the parameters leave (only then is
+     * there anything to wait for: other chains keep destroy free of syncs) */
+    int pending = 0;
+    for (int i = 0; i < c->nparams; i++) pending |= c->params[i]->zero_pending;
+    if (pending && !c->ctx->be->failed) {
         etp_status_t zs = etp__chain_zero_pending(c);
         if (zs == ETP_SUCCESS) zs = etp_stream_synchronize(c->rs);
         if (zs != ETP_SUCCESS) return zs;
