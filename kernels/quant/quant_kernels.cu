@@ -932,41 +932,39 @@ __device__ __forceinline__ void st4_v3(uint8_t *d, uint32_t v, bool aligned)
     for (int j = 0; j < 4; j++) d[j] = (uint8_t)(v >> (8 * j));
 }
 
-/* NVFP4 rowwise: row i's 8 codes (4 bytes) of columns C..C+7 (K % 16 = 0).
- * Whole and aligned (the common case): 8 plain stores, no per-row test. */
-__device__ __forceinline__ void nv_rows_out_v3(const etp__qb_tensor_t &t, size_t R, size_t C,
-                                               const uint32_t (&w)[8])
+/* NVFP4 data of either copy, a matrix of `outer` rows of inner / 2 bytes
+ * (rowwise [M, K/2], K % 16 = 0; columnwise [K, M/2], M % 16 = 0): the
+ * thread's 8 words (8 codes each) into rows O..O+7 at element I. Whole and
+ * aligned (the common case): 8 plain stores, no per-row test. */
+__device__ __forceinline__ void nv_out_v3(void *data, size_t outer, size_t inner, size_t O, size_t I,
+                                          const uint32_t (&w)[8])
 {
-    const size_t M = t.rows, K = t.cols, ld = K / 2;
-    if (C >= K) return;
-    uint8_t *d = static_cast<uint8_t *>(t.row_data) + R * ld + C / 2;
-    const bool al = (reinterpret_cast<uintptr_t>(t.row_data) & 3u) == 0;
-    if (R + 8 <= M && al) {
+    const size_t ld = inner / 2;
+    if (I >= inner) return;
+    uint8_t *d = static_cast<uint8_t *>(data) + O * ld + I / 2;
+    const bool al = (reinterpret_cast<uintptr_t>(data) & 3u) == 0;
+    if (O + 8 <= outer && al) {
 #pragma unroll
         for (int i = 0; i < 8; i++) *reinterpret_cast<uint32_t *>(d + i * ld) = w[i];
         return;
     }
 #pragma unroll
     for (int i = 0; i < 8; i++)
-        if (R + i < M) st4_v3(d + i * ld, w[i], al);
+        if (O + i < outer) st4_v3(d + i * ld, w[i], al);
 }
 
-/* NVFP4 columnwise: column c's 8 codes of rows R..R+7 (M % 16 = 0). */
+/* Row i's codes of columns C..C+7 (rowwise), and column c's of rows R..R+7
+ * (columnwise, after the nibble transpose). */
+__device__ __forceinline__ void nv_rows_out_v3(const etp__qb_tensor_t &t, size_t R, size_t C,
+                                               const uint32_t (&w)[8])
+{
+    nv_out_v3(t.row_data, t.rows, t.cols, R, C, w);
+}
+
 __device__ __forceinline__ void nv_cols_out_v3(const etp__qb_tensor_t &t, size_t R, size_t C,
                                                const uint32_t (&w)[8])
 {
-    const size_t M = t.rows, K = t.cols, ld = M / 2;
-    if (R >= M) return;
-    uint8_t *d = static_cast<uint8_t *>(t.col_data) + C * ld + R / 2;
-    const bool al = (reinterpret_cast<uintptr_t>(t.col_data) & 3u) == 0;
-    if (C + 8 <= K && al) {
-#pragma unroll
-        for (int c = 0; c < 8; c++) *reinterpret_cast<uint32_t *>(d + c * ld) = w[c];
-        return;
-    }
-#pragma unroll
-    for (int c = 0; c < 8; c++)
-        if (C + c < K) st4_v3(d + c * ld, w[c], al);
+    nv_out_v3(t.col_data, t.cols, t.rows, C, R, w);
 }
 
 /* MXFP8 (either copy, [M, K]): the thread's 8 x 8 codes are whole and

@@ -34,12 +34,13 @@ static etp_status_t rs_buffer(etp_chain_t *c, void **buf, size_t *have, size_t n
  * all-to-all of a reduction runs on the copy engines (cuda_window.c). */
 etp_status_t etp__chain_ensure_workspace(etp_chain_t *c)
 {
-    size_t ring = 0, rs = 0;
+    /* a ring entry and the exchange's staging each hold one full wgrad of
+     * the largest parameter */
+    size_t ring = 0;
     for (int i = 0; i < c->nparams; i++) {
         const etp_param_t *p = c->params[i];
-        size_t n = full_elems(p);
-        if (n * etp_dtype_size(p->wgrad_dtype) > ring) ring = n * etp_dtype_size(p->wgrad_dtype);
-        if (n * etp_dtype_size(p->wgrad_dtype) > rs) rs = n * etp_dtype_size(p->wgrad_dtype);
+        const size_t bytes = full_elems(p) * etp_dtype_size(p->wgrad_dtype);
+        if (bytes > ring) ring = bytes;
     }
     if (ring > c->ring_bytes) {
         /* Only while recording can a ring entry in use be replaced. */
@@ -56,7 +57,7 @@ etp_status_t etp__chain_ensure_workspace(etp_chain_t *c)
         }
         c->ring_bytes = ring;
     }
-    ETP__TRY(rs_buffer(c, &c->rs_stage, &c->rs_bytes, rs, ETP_MEM_WORKSPACE));
+    ETP__TRY(rs_buffer(c, &c->rs_stage, &c->rs_bytes, ring, ETP_MEM_WORKSPACE));
     if (!c->a2a_counts) {
         size_t R = (size_t)c->group->size;
         c->a2a_counts = calloc(R, sizeof *c->a2a_counts);

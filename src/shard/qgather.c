@@ -194,25 +194,25 @@ etp_status_t etp__qgather_issue(etp_chain_t *c, etp_param_t *p, etp_pass_t pass,
     /* A slot that is a window is gathered into in place, the quantized
      * shard copied to its place first. (Gathering straight from a quantized
      * store that is a window too was measured slower on 2 H200s: 279.5
-     * against 262.7 us for MXFP8 at 256 MiB BF16-equivalent.) */
-    /* Data and scales in one batch: one launch, the scales riding along
-     * with the data instead of paying a collective's latency of their own. */
+     * against 262.7 us for MXFP8 at 256 MiB BF16-equivalent.) Data and
+     * scales go in one batch: one launch, the scales riding along with the
+     * data instead of paying a collective's latency of their own. */
     ETP__TRY(etp_batch_begin(p->ctx));
     etp_status_t st = ETP_SUCCESS;
     if (!transposed) {
         st = etp__slot_allgather(c->group, c->ag_role, window, sdata, p->q_expert_bytes, s + L.data,
-                                    L.data_e, L.sdata_e, ETP_DTYPE_U8, p->experts, c->ag);
+                                 L.data_e, L.sdata_e, ETP_DTYPE_U8, p->experts, c->ag);
     } else {
         /* [K][M/2]: rank r's shard is a block of columns of each row. */
         st = etp__slot_allgather(c->group, c->ag_role, window, sdata, p->q_expert_bytes,
-                                    s + L.stage_data, R * L.sdata_e, L.sdata_e, ETP_DTYPE_U8,
-                                    p->experts, c->ag);
+                                 s + L.stage_data, R * L.sdata_e, L.sdata_e, ETP_DTYPE_U8,
+                                 p->experts, c->ag);
     }
     if (st == ETP_SUCCESS)
         st = etp__slot_allgather(c->group, c->ag_role, window, sscales, p->q_expert_bytes,
-                                    s + (scales_in_place ? L.scales : L.stage_scales),
-                                    scales_in_place ? L.scales_e : R * L.sscales_e, L.sscales_e,
-                                    ETP_DTYPE_U8, p->experts, c->ag);
+                                 s + (scales_in_place ? L.scales : L.stage_scales),
+                                 scales_in_place ? L.scales_e : R * L.sscales_e, L.sscales_e,
+                                 ETP_DTYPE_U8, p->experts, c->ag);
     etp_status_t st2 = etp_batch_end(p->ctx);
     ETP__TRY(st != ETP_SUCCESS ? st : st2);
 

@@ -1,7 +1,7 @@
 /*
- * Copy-engine all-gathers. NCCL (2.28 and later) runs an all-gather on the
- * copy engines, with no SMs, when its communicator has the zero-CTA policy
- * and the buffers are in symmetric windows (memory from ncclMemAlloc
+ * Copy-engine all-gathers and all-to-alls. NCCL (2.28 and later) runs them
+ * on the copy engines, with no SMs, when the communicator has the zero-CTA
+ * policy and the buffers are in symmetric windows (memory from ncclMemAlloc
  * registered with ncclCommWindowRegister). Measured on 2 H200s over NVLink
  * (docs/PERF.md): an in-place all-gather of 256 MiB in 366 us against 560 us
  * for the kernel path, and, next to a kernel occupying every SM, no slowdown
@@ -11,8 +11,9 @@
  * also a copy engine).
  *
  * Each communicator gets a zero-CTA twin (blocking, like the fast-launch
- * twin) when its first window is made; collectives other than all-gathers
- * into windows stay on the usual communicators. Registration is a blocking
+ * twin) when its first window is made; only all-gathers into windows and
+ * uniform all-to-alls between windows go to it (etp__cuda_ag_comm,
+ * etp__cuda_a2a_comm), everything else stays on the usual communicators. Registration is a blocking
  * collective, so it is entered only after a rendezvous under the timeout on
  * the non-blocking communicator, which also agrees on whether every rank
  * got its memory (else all fall back to plain memory together).
