@@ -30,6 +30,8 @@ struct Params {
     etp__qbatch_t b;
     uint32_t tile_start[ETP__QB_MAX + 1]; /* prefix sum of tiles per tensor */
     uint32_t tiles_c[ETP__QB_MAX];        /* cast: tile columns per tensor */
+    uint32_t step_r[ETP__QB_MAX];         /* cast v3: a grid stride in tile rows and */
+    uint32_t step_c[ETP__QB_MAX];         /* columns of each tensor (grid / tiles_c, grid % tiles_c) */
     uint32_t per_block;                   /* multi-amax: units per block */
 };
 
@@ -548,11 +550,15 @@ __global__ void __launch_bounds__(kThreads, kCastBlocksPerSm) cast_kernel_v2(con
  * - an NVFP4 row of 8 codes is one 32-bit word, the columnwise copy is the
  *   8 x 8 nibble transpose of those words in registers; with 16x16 blocks
  *   both copies have the same codes, converted once;
- * - data leaves as 4 (NVFP4) or 8 (MXFP8) bytes per thread and row: a warp
- *   store fills whole 32-byte sectors of 4 rows, or (NVFP4 columnwise) half
- *   sectors whose other halves the warp 32 rows below writes;
+ * - MXFP8 data leaves as 8 bytes per thread and row (a warp store fills
+ *   whole 32-byte sectors of 4 rows); NVFP4 data of whole tiles is staged
+ *   in shared memory and leaves as 16-byte stores after the tile's barrier
+ *   (stage_put_v3: stored from registers, 4 bytes of 8 rows a thread, the
+ *   columnwise half-sector stores alone halved the kernel's speed);
  * - scale bytes gather in shared memory and leave as 4-byte words in output
- *   order: a tile's scales are whole 512-byte swizzle tiles;
+ *   order: a tile's scales are whole 512-byte swizzle tiles (unswizzled,
+ *   4 or 8 bytes of each of 128 rows: pieces of sectors that other tiles
+ *   complete, 6-8% slower than swizzled in the benchmark);
  * - the next tile's BF16 rows travel to shared memory by cp.async while
  *   the current ones are converted, each thread its own rows (no barrier,
  *   no registers held); FP32 tensors run in a second instantiation of the
@@ -601,34 +607,59 @@ __host__ inline void cast_extent_v3(const etp__qb_tensor_t &t, size_t *re, size_
 /* This thread's place in a tile: rows tr..tr+7, columns tc..tc+7. Column
  * neighbours are lanes ^1, ^2, ^4; row neighbours lanes ^8, ^16. */
 struct GeoV3 {
-    int lane, cg, rg, wr; /* lane, lane % 8, lane / 8, the warp's 32-row band */
+    int tid, lane, cg, rg, wr; /* thread, lane, lane % 8, lane / 8, the warp's 32-row band */
     int tr, tc;
 };
 
 __device__ __forceinline__ GeoV3 geo_v3()
 {
     GeoV3 g;
-    g.lane = threadIdx.x & 31;
+    const uint32_t tid = threadIdx.x;
+    g.tid = (int)tid;
+    g.lane = (int)(tid & 31);
     g.cg = g.lane & 7;
     g.rg = g.lane >> 3;
-    g.wr = threadIdx.x >> 6;
+    g.wr = (int)(tid >> 6);
     g.tr = g.wr * 32 + g.rg * 8;
-    g.tc = ((threadIdx.x >> 5) & 1) * 64 + g.cg * 8;
+    g.tc = (int)((tid >> 5) & 1) * 64 + g.cg * 8;
     return g;
 }
 
-/* *k on entry: the previous tile's tensor, most often this one's too (no
+/* A tile's tensor and place in it (tile row rt, column ct). */
+struct TileV3 {
+    uint32_t k, rt, ct;
+};
+
+/* *t on entry: the previous tile's tensor, most often this one's too (no
  * search then). */
-__device__ __forceinline__ void tile_coords_v3(const Params &p, uint32_t tile, uint32_t *k, size_t *r0,
-                                               size_t *c0)
+__device__ __forceinline__ void tile_coords_v3(const Params &p, uint32_t tile, TileV3 *t)
 {
     uint32_t local;
-    if (tile >= p.tile_start[*k] && tile < p.tile_start[*k + 1])
-        local = tile - p.tile_start[*k];
+    if (tile >= p.tile_start[t->k] && tile < p.tile_start[t->k + 1])
+        local = tile - p.tile_start[t->k];
     else
-        *k = find_tensor(p, tile, &local);
-    *r0 = (size_t)(local / p.tiles_c[*k]) * kTileV3;
-    *c0 = (size_t)(local % p.tiles_c[*k]) * kTileV3;
+        t->k = find_tensor(p, tile, &local);
+    t->rt = local / p.tiles_c[t->k];
+    t->ct = local % p.tiles_c[t->k];
+}
+
+/* The tile a grid stride after `cur` (tile index `next`): within the same
+ * tensor a step by the launcher's per-tensor quotient and remainder, no
+ * division (it was ~4% of the NVFP4 kernel's instructions). */
+__device__ __forceinline__ TileV3 tile_step_v3(const Params &p, const TileV3 &cur, uint32_t next)
+{
+    TileV3 t = cur;
+    if (next < p.tile_start[cur.k + 1]) {
+        t.rt = cur.rt + p.step_r[cur.k];
+        t.ct = cur.ct + p.step_c[cur.k];
+        if (t.ct >= p.tiles_c[cur.k]) {
+            t.ct -= p.tiles_c[cur.k];
+            t.rt++;
+        }
+        return t;
+    }
+    tile_coords_v3(p, next, &t);
+    return t;
 }
 
 __device__ __forceinline__ uint32_t u4get(const uint4 &v, int j)
@@ -953,18 +984,71 @@ __device__ __forceinline__ void nv_out_v3(void *data, size_t outer, size_t inner
         if (O + i < outer) st4_v3(d + i * ld, w[i], al);
 }
 
-/* Row i's codes of columns C..C+7 (rowwise), and column c's of rows R..R+7
- * (columnwise, after the nibble transpose). */
-__device__ __forceinline__ void nv_rows_out_v3(const etp__qb_tensor_t &t, size_t R, size_t C,
-                                               const uint32_t (&w)[8])
+/* ---- NVFP4 data staged in shared memory ----------------------------------
+ *
+ * A thread's NVFP4 words are 4 bytes of 8 different output rows: stored
+ * straight to memory, a warp's columnwise store fills half sectors of 8
+ * rows (its 32 input rows are 16 bytes of each output row) and a rowwise
+ * one 32-byte pieces of 4 rows. Measured on an H200 (256 MiB, the kernel
+ * with the columnwise stores left out): those stores alone halved the
+ * kernel's speed, where the conversion (left out the same way) cost 5%.
+ * So a whole tile's codes (each direction 128 rows of 64 bytes) go to
+ * shared memory first and leave, after the tile's barrier, as 16-byte
+ * stores, 4 threads to an output row's 64 contiguous bytes. The 16-byte
+ * chunks of a staged row are XOR-swizzled by (row / 8) % 4, which halves
+ * the bank conflicts of the threads' 4-byte writes (8 rows apart) and
+ * keeps the 16-byte reads conflict-free. */
+constexpr int kStageRowBytes = kTileV3 / 2;                  /* 64 */
+constexpr int kStageDirBytes = kTileV3 * kStageRowBytes;      /* 8 KiB */
+constexpr int kStageBytes = 2 * kStageDirBytes;               /* one tile, both directions */
+
+__device__ __forceinline__ int stage_off_v3(int row, int chunk)
 {
-    nv_out_v3(t.row_data, t.rows, t.cols, R, C, w);
+    return row * kStageRowBytes + ((chunk ^ ((row >> 3) & 3)) << 4);
+}
+
+/* The thread's 8 words into rows O..O+7 of a direction's stage (tile
+ * coordinates), at word I / 8 of each. */
+__device__ __forceinline__ void stage_put_v3(uint8_t *stage, int O, int I, const uint32_t (&w)[8])
+{
+    const int word = I >> 3;
+#pragma unroll
+    for (int i = 0; i < 8; i++)
+        *reinterpret_cast<uint32_t *>(stage + stage_off_v3(O + i, word >> 2) + 4 * (word & 3)) = w[i];
+}
+
+/* A staged direction to memory: output rows O0..O0+127 of `ld` bytes, at
+ * byte I0 of each (both 16-byte aligned: the launcher's check). */
+__device__ __forceinline__ void stage_out_v3(const uint8_t *stage, void *data, size_t ld, size_t O0, size_t I0,
+                                             int tid)
+{
+#pragma unroll
+    for (int pass = 0; pass < kStageDirBytes / (16 * kThreads); pass++) {
+        const int idx = tid + pass * kThreads, row = idx >> 2, c = idx & 3;
+        const uint4 v = *reinterpret_cast<const uint4 *>(stage + stage_off_v3(row, c));
+        *reinterpret_cast<uint4 *>(static_cast<uint8_t *>(data) + (O0 + row) * ld + I0 + 16 * c) = v;
+    }
+}
+
+/* Row i's codes of columns C..C+7 (rowwise), and column c's of rows R..R+7
+ * (columnwise, after the nibble transpose): to the direction's stage when
+ * the tile is staged (non-null), else to memory. */
+__device__ __forceinline__ void nv_rows_out_v3(const etp__qb_tensor_t &t, size_t R, size_t C,
+                                               const uint32_t (&w)[8], uint8_t *stage)
+{
+    if (stage)
+        stage_put_v3(stage, (int)(R % kTileV3), (int)(C % kTileV3), w);
+    else
+        nv_out_v3(t.row_data, t.rows, t.cols, R, C, w);
 }
 
 __device__ __forceinline__ void nv_cols_out_v3(const etp__qb_tensor_t &t, size_t R, size_t C,
-                                               const uint32_t (&w)[8])
+                                               const uint32_t (&w)[8], uint8_t *stage)
 {
-    nv_out_v3(t.col_data, t.cols, t.rows, C, R, w);
+    if (stage)
+        stage_put_v3(stage, (int)(C % kTileV3), (int)(R % kTileV3), w);
+    else
+        nv_out_v3(t.col_data, t.cols, t.rows, C, R, w);
 }
 
 /* MXFP8 (either copy, [M, K]): the thread's 8 x 8 codes are whole and
@@ -1003,7 +1087,7 @@ __device__ __forceinline__ void fp8_out_v3(void *data, const etp__qb_tensor_t &t
 template <bool kBf>
 __device__ __noinline__ void nv_tile_safe_v3(const etp__qbatch_t &b, const etp__qb_tensor_t &t, GeoV3 g,
                                              size_t R, size_t C, const SubV3 sub, float s_enc_6, float s_dec,
-                                             TileScales &st)
+                                             TileScales &st, uint8_t *rstage, uint8_t *cstage)
 {
     const uint32_t (&w)[8][8] = sub.w;
     float mr[8], mc[8];
@@ -1054,7 +1138,7 @@ __device__ __noinline__ void nv_tile_safe_v3(const etp__qbatch_t &b, const etp__
             for (int e = 0; e < 8; e++)
                 o[i] |= (uint32_t)etp__qf_e2m1_rne_satfinite_fast(elem_v3<kBf>(w[i], e) * mr[i]) << (4 * e);
         }
-        nv_rows_out_v3(t, R, C, o);
+        nv_rows_out_v3(t, R, C, o, rstage);
         if (!(g.cg & 1))
 #pragma unroll
             for (int x = 0; x < 8; x++) st[0][g.tc / 16][g.tr + x] = sr[x];
@@ -1069,7 +1153,7 @@ __device__ __noinline__ void nv_tile_safe_v3(const etp__qbatch_t &b, const etp__
                 o[i] |= (uint32_t)etp__qf_e2m1_rne_satfinite_fast(elem_v3<kBf>(w[i], e) * mc[e]) << (4 * e);
         }
         transpose_nibbles_v3(o);
-        nv_cols_out_v3(t, R, C, o);
+        nv_cols_out_v3(t, R, C, o, cstage);
         if (!(g.rg & 1))
 #pragma unroll
             for (int x = 0; x < 8; x++) st[1][g.tr / 16][g.tc + x] = sc[x];
@@ -1091,14 +1175,15 @@ __device__ __forceinline__ float nv_mult_v3(uint32_t a, float s_enc_6, float s_d
 template <bool kBf, typename F>
 __device__ __forceinline__ void nv_tile_v3(const etp__qbatch_t &b, const etp__qb_tensor_t &t, const GeoV3 &g,
                                            size_t R, size_t C, const uint32_t (&w)[8][8], float s_enc_6,
-                                           float s_dec, TileScales &st, F &&prefetch)
+                                           float s_dec, TileScales &st, uint8_t *rstage, uint8_t *cstage,
+                                           F &&prefetch)
 {
     const bool rowd = t.row_data != nullptr, cold = t.col_data != nullptr;
     if (b.block2d) {
         const uint32_t a = block2d_amax_v3<kBf>(w);
         prefetch();
         if (__any_sync(kFull, a > 0x7f800000u)) {
-            nv_tile_safe_v3<kBf>(b, t, g, R, C, sub_v3(w), s_enc_6, s_dec, st);
+            nv_tile_safe_v3<kBf>(b, t, g, R, C, sub_v3(w), s_enc_6, s_dec, st, rstage, cstage);
             return;
         }
         uint8_t s;
@@ -1109,12 +1194,12 @@ __device__ __forceinline__ void nv_tile_v3(const etp__qbatch_t &b, const etp__qb
         for (int i = 0; i < 8; i++) o[i] = e2m1_row_v3<kBf>(w[i], mm) | fp4_signs_v3<kBf>(w[i]);
         const unsigned long long s8 = 0x0101010101010101ull * s;
         if (rowd) {
-            nv_rows_out_v3(t, R, C, o);
+            nv_rows_out_v3(t, R, C, o, rstage);
             if (!(g.cg & 1)) *reinterpret_cast<unsigned long long *>(&st[0][g.tc / 16][g.tr]) = s8;
         }
         if (cold) {
             transpose_nibbles_v3(o);
-            nv_cols_out_v3(t, R, C, o);
+            nv_cols_out_v3(t, R, C, o, cstage);
             if (!(g.rg & 1)) *reinterpret_cast<unsigned long long *>(&st[1][g.tr / 16][g.tc]) = s8;
         }
         return;
@@ -1156,7 +1241,7 @@ __device__ __forceinline__ void nv_tile_v3(const etp__qbatch_t &b, const etp__qb
     }
     prefetch();
     if (__any_sync(kFull, bad != 0)) {
-        nv_tile_safe_v3<kBf>(b, t, g, R, C, sub_v3(w), s_enc_6, s_dec, st);
+        nv_tile_safe_v3<kBf>(b, t, g, R, C, sub_v3(w), s_enc_6, s_dec, st, rstage, cstage);
         return;
     }
     uint32_t sg[8];
@@ -1169,7 +1254,7 @@ __device__ __forceinline__ void nv_tile_v3(const etp__qbatch_t &b, const etp__qb
             const float mm[8] = {mr[i], mr[i], mr[i], mr[i], mr[i], mr[i], mr[i], mr[i]};
             o[i] = e2m1_row_v3<kBf>(w[i], mm) | sg[i];
         }
-        nv_rows_out_v3(t, R, C, o);
+        nv_rows_out_v3(t, R, C, o, rstage);
         *reinterpret_cast<uint32_t *>(&st[0][g.tc / 16][g.tr + 4 * hr]) = sr;
     }
     if (cold) {
@@ -1177,7 +1262,7 @@ __device__ __forceinline__ void nv_tile_v3(const etp__qbatch_t &b, const etp__qb
 #pragma unroll
         for (int i = 0; i < 8; i++) o[i] = e2m1_row_v3<kBf>(w[i], mc) | sg[i];
         transpose_nibbles_v3(o);
-        nv_cols_out_v3(t, R, C, o);
+        nv_cols_out_v3(t, R, C, o, cstage);
         *reinterpret_cast<uint32_t *>(&st[1][g.tr / 16][g.tc + 4 * hc]) = sc;
     }
 }
@@ -1387,29 +1472,57 @@ __device__ __forceinline__ void scale_word_out_v3(void *base, size_t off, uint32
     st4_v3(d, v, (reinterpret_cast<uintptr_t>(d) & 3u) == 0);
 }
 
+/* The row (column) of a tile, and the word of 4 blocks in it, whose scale
+ * entries this thread writes. */
+struct ScaleSlotV3 {
+    int o, gi;
+};
+
+template <bool kNv>
+__device__ __forceinline__ ScaleSlotV3 scale_slot_v3(const etp__qbatch_t &b, int tid)
+{
+    ScaleSlotV3 q;
+    if (b.swizzle) { /* a 512-byte tile: word x holds rows x / 4 + 32 (x % 4) */
+        const int x = tid & 127;
+        q.gi = tid >> 7;
+        q.o = (x >> 2) | ((x & 3) << 5);
+    } else {
+        q.o = kNv ? tid >> 1 : tid;
+        q.gi = kNv ? tid & 1 : 0;
+    }
+    return q;
+}
+
+/* A word of 4 scale bytes st[d][g4 + j][o], j = 0..3 (byte j at bits 8j). */
+__device__ __forceinline__ uint32_t scale_word_v3(const TileScales &st, int d, int g4, int o)
+{
+    return (uint32_t)st[d][g4][o] | (uint32_t)st[d][g4 + 1][o] << 8 | (uint32_t)st[d][g4 + 2][o] << 16 |
+           (uint32_t)st[d][g4 + 3][o] << 24;
+}
+
 /* The tile's scale entries, padding included (zeros), as 4-byte words of 4
  * consecutive blocks, one word per thread, consecutive threads on
- * consecutive words of the output. */
+ * consecutive words of the output. A tile wholly inside the tensor takes
+ * its words with no per-entry test. */
+template <bool kNv>
 __device__ __forceinline__ void scales_out_v3(const etp__qbatch_t &b, const etp__qb_tensor_t &t, size_t r0,
                                               size_t c0, const TileScales &st)
 {
-    const size_t M = t.rows, K = t.cols;
+    /* from the special register, which the compiler re-reads at will: a
+     * value computed once for the kernel and kept was spilled instead */
     const int tid = threadIdx.x;
-    const bool nv = b.format == ETP__QB_NVFP4;
-    const int groups = nv ? 2 : 1; /* 4-block words per row (column) of a tile */
-    int o, gi; /* the row (column) in the tile, the word in it */
-    if (b.swizzle) { /* a 512-byte tile: word q holds rows q / 4 + 32 (q % 4) */
-        gi = tid >> 7;
-        const int q = tid & 127;
-        o = (q >> 2) | ((q & 3) << 5);
-    } else {
-        o = tid / groups;
-        gi = tid % groups;
-    }
+    const ScaleSlotV3 q = scale_slot_v3<kNv>(b, tid);
+    const size_t M = t.rows, K = t.cols;
+    constexpr bool nv = kNv;
+    constexpr int groups = nv ? 2 : 1; /* 4-block words per row (column) of a tile */
+    const int o = q.o, gi = q.gi;
     if (t.row_data && tid < 128 * groups) {
         const etp__qf_scale_shape_t ss = nv ? etp__qf_nvfp4_row_scales(M, K) : etp__qf_mxfp8_row_scales(M, K);
-        const size_t r = r0 + o, kb = (nv ? c0 / 16 : c0 / 32) + 4 * gi, kbs = nv ? K / 16 : K / 32;
-        if (r < ss.rows && kb < ss.cols) {
+        const size_t r = r0 + o, kb0 = nv ? c0 / 16 : c0 / 32, kb = kb0 + 4 * gi, kbs = nv ? K / 16 : K / 32;
+        if (r0 + kTileV3 <= M && kb0 + 4 * groups <= kbs) {
+            scale_word_out_v3(t.row_scales, etp__qf_scale_offset(r, kb, ss.cols, b.swizzle),
+                              scale_word_v3(st, 0, 4 * gi, o));
+        } else if (r < ss.rows && kb < ss.cols) {
             uint32_t v = 0;
 #pragma unroll
             for (int j = 0; j < 4; j++)
@@ -1420,8 +1533,11 @@ __device__ __forceinline__ void scales_out_v3(const etp__qbatch_t &b, const etp_
     if (!t.col_data) return;
     if (nv) { /* [column, M-block], like rowwise */
         const etp__qf_scale_shape_t ss = etp__qf_nvfp4_col_scales(M, K);
-        const size_t j = c0 + o, mb = r0 / 16 + 4 * gi;
-        if (j < ss.rows && mb < ss.cols) {
+        const size_t j = c0 + o, mb0 = r0 / 16, mb = mb0 + 4 * gi;
+        if (c0 + kTileV3 <= K && mb0 + 8 <= M / 16) {
+            scale_word_out_v3(t.col_scales, etp__qf_scale_offset(j, mb, ss.cols, b.swizzle),
+                              scale_word_v3(st, 1, 4 * gi, o));
+        } else if (j < ss.rows && mb < ss.cols) {
             uint32_t v = 0;
 #pragma unroll
             for (int x = 0; x < 4; x++)
@@ -1463,7 +1579,9 @@ __device__ __forceinline__ void scales_out_v3(const etp__qbatch_t &b, const etp_
  * registers, and fills the instruction cache, for its own case alone.
  * Scale bytes alternate between two shared buffers: one barrier per tile
  * (warps storing their own scales straight from registers, as 2-byte
- * pieces of words that other warps complete, measured slower). */
+ * pieces of words that other warps complete, measured slower; mbarriers
+ * that let a warp run a tile ahead of the others instead of a block-wide
+ * barrier, no faster). */
 template <bool kBf, bool kNv>
 __global__ void __launch_bounds__(kThreads, kNv ? kCastV3NvBlocksPerSm : kCastV3MxBlocksPerSm)
     cast_kernel_v3(const __grid_constant__ Params p)
@@ -1472,24 +1590,26 @@ __global__ void __launch_bounds__(kThreads, kNv ? kCastV3NvBlocksPerSm : kCastV3
     if (skipped(b)) return;
     __shared__ __align__(16) TileScales st[2];
     __shared__ __align__(16) uint4 ahead[kBf ? 8 : 1][kThreads]; /* the next tile's rows, per thread */
+    extern __shared__ __align__(16) uint8_t stage[]; /* NVFP4: [parity][direction] staged tiles */
     const uint32_t total = p.tile_start[b.n];
     uint32_t tile = blockIdx.x;
     if (tile >= total) return;
     const GeoV3 g = geo_v3();
-    uint32_t k = 0;
-    size_t r0, c0;
-    tile_coords_v3(p, tile, &k, &r0, &c0);
+    TileV3 cur = {0, 0, 0};
+    tile_coords_v3(p, tile, &cur);
     bool have = false;  /* ahead holds this tile's input */
     uint32_t nvk = ~0u; /* the tensor s_enc_6 and s_dec belong to */
     float s_enc_6 = 1.0f, s_dec = 1.0f;
     for (int par = 0;; par ^= 1) {
+        const uint32_t k = cur.k;
         const etp__qb_tensor_t &t = b.t[k];
+        const size_t r0 = (size_t)cur.rt * kTileV3, c0 = (size_t)cur.ct * kTileV3;
         const size_t R = r0 + g.tr, C = c0 + g.tc;
         uint4 lo[8], hi[8];
         if (have) {
             cp_async_wait_v3();
 #pragma unroll
-            for (int i = 0; i < 8; i++) lo[i] = ahead[i][threadIdx.x];
+            for (int i = 0; i < 8; i++) lo[i] = ahead[i][g.tid];
         } else if (kBf) {
             if (fast_v3(t, R, C))
                 load_bf16_v3(t, R, C, lo);
@@ -1502,18 +1622,18 @@ __global__ void __launch_bounds__(kThreads, kNv ? kCastV3NvBlocksPerSm : kCastV3
                 load_slow_v3<false>(t, R, C, lo, hi);
         }
         const uint32_t next = tile + gridDim.x;
-        uint32_t nk = k;
-        size_t nr0 = 0, nc0 = 0;
-        if (next < total) tile_coords_v3(p, next, &nk, &nr0, &nc0);
+        TileV3 nt = cur;
+        if (next < total) nt = tile_step_v3(p, cur, next);
+        const size_t nr0 = (size_t)nt.rt * kTileV3, nc0 = (size_t)nt.ct * kTileV3;
         /* FP32 rows would need twice the shared memory: those load in place */
-        have = kBf && next < total && fast_v3(b.t[nk], nr0 + g.tr, nc0 + g.tc);
+        have = kBf && next < total && fast_v3(b.t[nt.k], nr0 + g.tr, nc0 + g.tc);
         const auto prefetch = [&]() {
             if (!kBf || !have) return;
-            const etp__qb_tensor_t &nt = b.t[nk];
-            const size_t K = nt.cols;
-            const uint16_t *x = static_cast<const uint16_t *>(nt.x) + (nr0 + g.tr) * K + nc0 + g.tc;
+            const etp__qb_tensor_t &ntt = b.t[nt.k];
+            const size_t K = ntt.cols;
+            const uint16_t *x = static_cast<const uint16_t *>(ntt.x) + (nr0 + g.tr) * K + nc0 + g.tc;
 #pragma unroll
-            for (int i = 0; i < 8; i++) cp_async16_v3(&ahead[kBf ? i : 0][threadIdx.x], x + i * K);
+            for (int i = 0; i < 8; i++) cp_async16_v3(&ahead[kBf ? i : 0][g.tid], x + i * K);
             cp_async_commit_v3();
         };
         constexpr bool nv = kNv;
@@ -1525,17 +1645,26 @@ __global__ void __launch_bounds__(kThreads, kNv ? kCastV3NvBlocksPerSm : kCastV3
         }
         uint32_t w[8][8];
         words_v3<kBf>(lo, hi, w);
+        /* NVFP4 whole tiles of 16-byte aligned output rows are staged (the
+         * same for every thread of the block) */
+        uint8_t *rstage = nullptr, *cstage = nullptr;
+        if (nv && r0 + kTileV3 <= t.rows && c0 + kTileV3 <= t.cols) {
+            if (t.row_data && (t.cols / 2) % 16 == 0 && (reinterpret_cast<uintptr_t>(t.row_data) & 15u) == 0)
+                rstage = stage + par * kStageBytes;
+            if (t.col_data && (t.rows / 2) % 16 == 0 && (reinterpret_cast<uintptr_t>(t.col_data) & 15u) == 0)
+                cstage = stage + par * kStageBytes + kStageDirBytes;
+        }
         if (nv)
-            nv_tile_v3<kBf>(b, t, g, R, C, w, s_enc_6, s_dec, st[par], prefetch);
+            nv_tile_v3<kBf>(b, t, g, R, C, w, s_enc_6, s_dec, st[par], rstage, cstage, prefetch);
         else
             mx_tile_v3<kBf>(b, t, g, R, C, w, st[par], prefetch);
         __syncthreads();
-        scales_out_v3(b, t, r0, c0, st[par]);
+        scales_out_v3<kNv>(b, t, r0, c0, st[par]);
+        if (rstage) stage_out_v3(rstage, t.row_data, t.cols / 2, r0, c0 / 2, g.tid);
+        if (cstage) stage_out_v3(cstage, t.col_data, t.rows / 2, c0, r0 / 2, g.tid);
         if (next >= total) break;
         tile = next;
-        k = nk;
-        r0 = nr0;
-        c0 = nc0;
+        cur = nt;
     }
 }
 
@@ -1648,11 +1777,22 @@ extern "C" cudaError_t etp__cuda_quant_launch(cudaStream_t s, const etp__qbatch_
                 const uint64_t most = (uint64_t)batch->sms * (nv ? kCastV3NvBlocksPerSm : kCastV3MxBlocksPerSm);
                 grid = grid < most ? grid : most;
             }
+            for (uint32_t k = 0; k < batch->n; k++) {
+                p.step_r[k] = (uint32_t)(grid / p.tiles_c[k]);
+                p.step_c[k] = (uint32_t)(grid % p.tiles_c[k]);
+            }
             const void *fn = dt == ETP__QB_BF16 ? (nv ? (const void *)cast_kernel_v3<true, true>
                                                       : (const void *)cast_kernel_v3<true, false>)
                                                 : (nv ? (const void *)cast_kernel_v3<false, true>
                                                       : (const void *)cast_kernel_v3<false, false>);
-            const cudaError_t e = cudaLaunchKernel(fn, dim3((unsigned)grid), dim3(kThreads), args, 0, s);
+            /* NVFP4 stages two tiles' codes: beyond the 48 KiB a block gets
+             * without asking */
+            const size_t dyn = nv ? 2 * (size_t)kStageBytes : 0;
+            if (dyn) {
+                const cudaError_t ea = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)dyn);
+                if (ea != cudaSuccess) return ea;
+            }
+            const cudaError_t e = cudaLaunchKernel(fn, dim3((unsigned)grid), dim3(kThreads), args, dyn, s);
             if (e != cudaSuccess) return e;
         }
         return cudaSuccess;
