@@ -1193,11 +1193,12 @@ __device__ __forceinline__ void nv_tile_v3(const etp__qbatch_t &b, const etp__qb
         const float mm[8] = {m, m, m, m, m, m, m, m};
         uint32_t o[8]; /* one set of codes for both copies */
         /* Only a product of 7 or more rounds past 6 (or leaves the magic
-         * addition's range), and the block's largest product bounds every
-         * element's (the multiply is monotonic): most warps skip the clamp,
+         * addition's range: ETP__QF_E2M1_UNCLAMPED_BELOW), and the block's
+         * largest product bounds every element's (the multiply is
+         * monotonic): most warps skip the clamp,
          * 64 instructions a thread and 5% of the kernel's time once its
          * stores were staged (H200, 256 MiB). */
-        if (__any_sync(kFull, !(__uint_as_float(a) * m < 7.0f))) {
+        if (__any_sync(kFull, !(__uint_as_float(a) * m < ETP__QF_E2M1_UNCLAMPED_BELOW))) {
 #pragma unroll
             for (int i = 0; i < 8; i++) o[i] = e2m1_row_v3<kBf, true>(w[i], mm) | fp4_signs_v3<kBf>(w[i]);
         } else {

@@ -300,6 +300,21 @@ ETP__QF_HD uint32_t etp__qf_round_magic(float a, uint32_t emin, uint32_t k, uint
 #define ETP__QF_MAGIC_E4M3 121u, 0x00800008u, (20u << 23) - (121u << 3)
 #define ETP__QF_MAGIC_E5M2 113u, 0x00800004u, (21u << 23) - (113u << 2)
 
+/* Below this bound the E2M1 magic addition needs no clamp: every +0 <= a <
+ * 7 rounds to at most 6 and its sum stays in M's binade (7 itself would be
+ * a tie going to the even 8, past the format). The cast kernel skips the
+ * clamp for 16x16 blocks whose largest product is below it (the multiply
+ * is monotonic, so no element's product is larger); test_quant_formats
+ * checks every input up to it. */
+#define ETP__QF_E2M1_UNCLAMPED_BELOW 7.0f
+
+/* etp__qf_e2m1_rne_satfinite(a) for +0 <= a < ETP__QF_E2M1_UNCLAMPED_BELOW,
+ * no clamp. */
+ETP__QF_HD uint8_t etp__qf_e2m1_magic_unclamped(float a)
+{
+    return (uint8_t)(etp__qf_round_magic(a, ETP__QF_MAGIC_E2M1) & 0xfu);
+}
+
 /* etp__qf_e2m1_rne_satfinite(x) for every non-NaN x: |x| clamped to 6 first
  * (which also makes +-Inf and beyond +-6). */
 ETP__QF_HD uint8_t etp__qf_e2m1_rne_satfinite_magic(float x)

@@ -173,6 +173,19 @@ static void check_magic(uint32_t u, size_t *bad)
     }
 }
 
+/* The unclamped E2M1 magic addition of the NVFP4 cast's common path, for
+ * every +0 <= a < ETP__QF_E2M1_UNCLAMPED_BELOW it is used on. */
+static void check_unclamped(uint32_t u, size_t *bad)
+{
+    /* +0 up to the bound: the kernel's operand is |x| * m */
+    if (u >= etp__qf_bits(ETP__QF_E2M1_UNCLAMPED_BELOW)) return;
+    const float a = etp__qf_float(u);
+    if (etp__qf_e2m1_magic_unclamped(a) != etp__qf_e2m1_rne_satfinite(a)) {
+        if (*bad == 0) print_error("unclamped E2M1 magic differs for 0x%08x\n", u);
+        ++*bad;
+    }
+}
+
 static void test_fast_conversions(void **state)
 {
     (void)state;
@@ -183,11 +196,16 @@ static void test_fast_conversions(void **state)
         for (size_t l = 0; l < sizeof lows / sizeof lows[0]; l++) {
             check_fast((hi << 16) | lows[l], &bad);
             check_magic((hi << 16) | lows[l], &bad);
+            check_unclamped((hi << 16) | lows[l], &bad);
         }
     for (uint64_t u = 0; u < 0x100000000ull; u += 4093) {
         check_fast((uint32_t)u, &bad);
         check_magic((uint32_t)u, &bad);
+        check_unclamped((uint32_t)u, &bad);
     }
+    /* every input within 2^17 patterns below the bound (6.0 and past it up
+     * to the bound itself) */
+    for (uint32_t d = 1; d <= 0x20000u; d++) check_unclamped(etp__qf_bits(ETP__QF_E2M1_UNCLAMPED_BELOW) - d, &bad);
     /* every input near the E2M1 grid's ties and the saturation bounds */
     const float edges[] = {0.25f, 0.75f, 1.25f, 1.75f, 2.5f, 3.5f, 5.0f, 6.0f, 7.0f, 448.0f, 464.0f, 480.0f,
                            57344.0f, 61440.0f, 0.015625f, 6.103515625e-05f};
@@ -196,6 +214,7 @@ static void test_fast_conversions(void **state)
             const uint32_t c = etp__qf_bits(edges[i]) - 0x10000u + d;
             check_magic(c, &bad);
             check_magic(c | 0x80000000u, &bad);
+            check_unclamped(c, &bad);
         }
     assert_int_equal(bad, 0);
 }
