@@ -4,8 +4,9 @@
  * direction set and both scale orders, on 1 to 300 tensors of random shapes
  * (rows and columns that are not multiples of the block or of 128, empty
  * tensors, one beyond a million elements), BF16 and FP32, fresh data from a
- * printed seed, every output poisoned first and its guard byte checked
- * after. Also amax_allreduce over the ranks (one GPU each), the chained
+ * printed seed (rare NaN, infinities, values past the formats' ranges,
+ * FP32 subnormals and -0 in every fourth configuration), every output
+ * poisoned first and its guard byte checked after. Also amax_allreduce over the ranks (one GPU each), the chained
  * quantize, dequantize in both directions, and the no-op flag. Label gpu;
  * skipped without a GPU.
  */
@@ -53,6 +54,20 @@ static float value_of(int rank, size_t i, size_t e, uint64_t tag)
     const int ex = (int)((r >> 24) % 24) - 12 + (int)(i % 5);
     float v = ((r >> 63) ? -1.0f : 1.0f) * ldexpf(0.5f + m, ex);
     if ((r >> 32) % 997 == 0) v = 0.0f; /* some exact zeros */
+    /* every fourth configuration: rare special values, so that some warps
+     * of the kernels take their per-element paths (a NaN in a block, an
+     * infinite amax) beside others on the fast ones; infinities only in
+     * every eighth, where they make the NVFP4 tensor scale degenerate */
+    if (tag % 4 == 3 && (r >> 40) % 1500 == 0) {
+        switch ((r >> 52) % 6) {
+        case 0: v = NAN; break;
+        case 1: v = tag % 8 == 7 ? -INFINITY : -3.0e38f; break;
+        case 2: v = 1.0e30f; break;            /* past every format's range */
+        case 3: v = -1.0e-40f; break;          /* an FP32 subnormal */
+        case 4: v = -0.0f; break;
+        default: v = tag % 8 == 7 ? INFINITY : 448.0f * 6.0f; break;
+        }
+    }
     return v;
 }
 
