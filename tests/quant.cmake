@@ -24,6 +24,14 @@ if(ETP_WITH_CUDA AND ETP_WITH_MPI)
   # CUDA kernels against the host reference, byte for byte (1 GPU; 2 GPUs
   # also all-reduce the amaxes over NCCL).
   etp_add_gpu_test(test_quant_gpu gpu/test_quant_gpu.c ON quant 1 2)
+  # The same checks on the host backend (ETP_TEST_QUANT_ON_HOST=1), on every
+  # machine: they prove the test itself, its special values included, where
+  # no GPU runs it.
+  add_test(NAME test_quant_gpu_on_host_np2
+    COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 2 --oversubscribe --bind-to none
+            --mca mpi_yield_when_idle 1 ${MPIEXEC_PREFLAGS} $<TARGET_FILE:test_quant_gpu> ${MPIEXEC_POSTFLAGS})
+  set_tests_properties(test_quant_gpu_on_host_np2 PROPERTIES LABELS "mpi;quant"
+    ENVIRONMENT "${ETP_TEST_ENV};ETP_TEST_QUANT_ON_HOST=1" TIMEOUT 600 PROCESSORS 2)
   # The scale-swizzle kernel against the host reference (one GPU: no collective).
   etp_add_gpu_test(test_quant_swizzle_gpu gpu/test_quant_swizzle_gpu.c ON quant 1)
   # The captured quantize with CUDA graphs.
