@@ -14,6 +14,7 @@
  * reference bit for bit (tests/gpu/test_quant_gpu.c checks it).
  */
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "quant_kernels.h"
@@ -568,6 +569,19 @@ __global__ void __launch_bounds__(kThreads, kCastBlocksPerSm) cast_kernel_v2(con
  * element pass the format's largest value: an infinite amax) converts with
  * the v2 functions instead, element by element. */
 
+#ifdef ETP_QUANT_CAST_DIAG
+/* A measuring build only (-DCMAKE_CUDA_FLAGS=-DETP_QUANT_CAST_DIAG): parts
+ * of the v3 cast left out, their outputs wrong, to see where the time goes
+ * when instruction counts do not tell (docs/PERF.md, fourth session). The
+ * bits of ETP_QUANT_CAST_DIAG in the environment at each launch: 1 the
+ * NVFP4 conversion, 2 the columnwise data stores, 4 the rowwise ones, 8 the
+ * scale write-out, 16 the NVFP4 clamp. */
+__constant__ uint32_t g_cast_diag;
+#define ETP__CAST_LEAVE_OUT(bit) ((g_cast_diag & (bit)) != 0u)
+#else
+#define ETP__CAST_LEAVE_OUT(bit) false
+#endif
+
 constexpr int kTileV3 = 128;          /* v3 tiles: 128 x 128 elements */
 /* resident blocks per SM (launch bounds) of the NVFP4 and the MXFP8
  * kernels; a build may override them to measure the occupancy / register
@@ -1038,6 +1052,7 @@ __device__ __forceinline__ void stage_out_v3(const uint8_t *stage, void *data, s
 __device__ __forceinline__ void nv_rows_out_v3(const etp__qb_tensor_t &t, size_t R, size_t C,
                                                const uint32_t (&w)[8], uint8_t *stage)
 {
+    if (ETP__CAST_LEAVE_OUT(4)) return;
     if (stage)
         stage_put_v3(stage, (int)(R % kTileV3), (int)(C % kTileV3), w);
     else
@@ -1047,6 +1062,7 @@ __device__ __forceinline__ void nv_rows_out_v3(const etp__qb_tensor_t &t, size_t
 __device__ __forceinline__ void nv_cols_out_v3(const etp__qb_tensor_t &t, size_t R, size_t C,
                                                const uint32_t (&w)[8], uint8_t *stage)
 {
+    if (ETP__CAST_LEAVE_OUT(2)) return;
     if (stage)
         stage_put_v3(stage, (int)(C % kTileV3), (int)(R % kTileV3), w);
     else
@@ -1198,7 +1214,11 @@ __device__ __forceinline__ void nv_tile_v3(const etp__qbatch_t &b, const etp__qb
          * monotonic): most warps skip the clamp,
          * 64 instructions a thread and 5% of the kernel's time once its
          * stores were staged (H200, 256 MiB). */
-        if (__any_sync(kFull, !(__uint_as_float(a) * m < ETP__QF_E2M1_UNCLAMPED_BELOW))) {
+        if (ETP__CAST_LEAVE_OUT(1)) {
+#pragma unroll
+            for (int i = 0; i < 8; i++) o[i] = w[i][0] ^ w[i][1] ^ w[i][2] ^ w[i][3] ^ __float_as_uint(m);
+        } else if (!ETP__CAST_LEAVE_OUT(16) &&
+                   __any_sync(kFull, !(__uint_as_float(a) * m < ETP__QF_E2M1_UNCLAMPED_BELOW))) {
 #pragma unroll
             for (int i = 0; i < 8; i++) o[i] = e2m1_row_v3<kBf, true>(w[i], mm) | fp4_signs_v3<kBf>(w[i]);
         } else {
@@ -1462,17 +1482,21 @@ __device__ __forceinline__ void mx_tile_v3(const etp__qbatch_t &b, const etp__qb
         return;
     }
     if (rowd) {
-        if (e5m2)
-            mx_codes_out_v3<kBf, true>(t.row_data, t, R, C, w, sr, sc, false);
-        else
-            mx_codes_out_v3<kBf, false>(t.row_data, t, R, C, w, sr, sc, false);
+        if (!ETP__CAST_LEAVE_OUT(4)) {
+            if (e5m2)
+                mx_codes_out_v3<kBf, true>(t.row_data, t, R, C, w, sr, sc, false);
+            else
+                mx_codes_out_v3<kBf, false>(t.row_data, t, R, C, w, sr, sc, false);
+        }
         *reinterpret_cast<uint16_t *>(&st[0][g.tc / 32][g.tr + 2 * qr]) = (uint16_t)er;
     }
     if (cold) {
-        if (e5m2)
-            mx_codes_out_v3<kBf, true>(t.col_data, t, R, C, w, sr, sc, true);
-        else
-            mx_codes_out_v3<kBf, false>(t.col_data, t, R, C, w, sr, sc, true);
+        if (!ETP__CAST_LEAVE_OUT(2)) {
+            if (e5m2)
+                mx_codes_out_v3<kBf, true>(t.col_data, t, R, C, w, sr, sc, true);
+            else
+                mx_codes_out_v3<kBf, false>(t.col_data, t, R, C, w, sr, sc, true);
+        }
         *reinterpret_cast<uint16_t *>(&st[1][g.wr][g.tc + 2 * qc]) = (uint16_t)ec;
     }
 }
@@ -1672,9 +1696,9 @@ __global__ void __launch_bounds__(kThreads, kNv ? kCastV3NvBlocksPerSm : kCastV3
         else
             mx_tile_v3<kBf>(b, t, g, R, C, w, st[par], prefetch);
         __syncthreads();
-        scales_out_v3<kNv>(b, t, r0, c0, st[par]);
-        if (rstage) stage_out_v3(rstage, t.row_data, t.cols / 2, r0, c0 / 2, g.tid);
-        if (cstage) stage_out_v3(cstage, t.col_data, t.rows / 2, c0, r0 / 2, g.tid);
+        if (!ETP__CAST_LEAVE_OUT(8)) scales_out_v3<kNv>(b, t, r0, c0, st[par]);
+        if (rstage && !ETP__CAST_LEAVE_OUT(4)) stage_out_v3(rstage, t.row_data, t.cols / 2, r0, c0 / 2, g.tid);
+        if (cstage && !ETP__CAST_LEAVE_OUT(2)) stage_out_v3(cstage, t.col_data, t.rows / 2, c0, r0 / 2, g.tid);
         if (next >= total) break;
         tile = next;
         cur = nt;
@@ -1772,6 +1796,14 @@ extern "C" cudaError_t etp__cuda_quant_launch(cudaStream_t s, const etp__qbatch_
     Params p;
     memcpy(&p.b, batch, etp__qbatch_bytes(batch->n));
     p.per_block = 1;
+#ifdef ETP_QUANT_CAST_DIAG
+    {
+        const char *d = getenv("ETP_QUANT_CAST_DIAG");
+        const uint32_t bits = d ? (uint32_t)strtoul(d, nullptr, 0) : 0u;
+        const cudaError_t e = cudaMemcpyToSymbolAsync(g_cast_diag, &bits, sizeof bits, 0, cudaMemcpyHostToDevice, s);
+        if (e != cudaSuccess) return e;
+    }
+#endif
     void *args[] = {&p};
     /* cast: v3 unless asked for v2 (ETP_QUANT_CAST_KERNEL=2, kept until v3
      * has a GPU record); stochastic rounding stays on v2, whose per-element
