@@ -1376,6 +1376,27 @@ __device__ __forceinline__ float mx_mult_v3(uint32_t a, float inv, float top, ui
     return s;
 }
 
+/* One direction's MXFP8 scales of the thread's 8 rows (columns), amaxes
+ * a[8]: the block's lane q (of 4: lanes base + q * stride) computes those
+ * of its rows 2q and 2q + 1 (their E8M0 bytes into *e, bytes 0 and 1) and
+ * all 8 multipliers come back by shuffles. */
+__device__ __forceinline__ void mx_scales_v3(const uint32_t (&a)[8], int q, int base, int stride, float inv,
+                                             float top, float (&m)[8], uint32_t *e, uint32_t *bad)
+{
+    float s[2];
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        const uint32_t x = q == 0 ? a[h] : q == 1 ? a[2 + h] : q == 2 ? a[4 + h] : a[6 + h];
+        uint32_t c;
+        s[h] = mx_mult_v3(x, inv, top, &c, bad);
+        *e |= c << (8 * h);
+    }
+#pragma unroll
+    for (int l = 0; l < 4; l++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) m[2 * l + h] = __shfl_sync(kFull, s[h], base | (l * stride));
+}
+
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ < 890
 /* Bytes 0-3 of a word from four values (their low bytes). */
 __device__ __forceinline__ uint32_t pack4_v3(uint32_t a, uint32_t b, uint32_t c, uint32_t d)
@@ -1447,34 +1468,12 @@ __device__ __forceinline__ void mx_tile_v3(const etp__qbatch_t &b, const etp__qb
     if (rowd) {
         uint32_t ra[8];
         rows_amax_v3<kBf, 1, 2>(w, ra);
-        float s[2];
-#pragma unroll
-        for (int h = 0; h < 2; h++) {
-            const uint32_t a = qr == 0 ? ra[h] : qr == 1 ? ra[2 + h] : qr == 2 ? ra[4 + h] : ra[6 + h];
-            uint32_t e;
-            s[h] = mx_mult_v3(a, inv, top, &e, &bad);
-            er |= e << (8 * h);
-        }
-#pragma unroll
-        for (int q = 0; q < 4; q++)
-#pragma unroll
-            for (int h = 0; h < 2; h++) sr[2 * q + h] = __shfl_sync(kFull, s[h], (g.lane & ~3) | q);
+        mx_scales_v3(ra, qr, g.lane & ~3, 1, inv, top, sr, &er, &bad);
     }
     if (cold) {
         uint32_t ca[8];
         cols_amax_v3<kBf, 8, 16>(w, ca);
-        float s[2];
-#pragma unroll
-        for (int h = 0; h < 2; h++) {
-            const uint32_t a = qc == 0 ? ca[h] : qc == 1 ? ca[2 + h] : qc == 2 ? ca[4 + h] : ca[6 + h];
-            uint32_t e;
-            s[h] = mx_mult_v3(a, inv, top, &e, &bad);
-            ec |= e << (8 * h);
-        }
-#pragma unroll
-        for (int q = 0; q < 4; q++)
-#pragma unroll
-            for (int h = 0; h < 2; h++) sc[2 * q + h] = __shfl_sync(kFull, s[h], (g.lane & 7) | (q << 3));
+        mx_scales_v3(ca, qc, g.lane & 7, 8, inv, top, sc, &ec, &bad);
     }
     prefetch();
     if (__any_sync(kFull, bad != 0)) {
