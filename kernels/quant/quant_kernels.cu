@@ -1211,9 +1211,9 @@ __device__ __forceinline__ void nv_tile_v3(const etp__qbatch_t &b, const etp__qb
         /* Only a product of 7 or more rounds past 6 (or leaves the magic
          * addition's range: ETP__QF_E2M1_UNCLAMPED_BELOW), and the block's
          * largest product bounds every element's (the multiply is
-         * monotonic): most warps skip the clamp,
-         * 64 instructions a thread and 5% of the kernel's time once its
-         * stores were staged (H200, 256 MiB). */
+         * monotonic): most warps skip the clamp, 64 instructions a thread
+         * and 5% of the kernel's time once its stores were staged (H200,
+         * 256 MiB). */
         if (ETP__CAST_LEAVE_OUT(1)) {
 #pragma unroll
             for (int i = 0; i < 8; i++) o[i] = w[i][0] ^ w[i][1] ^ w[i][2] ^ w[i][3] ^ __float_as_uint(m);
