@@ -8,7 +8,8 @@
  *
  * Then, unless --no-quant, the same weight with MXFP8 and NVFP4 gathers (the
  * quantized shard cached: the steady state of micro-batches and backward;
- * and quantize + gather after a weight update; and NVFP4 dequantized to
+ * and with the gathered scales cached too (cache_gathered_scales: the data
+ * alone crosses); and quantize + gather after a weight update; and NVFP4 dequantized to
  * BF16 for Hopper), as BF16-equivalent bandwidth against the BF16 gather of
  * the same run: the ratio is how much faster than BF16 the weight arrives.
  *
@@ -56,7 +57,7 @@ static void baseline_run(baseline_t *x)
  * quantized shard cached (update 0) or after a weight update (update 1). */
 static double time_quant_gather(bench_t *b, etp_group_t *g, etp_stream_t *s, bench_timer_t *tm,
                                 int64_t rows, long cols, etp_param_quant_t q, int dequant,
-                                int update)
+                                int update, int cache)
 {
     etp_param_config_t pc = ETP_PARAM_CONFIG_INIT;
     pc.name = "wq";
@@ -67,6 +68,7 @@ static double time_quant_gather(bench_t *b, etp_group_t *g, etp_stream_t *s, ben
     pc.alignment = 32;
     pc.quant = q;
     pc.gather_dequantized = dequant;
+    pc.cache_gathered_scales = cache;
     etp_param_t *p;
     BENCH_CHECK(b, etp_param_create(b->ctx, &pc, &p));
     etp_param_info_t info = ETP_PARAM_INFO_INIT;
@@ -215,18 +217,20 @@ int etp_bench_gather(bench_t *b, int argc, char **argv)
             const struct {
                 const char *name;
                 etp_param_quant_t q;
-                int dequant, update;
+                int dequant, update, cache;
             } qv[] = {
-                {"etp_gather mxfp8 (cached)", ETP_PARAM_QUANT_MXFP8, 0, 0},
-                {"etp_gather nvfp4 (cached)", ETP_PARAM_QUANT_NVFP4, 0, 0},
-                {"etp_gather mxfp8 (quantize+gather)", ETP_PARAM_QUANT_MXFP8, 0, 1},
-                {"etp_gather nvfp4 (quantize+gather)", ETP_PARAM_QUANT_NVFP4, 0, 1},
-                {"etp_gather nvfp4->bf16 (cached)", ETP_PARAM_QUANT_NVFP4, 1, 0},
+                {"etp_gather mxfp8 (cached)", ETP_PARAM_QUANT_MXFP8, 0, 0, 0},
+                {"etp_gather nvfp4 (cached)", ETP_PARAM_QUANT_NVFP4, 0, 0, 0},
+                {"etp_gather mxfp8 (cached+scales)", ETP_PARAM_QUANT_MXFP8, 0, 0, 1},
+                {"etp_gather nvfp4 (cached+scales)", ETP_PARAM_QUANT_NVFP4, 0, 0, 1},
+                {"etp_gather mxfp8 (quantize+gather)", ETP_PARAM_QUANT_MXFP8, 0, 1, 0},
+                {"etp_gather nvfp4 (quantize+gather)", ETP_PARAM_QUANT_NVFP4, 0, 1, 0},
+                {"etp_gather nvfp4->bf16 (cached)", ETP_PARAM_QUANT_NVFP4, 1, 0, 0},
             };
             /* bandwidth in BF16-equivalent bytes: ratio = speed-up over BF16 */
             for (size_t k = 0; k < sizeof qv / sizeof qv[0]; k++) {
                 double us_q = time_quant_gather(b, g, main_s, tm, rows, cols, qv[k].q, qv[k].dequant,
-                                                qv[k].update);
+                                                qv[k].update, qv[k].cache);
                 bench_add(b, qv[k].name, shape, bus, us_q, re->gbps);
             }
         }

@@ -82,10 +82,24 @@ typedef struct etp_param_config {
      * all-gather stream after the gather; the wire and the cached shard keep
      * row-major scales. */
     int swizzle_scales;
+    /* Quantized modes: 1 keeps the gathered scales of both directions (and
+     * NVFP4's amaxes) in the parameter's own memory, gathered once per
+     * weight version, at the first gather of each direction after
+     * etp_param_mark_updated; the gathers in between move the data alone
+     * (a collective fewer: 2 H200s, a 256 MiB weight, MXFP8 1.68x -> see
+     * docs/PERF.md). Costs the full weight's scales, both directions, on
+     * every rank: 1/16 (MXFP8) or 1/8 (NVFP4) of a byte per weight element,
+     * twice that with swizzle_scales, against a shard's 1/group_size of
+     * 2.06 or 1.13 bytes. Views then point at that memory, the same address
+     * every step; it is rewritten only after the last release of the
+     * direction's previous view (stream-ordered). Graphed chains do not use
+     * it: a replayed gather cannot know whether the weight changed. */
+    int cache_gathered_scales;
 } etp_param_config_t;
 
 #define ETP_PARAM_CONFIG_INIT \
-    {sizeof(etp_param_config_t), NULL, NULL, 1, 0, 0, ETP_DTYPE_BF16, (etp_dtype_t)-1, 0, 0, 0, ETP_PARAM_QUANT_NONE, 0, 0}
+    {sizeof(etp_param_config_t), NULL, NULL, 1, 0, 0, ETP_DTYPE_BF16, (etp_dtype_t)-1, 0, 0, 0, ETP_PARAM_QUANT_NONE, \
+     0, 0, 0}
 
 /* Create a parameter: allocates the shard, main_grad (zeroed) and master
  * shards through the context allocator. Not collective.

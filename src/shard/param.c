@@ -48,6 +48,10 @@ static etp_status_t check_config(const etp_param_config_t *c, const char *fn)
                    fn, c->swizzle_scales);
     ETP__CHECK_ARG(!c->swizzle_scales || (c->quant != ETP_PARAM_QUANT_NONE && !c->gather_dequantized),
                    "%s: swizzle_scales needs a quantized mode without gather_dequantized", fn);
+    ETP__CHECK_ARG(c->cache_gathered_scales == 0 || c->cache_gathered_scales == 1,
+                   "%s: cache_gathered_scales %d (expected 0 or 1)", fn, c->cache_gathered_scales);
+    ETP__CHECK_ARG(!c->cache_gathered_scales || c->quant != ETP_PARAM_QUANT_NONE,
+                   "%s: cache_gathered_scales needs a quantized mode", fn);
     /* Sizes in bytes must fit comfortably in size_t and in the collectives' counts. */
     double elems = (double)(c->experts > 1 ? c->experts : 1) * (double)c->rows * (double)c->cols;
     ETP__CHECK_ARG(elems < 9.0e15, "%s: %g elements is too large", fn, elems);
@@ -99,6 +103,7 @@ etp_status_t etp_param_create(etp_context_t *ctx, const etp_param_config_t *cfg,
     p->wgrad_entry = -1;
     p->gather_dequant = cfg->gather_dequantized != 0;
     p->swizzle = cfg->swizzle_scales;
+    p->cache_scales = cfg->cache_gathered_scales != 0;
 
     size_t n = (size_t)(p->experts * p->shard_rows * p->cols);
     etp_status_t st = etp_mem_alloc(ctx, n * esize(p->dtype), ETP_MEM_SHARDS, &p->shard);

@@ -51,6 +51,14 @@ struct etp_param {
     uint8_t *q_store;  /* per expert: row data, row scales, column data, column scales */
     size_t q_expert_bytes;
     float *q_amax;     /* [experts]: the group's amax (NVFP4) */
+    /* cache_gathered_scales (qgather.c): per direction (0 rowwise, 1
+     * columnwise) the gathered full scales, row-major then swizzled, and
+     * the amaxes (offsets into sc); which quantized shard version each
+     * direction holds */
+    int cache_scales;
+    uint8_t *sc;
+    size_t sc_scales[2], sc_swz[2], sc_amax;
+    uint64_t sc_version[2];
 };
 
 typedef struct etp__ticket {
@@ -146,6 +154,9 @@ size_t etp__qgather_bytes(const etp_param_t *p, etp_pass_t pass);
 etp_status_t etp__qgather_issue(etp_chain_t *c, etp_param_t *p, etp_pass_t pass, void *slot,
                                 int window);
 void etp__qgather_view(const etp_param_t *p, etp_pass_t pass, void *slot, etp_weight_view_t *v);
+/* 1 when p's gathers use its cached scales (cache_gathered_scales, an
+ * ungraphed chain). */
+int etp__qgather_cached(const etp_param_t *p);
 
 /* Test-only: remove ordering edges (ETP__EDGE_*) from a chain. */
 void etp__chain_test_skip_edges(etp_chain_t *c, unsigned edges);

@@ -582,6 +582,14 @@ static void test_errors(void **state)
     z.gather_dequantized = 0;
     z.swizzle_scales = 2;
     ETP_EXPECT_MSG(etp_param_create(r.ctx, &z, &bad), ETP_ERR_INVALID_ARGUMENT, "expected 0 or 1");
+    /* cached gathered scales: 0 or 1, quantized modes only */
+    etp_param_config_t k = pc;
+    k.cache_gathered_scales = 1;
+    ETP_EXPECT_MSG(etp_param_create(r.ctx, &k, &bad), ETP_ERR_INVALID_ARGUMENT, "cache_gathered_scales needs");
+    k.quant = ETP_PARAM_QUANT_NVFP4;
+    k.alignment = 16;
+    k.cache_gathered_scales = 3;
+    ETP_EXPECT_MSG(etp_param_create(r.ctx, &k, &bad), ETP_ERR_INVALID_ARGUMENT, "cache_gathered_scales 3");
     assert_null(bad);
     pc.dtype = ETP_DTYPE_I32;
     ETP_EXPECT_MSG(etp_param_create(r.ctx, &pc, &bad), ETP_ERR_INVALID_ARGUMENT, "bf16 or f32");
