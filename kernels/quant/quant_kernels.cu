@@ -642,11 +642,13 @@ __device__ __forceinline__ GeoV3 geo_v3()
 
 /* Runs: the v3 cast hands a block kRun* consecutive tiles of one tile row
  * at a time (fewer at a row's end), so that a run's rowwise scales leave
- * together: NVFP4 4 tiles x 8 bytes, MXFP8 8 x 4, 32 bytes of each scale
- * row, whole sectors, where one tile writes 8 or 4 bytes of each of 128
- * rows, pieces of sectors other blocks complete (the unswizzled layouts;
- * 6-8% of the cast's time, docs/PERF.md). */
-constexpr uint32_t kRunNv = 4, kRunMx = 8;
+ * together: NVFP4 4 tiles x 8 bytes, 32 bytes of each scale row, whole
+ * sectors, where one tile writes 8 bytes of each of 128 rows, pieces of
+ * sectors other blocks complete (the unswizzled layout; 2 x H200: 0.73 ->
+ * 0.79 of a copy at 256 MiB, docs/PERF.md). MXFP8 stays a tile at a time:
+ * runs of 8 gave it nothing unswizzled and cost 7% swizzled, likely as the
+ * blocks' tiles at any moment spread over 8 times as many input rows. */
+constexpr uint32_t kRunNv = 4, kRunMx = 1;
 constexpr int kRunRowBytes = 32;
 
 /* A run's tensor and place in it (tile row rt, run q of the row: tiles
@@ -1654,10 +1656,11 @@ __global__ void __launch_bounds__(kThreads, kNv ? kCastV3NvBlocksPerSm : kCastV3
     __shared__ __align__(16) TileScales st[2];
     __shared__ __align__(16) uint4 ahead[kBf ? 8 : 1][kThreads]; /* the next tile's rows, per thread */
     extern __shared__ __align__(16) uint8_t stage[]; /* NVFP4: [parity][direction] staged tiles */
-    __shared__ __align__(16) uint8_t rimg[2][kTileV3 * kRunRowBytes]; /* whole runs' rowwise scales */
     constexpr uint32_t kRun = kNv ? kRunNv : kRunMx;
     constexpr int kBlocksPerTile = kNv ? kTileV3 / 16 : kTileV3 / 32; /* rowwise scale bytes of a tile row */
-    static_assert(kRun * kBlocksPerTile == kRunRowBytes, "a run's rowwise scales fill its image rows");
+    /* a run's rowwise scales fill its image rows, or it has no image */
+    constexpr bool kImg = kRun * kBlocksPerTile == kRunRowBytes;
+    __shared__ __align__(16) uint8_t rimg[2][kImg ? kTileV3 * kRunRowBytes : 16]; /* whole runs' rowwise scales */
     const uint32_t total = p.tile_start[b.n]; /* runs */
     uint32_t run = blockIdx.x;
     if (run >= total) return;
@@ -1685,7 +1688,7 @@ __global__ void __launch_bounds__(kThreads, kNv ? kCastV3NvBlocksPerSm : kCastV3
             /* a whole run of an unswizzled rowwise layout collects its
              * scales in an image (the same for every thread) */
             rimg_cur = nullptr;
-            if (t.row_data && !b.swizzle && len == kRun && r0 + kTileV3 <= t.rows &&
+            if (kImg && t.row_data && !b.swizzle && len == kRun && r0 + kTileV3 <= t.rows &&
                 (size_t)(cur.q + 1) * kRun * kTileV3 <= t.cols) {
                 const etp__qf_scale_shape_t ss =
                     kNv ? etp__qf_nvfp4_row_scales(t.rows, t.cols) : etp__qf_mxfp8_row_scales(t.rows, t.cols);
@@ -1764,7 +1767,7 @@ __global__ void __launch_bounds__(kThreads, kNv ? kCastV3NvBlocksPerSm : kCastV3
             scales_out_v3<kNv>(b, t, r0, c0, st[par], rimg_cur, (int)j * kBlocksPerTile);
         if (rstage && !ETP__CAST_LEAVE_OUT(4)) stage_out_v3(rstage, t.row_data, t.cols / 2, r0, c0 / 2, g.tid);
         if (cstage && !ETP__CAST_LEAVE_OUT(2)) stage_out_v3(cstage, t.col_data, t.rows / 2, c0, r0 / 2, g.tid);
-        if (rimg_cur && j + 1 == len) { /* the run's last tile */
+        if (kImg && rimg_cur && j + 1 == len) { /* the run's last tile */
             const etp__qf_scale_shape_t ss =
                 kNv ? etp__qf_nvfp4_row_scales(t.rows, t.cols) : etp__qf_mxfp8_row_scales(t.rows, t.cols);
             pend = true;
@@ -1780,7 +1783,7 @@ __global__ void __launch_bounds__(kThreads, kNv ? kCastV3NvBlocksPerSm : kCastV3
         cur = nt;
         j = nj;
     }
-    if (pend) {
+    if (kImg && pend) {
         __syncthreads();
         if (!ETP__CAST_LEAVE_OUT(8)) run_out_v3(pend_img, pend_scales, pend_ld, pend_r0, pend_kb0, g.tid);
     }
