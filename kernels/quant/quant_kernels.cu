@@ -35,6 +35,7 @@ struct Params {
     uint32_t step_r[ETP__QB_MAX];         /* cast v3: a grid stride in tile rows and */
     uint32_t step_c[ETP__QB_MAX];         /* runs of each tensor (grid / runs_c, grid % runs_c) */
     uint32_t per_block;                   /* multi-amax: units per block */
+    uint32_t run;                         /* cast v3, NVFP4: tiles a run (1 or kRunNv) */
 };
 
 __device__ __forceinline__ float load_elem(const void *x, uint8_t dtype, size_t i)
@@ -645,7 +646,8 @@ __device__ __forceinline__ GeoV3 geo_v3()
  * together: NVFP4 4 tiles x 8 bytes, 32 bytes of each scale row, whole
  * sectors, where one tile writes 8 bytes of each of 128 rows, pieces of
  * sectors other blocks complete (the unswizzled layout; 2 x H200: 0.73 ->
- * 0.79 of a copy at 256 MiB, docs/PERF.md). MXFP8 stays a tile at a time:
+ * 0.80 of a copy at 256 MiB, docs/PERF.md; where there are runs enough for
+ * every resident block: the launcher decides). MXFP8 stays a tile at a time:
  * runs of 8 gave it nothing unswizzled and cost 7% swizzled, likely as the
  * blocks' tiles at any moment spread over 8 times as many input rows. */
 constexpr uint32_t kRunNv = 4, kRunMx = 1;
@@ -1656,10 +1658,10 @@ __global__ void __launch_bounds__(kThreads, kNv ? kCastV3NvBlocksPerSm : kCastV3
     __shared__ __align__(16) TileScales st[2];
     __shared__ __align__(16) uint4 ahead[kBf ? 8 : 1][kThreads]; /* the next tile's rows, per thread */
     extern __shared__ __align__(16) uint8_t stage[]; /* NVFP4: [parity][direction] staged tiles */
-    constexpr uint32_t kRun = kNv ? kRunNv : kRunMx;
+    const uint32_t run_len = kNv ? p.run : kRunMx;
     constexpr int kBlocksPerTile = kNv ? kTileV3 / 16 : kTileV3 / 32; /* rowwise scale bytes of a tile row */
-    /* a run's rowwise scales fill its image rows, or it has no image */
-    constexpr bool kImg = kRun * kBlocksPerTile == kRunRowBytes;
+    /* a whole run's rowwise scales fill its image rows, or it has no image */
+    constexpr bool kImg = kNv && kRunNv * kBlocksPerTile == kRunRowBytes;
     __shared__ __align__(16) uint8_t rimg[2][kImg ? kTileV3 * kRunRowBytes : 16]; /* whole runs' rowwise scales */
     const uint32_t total = p.tile_start[b.n]; /* runs */
     uint32_t run = blockIdx.x;
@@ -1681,15 +1683,15 @@ __global__ void __launch_bounds__(kThreads, kNv ? kCastV3NvBlocksPerSm : kCastV3
     for (int par = 0;; par ^= 1) {
         const uint32_t k = cur.k;
         const etp__qb_tensor_t &t = b.t[k];
-        const uint32_t len = min(kRun, p.tiles_c[k] - cur.q * kRun);
-        const size_t r0 = (size_t)cur.rt * kTileV3, c0 = (size_t)(cur.q * kRun + j) * kTileV3;
+        const uint32_t len = min(run_len, p.tiles_c[k] - cur.q * run_len);
+        const size_t r0 = (size_t)cur.rt * kTileV3, c0 = (size_t)(cur.q * run_len + j) * kTileV3;
         const size_t R = r0 + g.tr, C = c0 + g.tc;
         if (j == 0) {
             /* a whole run of an unswizzled rowwise layout collects its
              * scales in an image (the same for every thread) */
             rimg_cur = nullptr;
-            if (kImg && t.row_data && !b.swizzle && len == kRun && r0 + kTileV3 <= t.rows &&
-                (size_t)(cur.q + 1) * kRun * kTileV3 <= t.cols) {
+            if (kImg && t.row_data && !b.swizzle && len == kRunNv && r0 + kTileV3 <= t.rows &&
+                (size_t)(cur.q + 1) * run_len * kTileV3 <= t.cols) {
                 const etp__qf_scale_shape_t ss =
                     kNv ? etp__qf_nvfp4_row_scales(t.rows, t.cols) : etp__qf_mxfp8_row_scales(t.rows, t.cols);
                 if (ss.cols % 16 == 0 && (reinterpret_cast<uintptr_t>(t.row_scales) & 15u) == 0)
@@ -1723,7 +1725,7 @@ __global__ void __launch_bounds__(kThreads, kNv ? kCastV3NvBlocksPerSm : kCastV3
             nj = 0;
             if (more) nt = tile_step_v3(p, cur, nrun);
         }
-        const size_t nr0 = (size_t)nt.rt * kTileV3, nc0 = (size_t)(nt.q * kRun + nj) * kTileV3;
+        const size_t nr0 = (size_t)nt.rt * kTileV3, nc0 = (size_t)(nt.q * run_len + nj) * kTileV3;
         /* FP32 rows would need twice the shared memory: those load in place */
         have = kBf && more && fast_v3(b.t[nt.k], nr0 + g.tr, nc0 + g.tc);
         const auto prefetch = [&]() {
@@ -1838,7 +1840,7 @@ __global__ void __launch_bounds__(kThreads) dequant_kernel(const __grid_constant
 /* p's tile prefix sums for the batch: every tensor, or (v3 casts, only >= 0)
  * only those of input type `only`, the others getting no tiles. Returns
  * the total; above 0x7fffffff the kernels' indices would overflow. */
-uint64_t plan_tiles(const etp__qbatch_t *batch, bool v3, int only, Params *p)
+uint64_t plan_tiles(const etp__qbatch_t *batch, bool v3, int only, uint32_t run, Params *p)
 {
     uint64_t total = 0;
     for (uint32_t k = 0; k < batch->n; k++) {
@@ -1861,7 +1863,6 @@ uint64_t plan_tiles(const etp__qbatch_t *batch, bool v3, int only, Params *p)
             tiles = (uint64_t)(re / tile) * (ce / tile);
             p->tiles_c[k] = ce / tile ? (uint32_t)(ce / tile) : 1;
             if (v3) { /* v3 counts runs of tiles along a tile row */
-                const uint32_t run = batch->format == ETP__QB_NVFP4 ? kRunNv : kRunMx;
                 p->runs_c[k] = (p->tiles_c[k] + run - 1) / run;
                 tiles = (uint64_t)(re / tile) * p->runs_c[k];
             }
@@ -1886,6 +1887,7 @@ extern "C" cudaError_t etp__cuda_quant_launch(cudaStream_t s, const etp__qbatch_
     Params p;
     memcpy(&p.b, batch, etp__qbatch_bytes(batch->n));
     p.per_block = 1;
+    p.run = 1;
 #ifdef ETP_QUANT_CAST_DIAG
     {
         const char *d = getenv("ETP_QUANT_CAST_DIAG");
@@ -1900,18 +1902,27 @@ extern "C" cudaError_t etp__cuda_quant_launch(cudaStream_t s, const etp__qbatch_
      * path draws the random bits. v3 runs one launch per input type present
      * (one for a batch of one type, the usual case). */
     if (batch->op == ETP__QB_CAST && batch->cast_kernel != 2 && !batch->stochastic) {
+        const bool nv = batch->format == ETP__QB_NVFP4;
+        const uint64_t most = (uint64_t)batch->sms * (nv ? kCastV3NvBlocksPerSm : kCastV3MxBlocksPerSm);
         uint64_t totals[2];
-        for (int dt = 0; dt < 2; dt++) /* checked before anything is launched */
-            if ((totals[dt] = plan_tiles(batch, true, dt, &p)) > 0x7fffffffu) return cudaErrorInvalidValue;
+        uint32_t runs[2] = {1, 1};
+        for (int dt = 0; dt < 2; dt++) { /* checked before anything is launched */
+            if ((totals[dt] = plan_tiles(batch, true, dt, 1, &p)) > 0x7fffffffu) return cudaErrorInvalidValue;
+            /* NVFP4 in runs where there are enough to give every resident
+             * block one: fewer, and a run's tiles would wait on one block
+             * that many blocks could share (a [1024, 512] weight alone: 8
+             * runs, 2.4x slower) */
+            if (nv && totals[dt] >= (uint64_t)kRunNv * (most ? most : 1)) {
+                runs[dt] = kRunNv;
+                totals[dt] = plan_tiles(batch, true, dt, kRunNv, &p);
+            }
+        }
         for (int dt = 0; dt < 2; dt++) {
             if (totals[dt] == 0) continue;
-            plan_tiles(batch, true, dt, &p);
+            plan_tiles(batch, true, dt, runs[dt], &p);
+            p.run = runs[dt];
             uint64_t grid = totals[dt];
-            const bool nv = batch->format == ETP__QB_NVFP4;
-            if (batch->sms) {
-                const uint64_t most = (uint64_t)batch->sms * (nv ? kCastV3NvBlocksPerSm : kCastV3MxBlocksPerSm);
-                grid = grid < most ? grid : most;
-            }
+            if (batch->sms) grid = grid < most ? grid : most;
             for (uint32_t k = 0; k < batch->n; k++) {
                 p.step_r[k] = (uint32_t)(grid / p.runs_c[k]);
                 p.step_c[k] = (uint32_t)(grid % p.runs_c[k]);
@@ -1932,7 +1943,7 @@ extern "C" cudaError_t etp__cuda_quant_launch(cudaStream_t s, const etp__qbatch_
         }
         return cudaSuccess;
     }
-    const uint64_t total = plan_tiles(batch, false, -1, &p);
+    const uint64_t total = plan_tiles(batch, false, -1, 1, &p);
     if (total > 0x7fffffffu) return cudaErrorInvalidValue;
     if (total == 0) return cudaSuccess;
     /* one block per tile, or (the default kernels) as many blocks as the
