@@ -29,11 +29,13 @@ constexpr uint32_t kDequantChunk = 4096;  /* elements per dequantize block */
 
 struct Params {
     etp__qbatch_t b;
-    uint32_t tile_start[ETP__QB_MAX + 1]; /* prefix sum of tiles per tensor */
+    uint32_t tile_start[ETP__QB_MAX + 1]; /* prefix sum of tiles (cast v3: runs) per tensor */
     uint32_t tiles_c[ETP__QB_MAX];        /* cast: tile columns per tensor */
+    uint32_t runs_c[ETP__QB_MAX];         /* cast v3: runs of kRun* tiles per tile row */
     uint32_t step_r[ETP__QB_MAX];         /* cast v3: a grid stride in tile rows and */
-    uint32_t step_c[ETP__QB_MAX];         /* columns of each tensor (grid / tiles_c, grid % tiles_c) */
+    uint32_t step_c[ETP__QB_MAX];         /* runs of each tensor (grid / runs_c, grid % runs_c) */
     uint32_t per_block;                   /* multi-amax: units per block */
+    uint32_t run;                         /* cast v3, NVFP4: tiles a run (1 or kRunNv) */
 };
 
 __device__ __forceinline__ float load_elem(const void *x, uint8_t dtype, size_t i)
@@ -639,35 +641,48 @@ __device__ __forceinline__ GeoV3 geo_v3()
     return g;
 }
 
-/* A tile's tensor and place in it (tile row rt, column ct). */
+/* Runs: the v3 cast hands a block kRun* consecutive tiles of one tile row
+ * at a time (fewer at a row's end), so that a run's rowwise scales leave
+ * together: NVFP4 4 tiles x 8 bytes, 32 bytes of each scale row, whole
+ * sectors, where one tile writes 8 bytes of each of 128 rows, pieces of
+ * sectors other blocks complete (the unswizzled layout; 2 x H200: 0.73 ->
+ * 0.80 of a copy at 256 MiB, docs/PERF.md; where there are runs enough for
+ * every resident block: the launcher decides). MXFP8 stays a tile at a time:
+ * runs of 8 gave it nothing unswizzled and cost 7% swizzled, likely as the
+ * blocks' tiles at any moment spread over 8 times as many input rows. */
+constexpr uint32_t kRunNv = 4, kRunMx = 1;
+constexpr int kRunRowBytes = 32;
+
+/* A run's tensor and place in it (tile row rt, run q of the row: tiles
+ * q * run .. q * run + run - 1). */
 struct TileV3 {
-    uint32_t k, rt, ct;
+    uint32_t k, rt, q;
 };
 
-/* *t on entry: the previous tile's tensor, most often this one's too (no
+/* *t on entry: the previous run's tensor, most often this one's too (no
  * search then). */
-__device__ __forceinline__ void tile_coords_v3(const Params &p, uint32_t tile, TileV3 *t)
+__device__ __forceinline__ void tile_coords_v3(const Params &p, uint32_t run, TileV3 *t)
 {
     uint32_t local;
-    if (tile >= p.tile_start[t->k] && tile < p.tile_start[t->k + 1])
-        local = tile - p.tile_start[t->k];
+    if (run >= p.tile_start[t->k] && run < p.tile_start[t->k + 1])
+        local = run - p.tile_start[t->k];
     else
-        t->k = find_tensor(p, tile, &local);
-    t->rt = local / p.tiles_c[t->k];
-    t->ct = local % p.tiles_c[t->k];
+        t->k = find_tensor(p, run, &local);
+    t->rt = local / p.runs_c[t->k];
+    t->q = local % p.runs_c[t->k];
 }
 
-/* The tile a grid stride after `cur` (tile index `next`): within the same
+/* The run a grid stride after `cur` (run index `next`): within the same
  * tensor a step by the launcher's per-tensor quotient and remainder, no
- * division (it was ~4% of the NVFP4 kernel's instructions). */
+ * division. */
 __device__ __forceinline__ TileV3 tile_step_v3(const Params &p, const TileV3 &cur, uint32_t next)
 {
     TileV3 t = cur;
     if (next < p.tile_start[cur.k + 1]) {
         t.rt = cur.rt + p.step_r[cur.k];
-        t.ct = cur.ct + p.step_c[cur.k];
-        if (t.ct >= p.tiles_c[cur.k]) {
-            t.ct -= p.tiles_c[cur.k];
+        t.q = cur.q + p.step_c[cur.k];
+        if (t.q >= p.runs_c[cur.k]) {
+            t.q -= p.runs_c[cur.k];
             t.rt++;
         }
         return t;
@@ -1542,7 +1557,7 @@ __device__ __forceinline__ uint32_t scale_word_v3(const TileScales &st, int d, i
  * its words with no per-entry test. */
 template <bool kNv>
 __device__ __forceinline__ void scales_out_v3(const etp__qbatch_t &b, const etp__qb_tensor_t &t, size_t r0,
-                                              size_t c0, const TileScales &st)
+                                              size_t c0, const TileScales &st, uint8_t *rimg, int rimg_off)
 {
     /* from the special register, which the compiler re-reads at will: a
      * value computed once for the kernel and kept was spilled instead */
@@ -1555,7 +1570,10 @@ __device__ __forceinline__ void scales_out_v3(const etp__qbatch_t &b, const etp_
     if (t.row_data && tid < 128 * groups) {
         const etp__qf_scale_shape_t ss = nv ? etp__qf_nvfp4_row_scales(M, K) : etp__qf_mxfp8_row_scales(M, K);
         const size_t r = r0 + o, kb0 = nv ? c0 / 16 : c0 / 32, kb = kb0 + 4 * gi, kbs = nv ? K / 16 : K / 32;
-        if (r0 + kTileV3 <= M && kb0 + 4 * groups <= kbs) {
+        if (rimg) { /* a whole run's: to its image, leaving with the run */
+            *reinterpret_cast<uint32_t *>(rimg + o * kRunRowBytes + rimg_off + 4 * gi) =
+                scale_word_v3(st, 0, 4 * gi, o);
+        } else if (r0 + kTileV3 <= M && kb0 + 4 * groups <= kbs) {
             scale_word_out_v3(t.row_scales, etp__qf_scale_offset(r, kb, ss.cols, b.swizzle),
                               scale_word_v3(st, 0, 4 * gi, o));
         } else if (r < ss.rows && kb < ss.cols) {
@@ -1609,6 +1627,19 @@ __device__ __forceinline__ void scales_out_v3(const etp__qbatch_t &b, const etp_
 
 /* ---- v3 kernel ------------------------------------------------------------ */
 
+/* A whole run's rowwise scales (kRunRowBytes of each of 128 rows, from
+ * row r0 and block kb0 of a [rows, ld] scale matrix; 16-byte aligned: the
+ * kernel's check) to memory, 16 bytes a thread. */
+__device__ __forceinline__ void run_out_v3(const uint8_t *rimg, void *scales, size_t ld, size_t r0, size_t kb0,
+                                           int tid)
+{
+    static_assert(kTileV3 * kRunRowBytes == 16 * kThreads, "one 16-byte piece a thread");
+    const int row = tid / (kRunRowBytes / 16), h = tid % (kRunRowBytes / 16);
+    const uint4 v = *reinterpret_cast<const uint4 *>(rimg + row * kRunRowBytes + 16 * h);
+    *reinterpret_cast<uint4 *>(static_cast<uint8_t *>(scales) + (r0 + row) * ld + kb0 + 16 * h) = v;
+}
+
+
 /* Tiles blockIdx.x, + gridDim.x, ... of the tensors of one input type
  * (kBf: BF16, else FP32; the launcher gives the others no tiles) and one
  * format (kNv: NVFP4, else MXFP8): each instantiation is allocated
@@ -1627,20 +1658,46 @@ __global__ void __launch_bounds__(kThreads, kNv ? kCastV3NvBlocksPerSm : kCastV3
     __shared__ __align__(16) TileScales st[2];
     __shared__ __align__(16) uint4 ahead[kBf ? 8 : 1][kThreads]; /* the next tile's rows, per thread */
     extern __shared__ __align__(16) uint8_t stage[]; /* NVFP4: [parity][direction] staged tiles */
-    const uint32_t total = p.tile_start[b.n];
-    uint32_t tile = blockIdx.x;
-    if (tile >= total) return;
+    const uint32_t run_len = kNv ? p.run : kRunMx;
+    constexpr int kBlocksPerTile = kNv ? kTileV3 / 16 : kTileV3 / 32; /* rowwise scale bytes of a tile row */
+    /* a whole run's rowwise scales fill its image rows, or it has no image */
+    constexpr bool kImg = kNv && kRunNv * kBlocksPerTile == kRunRowBytes;
+    __shared__ __align__(16) uint8_t rimg[2][kImg ? kTileV3 * kRunRowBytes : 16]; /* whole runs' rowwise scales */
+    const uint32_t total = p.tile_start[b.n]; /* runs */
+    uint32_t run = blockIdx.x;
+    if (run >= total) return;
     const GeoV3 g = geo_v3();
     TileV3 cur = {0, 0, 0};
-    tile_coords_v3(p, tile, &cur);
+    tile_coords_v3(p, run, &cur);
+    uint32_t j = 0; /* the tile of the run */
     bool have = false;  /* ahead holds this tile's input */
     uint32_t nvk = ~0u; /* the tensor s_enc_6 and s_dec belong to */
     float s_enc_6 = 1.0f, s_dec = 1.0f;
+    /* the run whose image is complete and leaves after the next barrier */
+    bool pend = false;
+    const uint8_t *pend_img = nullptr;
+    void *pend_scales = nullptr;
+    size_t pend_ld = 0, pend_r0 = 0, pend_kb0 = 0;
+    int rp = 0;           /* the image of the current run */
+    uint8_t *rimg_cur = nullptr;
     for (int par = 0;; par ^= 1) {
         const uint32_t k = cur.k;
         const etp__qb_tensor_t &t = b.t[k];
-        const size_t r0 = (size_t)cur.rt * kTileV3, c0 = (size_t)cur.ct * kTileV3;
+        const uint32_t len = min(run_len, p.tiles_c[k] - cur.q * run_len);
+        const size_t r0 = (size_t)cur.rt * kTileV3, c0 = (size_t)(cur.q * run_len + j) * kTileV3;
         const size_t R = r0 + g.tr, C = c0 + g.tc;
+        if (j == 0) {
+            /* a whole run of an unswizzled rowwise layout collects its
+             * scales in an image (the same for every thread) */
+            rimg_cur = nullptr;
+            if (kImg && t.row_data && !b.swizzle && len == kRunNv && r0 + kTileV3 <= t.rows &&
+                (size_t)(cur.q + 1) * run_len * kTileV3 <= t.cols) {
+                const etp__qf_scale_shape_t ss =
+                    kNv ? etp__qf_nvfp4_row_scales(t.rows, t.cols) : etp__qf_mxfp8_row_scales(t.rows, t.cols);
+                if (ss.cols % 16 == 0 && (reinterpret_cast<uintptr_t>(t.row_scales) & 15u) == 0)
+                    rimg_cur = rimg[rp];
+            }
+        }
         uint4 lo[8], hi[8];
         if (have) {
             cp_async_wait_v3();
@@ -1657,12 +1714,20 @@ __global__ void __launch_bounds__(kThreads, kNv ? kCastV3NvBlocksPerSm : kCastV3
             else
                 load_slow_v3<false>(t, R, C, lo, hi);
         }
-        const uint32_t next = tile + gridDim.x;
+        /* the next tile: the run's next, or the first of the run a grid
+         * stride on */
+        bool more = j + 1 < len;
         TileV3 nt = cur;
-        if (next < total) nt = tile_step_v3(p, cur, next);
-        const size_t nr0 = (size_t)nt.rt * kTileV3, nc0 = (size_t)nt.ct * kTileV3;
+        uint32_t nj = j + 1, nrun = run;
+        if (!more) {
+            nrun = run + gridDim.x;
+            more = nrun < total;
+            nj = 0;
+            if (more) nt = tile_step_v3(p, cur, nrun);
+        }
+        const size_t nr0 = (size_t)nt.rt * kTileV3, nc0 = (size_t)(nt.q * run_len + nj) * kTileV3;
         /* FP32 rows would need twice the shared memory: those load in place */
-        have = kBf && next < total && fast_v3(b.t[nt.k], nr0 + g.tr, nc0 + g.tc);
+        have = kBf && more && fast_v3(b.t[nt.k], nr0 + g.tr, nc0 + g.tc);
         const auto prefetch = [&]() {
             if (!kBf || !have) return;
             const etp__qb_tensor_t &ntt = b.t[nt.k];
@@ -1695,12 +1760,34 @@ __global__ void __launch_bounds__(kThreads, kNv ? kCastV3NvBlocksPerSm : kCastV3
         else
             mx_tile_v3<kBf>(b, t, g, R, C, w, st[par], prefetch);
         __syncthreads();
-        if (!ETP__CAST_LEAVE_OUT(8)) scales_out_v3<kNv>(b, t, r0, c0, st[par]);
+        /* every thread has filled the previous run's image: it leaves (the
+         * image is filled again two runs on, after at least one more
+         * barrier) */
+        if (pend && !ETP__CAST_LEAVE_OUT(8)) run_out_v3(pend_img, pend_scales, pend_ld, pend_r0, pend_kb0, g.tid);
+        pend = false;
+        if (!ETP__CAST_LEAVE_OUT(8))
+            scales_out_v3<kNv>(b, t, r0, c0, st[par], rimg_cur, (int)j * kBlocksPerTile);
         if (rstage && !ETP__CAST_LEAVE_OUT(4)) stage_out_v3(rstage, t.row_data, t.cols / 2, r0, c0 / 2, g.tid);
         if (cstage && !ETP__CAST_LEAVE_OUT(2)) stage_out_v3(cstage, t.col_data, t.rows / 2, c0, r0 / 2, g.tid);
-        if (next >= total) break;
-        tile = next;
+        if (kImg && rimg_cur && j + 1 == len) { /* the run's last tile */
+            const etp__qf_scale_shape_t ss =
+                kNv ? etp__qf_nvfp4_row_scales(t.rows, t.cols) : etp__qf_mxfp8_row_scales(t.rows, t.cols);
+            pend = true;
+            pend_img = rimg_cur;
+            pend_scales = t.row_scales;
+            pend_ld = ss.cols;
+            pend_r0 = r0;
+            pend_kb0 = (size_t)cur.q * kRunRowBytes;
+        }
+        if (j + 1 == len) rp ^= 1;
+        if (!more) break;
+        run = nrun;
         cur = nt;
+        j = nj;
+    }
+    if (kImg && pend) {
+        __syncthreads();
+        if (!ETP__CAST_LEAVE_OUT(8)) run_out_v3(pend_img, pend_scales, pend_ld, pend_r0, pend_kb0, g.tid);
     }
 }
 
@@ -1753,7 +1840,7 @@ __global__ void __launch_bounds__(kThreads) dequant_kernel(const __grid_constant
 /* p's tile prefix sums for the batch: every tensor, or (v3 casts, only >= 0)
  * only those of input type `only`, the others getting no tiles. Returns
  * the total; above 0x7fffffff the kernels' indices would overflow. */
-uint64_t plan_tiles(const etp__qbatch_t *batch, bool v3, int only, Params *p)
+uint64_t plan_tiles(const etp__qbatch_t *batch, bool v3, int only, uint32_t run, Params *p)
 {
     uint64_t total = 0;
     for (uint32_t k = 0; k < batch->n; k++) {
@@ -1761,6 +1848,7 @@ uint64_t plan_tiles(const etp__qbatch_t *batch, bool v3, int only, Params *p)
         const uint64_t count = (uint64_t)t.rows * t.cols;
         uint64_t tiles = 0;
         p->tiles_c[k] = 1;
+        p->runs_c[k] = 1;
         if (batch->op == ETP__QB_AMAX) {
             tiles = count ? (count + kAmaxUnit - 1) / kAmaxUnit : 1; /* an empty tensor still gets its 0 */
         } else if (batch->op == ETP__QB_DEQUANT) {
@@ -1774,6 +1862,10 @@ uint64_t plan_tiles(const etp__qbatch_t *batch, bool v3, int only, Params *p)
                 cast_extent(batch[0], t, &re, &ce);
             tiles = (uint64_t)(re / tile) * (ce / tile);
             p->tiles_c[k] = ce / tile ? (uint32_t)(ce / tile) : 1;
+            if (v3) { /* v3 counts runs of tiles along a tile row */
+                p->runs_c[k] = (p->tiles_c[k] + run - 1) / run;
+                tiles = (uint64_t)(re / tile) * p->runs_c[k];
+            }
         }
         p->tile_start[k] = (uint32_t)total;
         total += tiles;
@@ -1795,6 +1887,7 @@ extern "C" cudaError_t etp__cuda_quant_launch(cudaStream_t s, const etp__qbatch_
     Params p;
     memcpy(&p.b, batch, etp__qbatch_bytes(batch->n));
     p.per_block = 1;
+    p.run = 1;
 #ifdef ETP_QUANT_CAST_DIAG
     {
         const char *d = getenv("ETP_QUANT_CAST_DIAG");
@@ -1809,21 +1902,30 @@ extern "C" cudaError_t etp__cuda_quant_launch(cudaStream_t s, const etp__qbatch_
      * path draws the random bits. v3 runs one launch per input type present
      * (one for a batch of one type, the usual case). */
     if (batch->op == ETP__QB_CAST && batch->cast_kernel != 2 && !batch->stochastic) {
+        const bool nv = batch->format == ETP__QB_NVFP4;
+        const uint64_t most = (uint64_t)batch->sms * (nv ? kCastV3NvBlocksPerSm : kCastV3MxBlocksPerSm);
         uint64_t totals[2];
-        for (int dt = 0; dt < 2; dt++) /* checked before anything is launched */
-            if ((totals[dt] = plan_tiles(batch, true, dt, &p)) > 0x7fffffffu) return cudaErrorInvalidValue;
+        uint32_t runs[2] = {1, 1};
+        for (int dt = 0; dt < 2; dt++) { /* checked before anything is launched */
+            if ((totals[dt] = plan_tiles(batch, true, dt, 1, &p)) > 0x7fffffffu) return cudaErrorInvalidValue;
+            /* NVFP4 in runs where there are enough to give every resident
+             * block one: fewer, and a run's tiles would wait on one block
+             * that many blocks could share (a [1024, 512] weight alone: 8
+             * runs, 2.4x slower) */
+            if (nv && totals[dt] >= (uint64_t)kRunNv * (most ? most : 1)) {
+                runs[dt] = kRunNv;
+                totals[dt] = plan_tiles(batch, true, dt, kRunNv, &p);
+            }
+        }
         for (int dt = 0; dt < 2; dt++) {
             if (totals[dt] == 0) continue;
-            plan_tiles(batch, true, dt, &p);
+            plan_tiles(batch, true, dt, runs[dt], &p);
+            p.run = runs[dt];
             uint64_t grid = totals[dt];
-            const bool nv = batch->format == ETP__QB_NVFP4;
-            if (batch->sms) {
-                const uint64_t most = (uint64_t)batch->sms * (nv ? kCastV3NvBlocksPerSm : kCastV3MxBlocksPerSm);
-                grid = grid < most ? grid : most;
-            }
+            if (batch->sms) grid = grid < most ? grid : most;
             for (uint32_t k = 0; k < batch->n; k++) {
-                p.step_r[k] = (uint32_t)(grid / p.tiles_c[k]);
-                p.step_c[k] = (uint32_t)(grid % p.tiles_c[k]);
+                p.step_r[k] = (uint32_t)(grid / p.runs_c[k]);
+                p.step_c[k] = (uint32_t)(grid % p.runs_c[k]);
             }
             const void *fn = dt == ETP__QB_BF16 ? (nv ? (const void *)cast_kernel_v3<true, true>
                                                       : (const void *)cast_kernel_v3<true, false>)
@@ -1841,7 +1943,7 @@ extern "C" cudaError_t etp__cuda_quant_launch(cudaStream_t s, const etp__qbatch_
         }
         return cudaSuccess;
     }
-    const uint64_t total = plan_tiles(batch, false, -1, &p);
+    const uint64_t total = plan_tiles(batch, false, -1, 1, &p);
     if (total > 0x7fffffffu) return cudaErrorInvalidValue;
     if (total == 0) return cudaSuccess;
     /* one block per tile, or (the default kernels) as many blocks as the

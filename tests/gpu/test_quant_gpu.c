@@ -43,6 +43,14 @@ static shape_t shape_of(const etp_quantizer_config_t *c, int rank, size_t i, uin
         s.rows = 1024 + blk * 3;
         s.cols = 1024 + blk;
     }
+    if (i == 0 && c->format == ETP_QUANT_NVFP4 && c->nvfp4_block == ETP_QUANT_BLOCK_2D &&
+        c->directions == (ETP_QUANT_ROWWISE | ETP_QUANT_COLUMNWISE) && !c->swizzle_scales) {
+        /* tiles enough (1190 of 128 x 128) that the NVFP4 cast runs in runs
+         * of 4 with their scale images (a GPU of up to 148 SMs), one of 2
+         * tiles at each tile row's end */
+        s.rows = 128 * 34 + 48;
+        s.cols = 128 * 33 + 16;
+    }
     s.dtype = (r >> 40) & 1 ? ETP_DTYPE_BF16 : ETP_DTYPE_F32;
     return s;
 }
