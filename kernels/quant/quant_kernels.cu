@@ -577,7 +577,8 @@ __global__ void __launch_bounds__(kThreads, kCastBlocksPerSm) cast_kernel_v2(con
  * when instruction counts do not tell (docs/PERF.md, fourth session). The
  * bits of ETP_QUANT_CAST_DIAG in the environment at each launch: 1 the
  * NVFP4 conversion, 2 the columnwise data stores, 4 the rowwise ones, 8 the
- * scale write-out, 16 the NVFP4 clamp. */
+ * scale write-out, 16 the NVFP4 clamp, 32 the scale write-out's global
+ * stores alone (the words are still gathered and their offsets computed). */
 __constant__ uint32_t g_cast_diag;
 #define ETP__CAST_LEAVE_OUT(bit) ((g_cast_diag & (bit)) != 0u)
 #else
@@ -612,21 +613,44 @@ struct SubV3 {
     uint32_t w[8][8];
 };
 
-/* Elements extents v3 tiles cover: the data and all scale padding. */
-__host__ inline void cast_extent_v3(const etp__qb_tensor_t &t, size_t *re, size_t *ce)
+/* Wide tiles: MXFP8 with row-major (unswizzled) scales runs tiles of 32 x
+ * 512 elements instead, so that a tile writes 16 bytes of each of 32
+ * rowwise scale rows where a 128 x 128 tile wrote 4 bytes of each of 128
+ * (pieces of sectors: on an H200 those stores cost 7% of the kernel, where
+ * the swizzled layout's whole 512-byte tiles cost 2%), and its columnwise
+ * scales are one row's 512 contiguous bytes. Every MXFP8 block (1x32,
+ * 32x1) still lies in one warp. The swizzled layout keeps square tiles:
+ * its 512-byte tiles are 128 rows deep. */
+constexpr int kWideRows = 32, kWideCols = 512;
+#ifdef ETP_QUANT_V3_MX_WIDE /* a build may turn them off, to compare */
+constexpr bool kMxWide = ETP_QUANT_V3_MX_WIDE != 0;
+#else
+constexpr bool kMxWide = true;
+#endif
+
+template <bool kWide>
+struct TileDimV3 {
+    static constexpr int kRows = kWide ? kWideRows : kTileV3, kCols = kWide ? kWideCols : kTileV3;
+};
+
+/* Elements extents v3 tiles cover: the data and all scale padding (scale
+ * rows are padded to 128 in every layout). */
+__host__ inline void cast_extent_v3(const etp__qb_tensor_t &t, bool wide, size_t *re, size_t *ce)
 {
     const bool any = t.row_data != nullptr || t.col_data != nullptr;
     *re = any ? etp__qf_roundup(t.rows, kTileV3) : 0;
-    *ce = any ? etp__qf_roundup(t.cols, kTileV3) : 0;
+    *ce = any ? etp__qf_roundup(t.cols, wide ? kWideCols : kTileV3) : 0;
 }
 
 /* This thread's place in a tile: rows tr..tr+7, columns tc..tc+7. Column
- * neighbours are lanes ^1, ^2, ^4; row neighbours lanes ^8, ^16. */
+ * neighbours are lanes ^1, ^2, ^4; row neighbours lanes ^8, ^16. Square
+ * tiles: warps 2 wide, 4 deep; wide tiles: 8 wide, 1 deep. */
 struct GeoV3 {
     int tid, lane, cg, rg, wr; /* thread, lane, lane % 8, lane / 8, the warp's 32-row band */
     int tr, tc;
 };
 
+template <bool kWide = false>
 __device__ __forceinline__ GeoV3 geo_v3()
 {
     GeoV3 g;
@@ -635,10 +659,24 @@ __device__ __forceinline__ GeoV3 geo_v3()
     g.lane = (int)(tid & 31);
     g.cg = g.lane & 7;
     g.rg = g.lane >> 3;
-    g.wr = (int)(tid >> 6);
+    g.wr = kWide ? 0 : (int)(tid >> 6);
     g.tr = g.wr * 32 + g.rg * 8;
-    g.tc = (int)((tid >> 5) & 1) * 64 + g.cg * 8;
+    g.tc = (kWide ? (int)(tid >> 5) : (int)((tid >> 5) & 1)) * 64 + g.cg * 8;
     return g;
+}
+
+/* MXFP8 scale bytes of a tile in TileScales, flat per direction (1 KiB
+ * each): rowwise [block of 32 columns][row], columnwise [32-row band][column]. */
+template <bool kWide>
+__device__ __forceinline__ uint8_t *mx_st_row(TileScales &st, int tc, int row)
+{
+    return &st[0][0][0] + (tc / 32) * TileDimV3<kWide>::kRows + row;
+}
+
+template <bool kWide>
+__device__ __forceinline__ uint8_t *mx_st_col(TileScales &st, int band, int col)
+{
+    return &st[1][0][0] + band * kTileV3 + col; /* wide tiles: one band of 512 columns */
 }
 
 /* Runs: the v3 cast hands a block kRun* consecutive tiles of one tile row
@@ -1317,7 +1355,7 @@ __device__ __forceinline__ void nv_tile_v3(const etp__qbatch_t &b, const etp__qb
 
 /* ---- v3 MXFP8 ------------------------------------------------------------- */
 
-template <bool kBf>
+template <bool kBf, bool kWide>
 __device__ __noinline__ void mx_tile_safe_v3(const etp__qbatch_t &b, const etp__qb_tensor_t &t, GeoV3 g,
                                              size_t R, size_t C, const SubV3 sub, TileScales &st)
 {
@@ -1351,7 +1389,7 @@ __device__ __noinline__ void mx_tile_safe_v3(const etp__qbatch_t &b, const etp__
         }
         if (!(g.cg & 3))
 #pragma unroll
-            for (int x = 0; x < 8; x++) st[0][g.tc / 32][g.tr + x] = er[x];
+            for (int x = 0; x < 8; x++) *mx_st_row<kWide>(st, g.tc, g.tr + x) = er[x];
     }
     if (t.col_data) {
         uint8_t ec[8];
@@ -1374,7 +1412,7 @@ __device__ __noinline__ void mx_tile_safe_v3(const etp__qbatch_t &b, const etp__
         }
         if (g.rg == 0)
 #pragma unroll
-            for (int x = 0; x < 8; x++) st[1][g.wr][g.tc + x] = ec[x];
+            for (int x = 0; x < 8; x++) *mx_st_col<kWide>(st, g.wr, g.tc + x) = ec[x];
     }
 }
 
@@ -1468,7 +1506,7 @@ __device__ __forceinline__ void mx_codes_out_v3(void *data, const etp__qb_tensor
     }
 }
 
-template <bool kBf, typename F>
+template <bool kBf, bool kWide, typename F>
 __device__ __forceinline__ void mx_tile_v3(const etp__qbatch_t &b, const etp__qb_tensor_t &t, const GeoV3 &g,
                                            size_t R, size_t C, const uint32_t (&w)[8][8], TileScales &st,
                                            F &&prefetch)
@@ -1492,7 +1530,7 @@ __device__ __forceinline__ void mx_tile_v3(const etp__qbatch_t &b, const etp__qb
     }
     prefetch();
     if (__any_sync(kFull, bad != 0)) {
-        mx_tile_safe_v3<kBf>(b, t, g, R, C, sub_v3(w), st);
+        mx_tile_safe_v3<kBf, kWide>(b, t, g, R, C, sub_v3(w), st);
         return;
     }
     if (rowd) {
@@ -1502,7 +1540,7 @@ __device__ __forceinline__ void mx_tile_v3(const etp__qbatch_t &b, const etp__qb
             else
                 mx_codes_out_v3<kBf, false>(t.row_data, t, R, C, w, sr, sc, false);
         }
-        *reinterpret_cast<uint16_t *>(&st[0][g.tc / 32][g.tr + 2 * qr]) = (uint16_t)er;
+        *reinterpret_cast<uint16_t *>(mx_st_row<kWide>(st, g.tc, g.tr + 2 * qr)) = (uint16_t)er;
     }
     if (cold) {
         if (!ETP__CAST_LEAVE_OUT(2)) {
@@ -1511,7 +1549,7 @@ __device__ __forceinline__ void mx_tile_v3(const etp__qbatch_t &b, const etp__qb
             else
                 mx_codes_out_v3<kBf, false>(t.col_data, t, R, C, w, sr, sc, true);
         }
-        *reinterpret_cast<uint16_t *>(&st[1][g.wr][g.tc + 2 * qc]) = (uint16_t)ec;
+        *reinterpret_cast<uint16_t *>(mx_st_col<kWide>(st, g.wr, g.tc + 2 * qc)) = (uint16_t)ec;
     }
 }
 
@@ -1520,6 +1558,10 @@ __device__ __forceinline__ void mx_tile_v3(const etp__qbatch_t &b, const etp__qb
 __device__ __forceinline__ void scale_word_out_v3(void *base, size_t off, uint32_t v)
 {
     uint8_t *d = static_cast<uint8_t *>(base) + off;
+    if (ETP__CAST_LEAVE_OUT(32)) { /* everything but the store (a store kept for a value never seen) */
+        if (v == 0x9e3779b9u) *static_cast<volatile uint8_t *>(base) = 0;
+        return;
+    }
     st4_v3(d, v, (reinterpret_cast<uintptr_t>(d) & 3u) == 0);
 }
 
@@ -1555,6 +1597,49 @@ __device__ __forceinline__ uint32_t scale_word_v3(const TileScales &st, int d, i
  * consecutive blocks, one word per thread, consecutive threads on
  * consecutive words of the output. A tile wholly inside the tensor takes
  * its words with no per-entry test. */
+/* A wide MXFP8 tile's scales, unswizzled, padding included (zeros):
+ * rowwise 16 bytes of each of its 32 rows (4 threads a row), columnwise
+ * the 512 bytes of its 32-row band's scale row, 4 bytes a thread. */
+__device__ __forceinline__ void mx_wide_scales_out_v3(const etp__qb_tensor_t &t, size_t r0, size_t c0,
+                                                      TileScales &st)
+{
+    const int tid = threadIdx.x;
+    const size_t M = t.rows, K = t.cols;
+    if (t.row_data && tid < 128) {
+        const etp__qf_scale_shape_t ss = etp__qf_mxfp8_row_scales(M, K);
+        const int o = tid >> 2, gi = tid & 3; /* row o, blocks 4 gi .. 4 gi + 3 */
+        const size_t r = r0 + o, kb0 = c0 / 32, kb = kb0 + 4 * gi, kbs = K / 32;
+        const uint8_t *e = mx_st_row<true>(st, 32 * 4 * gi, o); /* + 32 j: block 4 gi + j */
+        if (r0 + kWideRows <= M && kb0 + 16 <= kbs) {
+            const uint32_t v = (uint32_t)e[0] | (uint32_t)e[32] << 8 | (uint32_t)e[64] << 16 | (uint32_t)e[96] << 24;
+            scale_word_out_v3(t.row_scales, etp__qf_scale_offset(r, kb, ss.cols, 0), v);
+        } else if (r < ss.rows && kb < ss.cols) {
+            uint32_t v = 0;
+#pragma unroll
+            for (int j = 0; j < 4; j++)
+                if (r < M && kb + j < kbs) v |= (uint32_t)e[32 * j] << (8 * j);
+            scale_word_out_v3(t.row_scales, etp__qf_scale_offset(r, kb, ss.cols, 0), v);
+        }
+    }
+    if (t.col_data && tid < 128) {
+        const etp__qf_scale_shape_t ss = etp__qf_mxfp8_col_scales(M, K);
+        const size_t mb = r0 / 32, kk = c0 + 4 * tid;
+        if (mb < ss.rows && kk < ss.cols) {
+            const uint8_t *e = mx_st_col<true>(st, 0, 4 * tid);
+            uint32_t v;
+            if (mb < M / 32 && kk + 4 <= K) {
+                v = *reinterpret_cast<const uint32_t *>(e);
+            } else {
+                v = 0;
+#pragma unroll
+                for (int y = 0; y < 4; y++)
+                    if (mb < M / 32 && kk + y < K) v |= (uint32_t)e[y] << (8 * y);
+            }
+            scale_word_out_v3(t.col_scales, etp__qf_mxfp8_col_scale_offset(mb, kk, ss, 0), v);
+        }
+    }
+}
+
 template <bool kNv>
 __device__ __forceinline__ void scales_out_v3(const etp__qbatch_t &b, const etp__qb_tensor_t &t, size_t r0,
                                               size_t c0, const TileScales &st, uint8_t *rimg, int rimg_off)
@@ -1636,6 +1721,10 @@ __device__ __forceinline__ void run_out_v3(const uint8_t *rimg, void *scales, si
     static_assert(kTileV3 * kRunRowBytes == 16 * kThreads, "one 16-byte piece a thread");
     const int row = tid / (kRunRowBytes / 16), h = tid % (kRunRowBytes / 16);
     const uint4 v = *reinterpret_cast<const uint4 *>(rimg + row * kRunRowBytes + 16 * h);
+    if (ETP__CAST_LEAVE_OUT(32)) {
+        if (v.x == 0x9e3779b9u) *static_cast<volatile uint8_t *>(scales) = 0;
+        return;
+    }
     *reinterpret_cast<uint4 *>(static_cast<uint8_t *>(scales) + (r0 + row) * ld + kb0 + 16 * h) = v;
 }
 
@@ -1649,7 +1738,7 @@ __device__ __forceinline__ void run_out_v3(const uint8_t *rimg, void *scales, si
  * pieces of words that other warps complete, measured slower; mbarriers
  * that let a warp run a tile ahead of the others instead of a block-wide
  * barrier, no faster). */
-template <bool kBf, bool kNv>
+template <bool kBf, bool kNv, bool kWide>
 __global__ void __launch_bounds__(kThreads, kNv ? kCastV3NvBlocksPerSm : kCastV3MxBlocksPerSm)
     cast_kernel_v3(const __grid_constant__ Params p)
 {
@@ -1666,7 +1755,9 @@ __global__ void __launch_bounds__(kThreads, kNv ? kCastV3NvBlocksPerSm : kCastV3
     const uint32_t total = p.tile_start[b.n]; /* runs */
     uint32_t run = blockIdx.x;
     if (run >= total) return;
-    const GeoV3 g = geo_v3();
+    static_assert(!(kWide && kNv), "wide tiles are MXFP8's");
+    constexpr int kTR = TileDimV3<kWide>::kRows, kTC = TileDimV3<kWide>::kCols;
+    const GeoV3 g = geo_v3<kWide>();
     TileV3 cur = {0, 0, 0};
     tile_coords_v3(p, run, &cur);
     uint32_t j = 0; /* the tile of the run */
@@ -1684,7 +1775,7 @@ __global__ void __launch_bounds__(kThreads, kNv ? kCastV3NvBlocksPerSm : kCastV3
         const uint32_t k = cur.k;
         const etp__qb_tensor_t &t = b.t[k];
         const uint32_t len = min(run_len, p.tiles_c[k] - cur.q * run_len);
-        const size_t r0 = (size_t)cur.rt * kTileV3, c0 = (size_t)(cur.q * run_len + j) * kTileV3;
+        const size_t r0 = (size_t)cur.rt * kTR, c0 = (size_t)(cur.q * run_len + j) * kTC;
         const size_t R = r0 + g.tr, C = c0 + g.tc;
         if (j == 0) {
             /* a whole run of an unswizzled rowwise layout collects its
@@ -1725,7 +1816,7 @@ __global__ void __launch_bounds__(kThreads, kNv ? kCastV3NvBlocksPerSm : kCastV3
             nj = 0;
             if (more) nt = tile_step_v3(p, cur, nrun);
         }
-        const size_t nr0 = (size_t)nt.rt * kTileV3, nc0 = (size_t)(nt.q * run_len + nj) * kTileV3;
+        const size_t nr0 = (size_t)nt.rt * kTR, nc0 = (size_t)(nt.q * run_len + nj) * kTC;
         /* FP32 rows would need twice the shared memory: those load in place */
         have = kBf && more && fast_v3(b.t[nt.k], nr0 + g.tr, nc0 + g.tc);
         const auto prefetch = [&]() {
@@ -1758,15 +1849,19 @@ __global__ void __launch_bounds__(kThreads, kNv ? kCastV3NvBlocksPerSm : kCastV3
         if (nv)
             nv_tile_v3<kBf>(b, t, g, R, C, w, s_enc_6, s_dec, st[par], rstage, cstage, prefetch);
         else
-            mx_tile_v3<kBf>(b, t, g, R, C, w, st[par], prefetch);
+            mx_tile_v3<kBf, kWide>(b, t, g, R, C, w, st[par], prefetch);
         __syncthreads();
         /* every thread has filled the previous run's image: it leaves (the
          * image is filled again two runs on, after at least one more
          * barrier) */
         if (pend && !ETP__CAST_LEAVE_OUT(8)) run_out_v3(pend_img, pend_scales, pend_ld, pend_r0, pend_kb0, g.tid);
         pend = false;
-        if (!ETP__CAST_LEAVE_OUT(8))
-            scales_out_v3<kNv>(b, t, r0, c0, st[par], rimg_cur, (int)j * kBlocksPerTile);
+        if (!ETP__CAST_LEAVE_OUT(8)) {
+            if (kWide)
+                mx_wide_scales_out_v3(t, r0, c0, st[par]);
+            else
+                scales_out_v3<kNv>(b, t, r0, c0, st[par], rimg_cur, (int)j * kBlocksPerTile);
+        }
         if (rstage && !ETP__CAST_LEAVE_OUT(4)) stage_out_v3(rstage, t.row_data, t.cols / 2, r0, c0 / 2, g.tid);
         if (cstage && !ETP__CAST_LEAVE_OUT(2)) stage_out_v3(cstage, t.col_data, t.rows / 2, c0, r0 / 2, g.tid);
         if (kImg && rimg_cur && j + 1 == len) { /* the run's last tile */
@@ -1840,7 +1935,7 @@ __global__ void __launch_bounds__(kThreads) dequant_kernel(const __grid_constant
 /* p's tile prefix sums for the batch: every tensor, or (v3 casts, only >= 0)
  * only those of input type `only`, the others getting no tiles. Returns
  * the total; above 0x7fffffff the kernels' indices would overflow. */
-uint64_t plan_tiles(const etp__qbatch_t *batch, bool v3, int only, uint32_t run, Params *p)
+uint64_t plan_tiles(const etp__qbatch_t *batch, bool v3, int only, uint32_t run, Params *p, bool wide = false)
 {
     uint64_t total = 0;
     for (uint32_t k = 0; k < batch->n; k++) {
@@ -1855,16 +1950,17 @@ uint64_t plan_tiles(const etp__qbatch_t *batch, bool v3, int only, uint32_t run,
             tiles = (count + kDequantChunk - 1) / kDequantChunk;
         } else if (only < 0 || t.dtype == only) {
             size_t re, ce;
-            const size_t tile = v3 ? kTileV3 : kTile;
+            const size_t tr = v3 ? (wide ? kWideRows : kTileV3) : kTile;
+            const size_t tc = v3 ? (wide ? kWideCols : kTileV3) : kTile;
             if (v3)
-                cast_extent_v3(t, &re, &ce);
+                cast_extent_v3(t, wide, &re, &ce);
             else
                 cast_extent(batch[0], t, &re, &ce);
-            tiles = (uint64_t)(re / tile) * (ce / tile);
-            p->tiles_c[k] = ce / tile ? (uint32_t)(ce / tile) : 1;
+            tiles = (uint64_t)(re / tr) * (ce / tc);
+            p->tiles_c[k] = ce / tc ? (uint32_t)(ce / tc) : 1;
             if (v3) { /* v3 counts runs of tiles along a tile row */
                 p->runs_c[k] = (p->tiles_c[k] + run - 1) / run;
-                tiles = (uint64_t)(re / tile) * p->runs_c[k];
+                tiles = (uint64_t)(re / tr) * p->runs_c[k];
             }
         }
         p->tile_start[k] = (uint32_t)total;
@@ -1903,11 +1999,12 @@ extern "C" cudaError_t etp__cuda_quant_launch(cudaStream_t s, const etp__qbatch_
      * (one for a batch of one type, the usual case). */
     if (batch->op == ETP__QB_CAST && batch->cast_kernel != 2 && !batch->stochastic) {
         const bool nv = batch->format == ETP__QB_NVFP4;
+        const bool wide = !nv && !batch->swizzle && kMxWide;
         const uint64_t most = (uint64_t)batch->sms * (nv ? kCastV3NvBlocksPerSm : kCastV3MxBlocksPerSm);
         uint64_t totals[2];
         uint32_t runs[2] = {1, 1};
         for (int dt = 0; dt < 2; dt++) { /* checked before anything is launched */
-            if ((totals[dt] = plan_tiles(batch, true, dt, 1, &p)) > 0x7fffffffu) return cudaErrorInvalidValue;
+            if ((totals[dt] = plan_tiles(batch, true, dt, 1, &p, wide)) > 0x7fffffffu) return cudaErrorInvalidValue;
             /* NVFP4 in runs where there are enough to give every resident
              * block one: fewer, and a run's tiles would wait on one block
              * that many blocks could share (a [1024, 512] weight alone: 8
@@ -1919,7 +2016,7 @@ extern "C" cudaError_t etp__cuda_quant_launch(cudaStream_t s, const etp__qbatch_
         }
         for (int dt = 0; dt < 2; dt++) {
             if (totals[dt] == 0) continue;
-            plan_tiles(batch, true, dt, runs[dt], &p);
+            plan_tiles(batch, true, dt, runs[dt], &p, wide);
             p.run = runs[dt];
             uint64_t grid = totals[dt];
             if (batch->sms) grid = grid < most ? grid : most;
@@ -1927,10 +2024,13 @@ extern "C" cudaError_t etp__cuda_quant_launch(cudaStream_t s, const etp__qbatch_
                 p.step_r[k] = (uint32_t)(grid / p.runs_c[k]);
                 p.step_c[k] = (uint32_t)(grid % p.runs_c[k]);
             }
-            const void *fn = dt == ETP__QB_BF16 ? (nv ? (const void *)cast_kernel_v3<true, true>
-                                                      : (const void *)cast_kernel_v3<true, false>)
-                                                : (nv ? (const void *)cast_kernel_v3<false, true>
-                                                      : (const void *)cast_kernel_v3<false, false>);
+            const bool bf = dt == ETP__QB_BF16;
+            const void *fn = nv     ? (bf ? (const void *)cast_kernel_v3<true, true, false>
+                                          : (const void *)cast_kernel_v3<false, true, false>)
+                             : wide ? (bf ? (const void *)cast_kernel_v3<true, false, true>
+                                          : (const void *)cast_kernel_v3<false, false, true>)
+                                    : (bf ? (const void *)cast_kernel_v3<true, false, false>
+                                          : (const void *)cast_kernel_v3<false, false, false>);
             /* NVFP4 stages two tiles' codes: beyond the 48 KiB a block gets
              * without asking */
             const size_t dyn = nv ? 2 * (size_t)kStageBytes : 0;
