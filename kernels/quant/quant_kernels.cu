@@ -561,7 +561,8 @@ __global__ void __launch_bounds__(kThreads, kCastBlocksPerSm) cast_kernel_v2(con
  * - scale bytes gather in shared memory and leave as 4-byte words in output
  *   order: a tile's scales are whole 512-byte swizzle tiles (unswizzled,
  *   4 or 8 bytes of each of 128 rows: pieces of sectors that other tiles
- *   complete, 6-8% slower than swizzled in the benchmark);
+ *   complete, 6-8% slower than swizzled in the benchmark; hence NVFP4's
+ *   runs and MXFP8's wide tiles below);
  * - the next tile's BF16 rows travel to shared memory by cp.async while
  *   the current ones are converted, each thread its own rows (no barrier,
  *   no registers held); FP32 tensors run in a second instantiation of the
