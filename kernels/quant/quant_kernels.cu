@@ -554,10 +554,12 @@ __global__ void __launch_bounds__(kThreads, kCastBlocksPerSm) cast_kernel_v2(con
  *   8 x 8 nibble transpose of those words in registers; with 16x16 blocks
  *   both copies have the same codes, converted once;
  * - MXFP8 data leaves as 8 bytes per thread and row (a warp store fills
- *   whole 32-byte sectors of 4 rows); NVFP4 data of whole tiles is staged
- *   in shared memory and leaves as 16-byte stores after the tile's barrier
- *   (stage_put_v3: stored from registers, 4 bytes of 8 rows a thread, the
- *   columnwise half-sector stores alone halved the kernel's speed);
+ *   whole 32-byte sectors of 4 rows), NVFP4 rowwise data as 4 bytes per
+ *   thread and row (whole sectors too); NVFP4 columnwise data of whole
+ *   tiles is staged in shared memory and leaves as 16-byte stores after
+ *   the tile's barrier (stage_put_v3: stored from registers, 4 bytes of 8
+ *   rows a thread, those half-sector stores alone halved the kernel's
+ *   speed);
  * - scale bytes gather in shared memory and leave as 4-byte words in output
  *   order: a tile's scales are whole 512-byte swizzle tiles (unswizzled,
  *   4 or 8 bytes of each of 128 rows: pieces of sectors that other tiles
@@ -1062,15 +1064,18 @@ __device__ __forceinline__ void nv_out_v3(void *data, size_t outer, size_t inner
  * one 32-byte pieces of 4 rows. Measured on an H200 (256 MiB, the kernel
  * with the columnwise stores left out): those stores alone halved the
  * kernel's speed, where the conversion (left out the same way) cost 5%.
- * So a whole tile's codes (each direction 128 rows of 64 bytes) go to
- * shared memory first and leave, after the tile's barrier, as 16-byte
- * stores, 4 threads to an output row's 64 contiguous bytes. The 16-byte
- * chunks of a staged row are XOR-swizzled by (row / 8) % 4, which halves
- * the bank conflicts of the threads' 4-byte writes (8 rows apart) and
- * keeps the 16-byte reads conflict-free. */
+ * So a whole tile's columnwise codes (128 rows of 64 bytes) go to shared
+ * memory first and leave, after the tile's barrier, as 16-byte stores, 4
+ * threads to an output row's 64 contiguous bytes. The 16-byte chunks of a
+ * staged row are XOR-swizzled by (row / 8) % 4, which halves the bank
+ * conflicts of the threads' 4-byte writes (8 rows apart) and keeps the
+ * 16-byte reads conflict-free. The rowwise codes were staged the same way
+ * until the sixth session; stored straight from registers (whole sectors
+ * already) they cost 12 fewer instructions a thread and tile, which the
+ * SMs, the limit of the BF16 kernel, were short of: 0.836 -> 0.873 of a
+ * copy with swizzled scales (H200, 8 x [8192, 4096]), the same unswizzled. */
 constexpr int kStageRowBytes = kTileV3 / 2;                  /* 64 */
-constexpr int kStageDirBytes = kTileV3 * kStageRowBytes;      /* 8 KiB */
-constexpr int kStageBytes = 2 * kStageDirBytes;               /* one tile, both directions */
+constexpr int kStageBytes = kTileV3 * kStageRowBytes;         /* 8 KiB: one tile's columnwise codes */
 
 __device__ __forceinline__ int stage_off_v3(int row, int chunk)
 {
@@ -1093,24 +1098,21 @@ __device__ __forceinline__ void stage_out_v3(const uint8_t *stage, void *data, s
                                              int tid)
 {
 #pragma unroll
-    for (int pass = 0; pass < kStageDirBytes / (16 * kThreads); pass++) {
+    for (int pass = 0; pass < kStageBytes / (16 * kThreads); pass++) {
         const int idx = tid + pass * kThreads, row = idx >> 2, c = idx & 3;
         const uint4 v = *reinterpret_cast<const uint4 *>(stage + stage_off_v3(row, c));
         *reinterpret_cast<uint4 *>(static_cast<uint8_t *>(data) + (O0 + row) * ld + I0 + 16 * c) = v;
     }
 }
 
-/* Row i's codes of columns C..C+7 (rowwise), and column c's of rows R..R+7
- * (columnwise, after the nibble transpose): to the direction's stage when
+/* Row i's codes of columns C..C+7 (rowwise) to memory, and column c's of
+ * rows R..R+7 (columnwise, after the nibble transpose) to the stage when
  * the tile is staged (non-null), else to memory. */
 __device__ __forceinline__ void nv_rows_out_v3(const etp__qb_tensor_t &t, size_t R, size_t C,
-                                               const uint32_t (&w)[8], uint8_t *stage)
+                                               const uint32_t (&w)[8])
 {
     if (ETP__CAST_LEAVE_OUT(4)) return;
-    if (stage)
-        stage_put_v3(stage, (int)(R % kTileV3), (int)(C % kTileV3), w);
-    else
-        nv_out_v3(t.row_data, t.rows, t.cols, R, C, w);
+    nv_out_v3(t.row_data, t.rows, t.cols, R, C, w);
 }
 
 __device__ __forceinline__ void nv_cols_out_v3(const etp__qb_tensor_t &t, size_t R, size_t C,
@@ -1159,7 +1161,7 @@ __device__ __forceinline__ void fp8_out_v3(void *data, const etp__qb_tensor_t &t
 template <bool kBf>
 __device__ __noinline__ void nv_tile_safe_v3(const etp__qbatch_t &b, const etp__qb_tensor_t &t, GeoV3 g,
                                              size_t R, size_t C, const SubV3 sub, float s_enc_6, float s_dec,
-                                             TileScales &st, uint8_t *rstage, uint8_t *cstage)
+                                             TileScales &st, uint8_t *cstage)
 {
     const uint32_t (&w)[8][8] = sub.w;
     float mr[8], mc[8];
@@ -1210,7 +1212,7 @@ __device__ __noinline__ void nv_tile_safe_v3(const etp__qbatch_t &b, const etp__
             for (int e = 0; e < 8; e++)
                 o[i] |= (uint32_t)etp__qf_e2m1_rne_satfinite_fast(elem_v3<kBf>(w[i], e) * mr[i]) << (4 * e);
         }
-        nv_rows_out_v3(t, R, C, o, rstage);
+        nv_rows_out_v3(t, R, C, o);
         if (!(g.cg & 1))
 #pragma unroll
             for (int x = 0; x < 8; x++) st[0][g.tc / 16][g.tr + x] = sr[x];
@@ -1247,7 +1249,7 @@ __device__ __forceinline__ float nv_mult_v3(uint32_t a, float s_enc_6, float s_d
 template <bool kBf, typename F>
 __device__ __forceinline__ void nv_tile_v3(const etp__qbatch_t &b, const etp__qb_tensor_t &t, const GeoV3 &g,
                                            size_t R, size_t C, const uint32_t (&w)[8][8], float s_enc_6,
-                                           float s_dec, TileScales &st, uint8_t *rstage, uint8_t *cstage,
+                                           float s_dec, TileScales &st, uint8_t *cstage,
                                            F &&prefetch)
 {
     const bool rowd = t.row_data != nullptr, cold = t.col_data != nullptr;
@@ -1255,7 +1257,7 @@ __device__ __forceinline__ void nv_tile_v3(const etp__qbatch_t &b, const etp__qb
         const uint32_t a = block2d_amax_v3<kBf>(w);
         prefetch();
         if (__any_sync(kFull, a > 0x7f800000u)) {
-            nv_tile_safe_v3<kBf>(b, t, g, R, C, sub_v3(w), s_enc_6, s_dec, st, rstage, cstage);
+            nv_tile_safe_v3<kBf>(b, t, g, R, C, sub_v3(w), s_enc_6, s_dec, st, cstage);
             return;
         }
         uint8_t s;
@@ -1281,7 +1283,7 @@ __device__ __forceinline__ void nv_tile_v3(const etp__qbatch_t &b, const etp__qb
         }
         const unsigned long long s8 = 0x0101010101010101ull * s;
         if (rowd) {
-            nv_rows_out_v3(t, R, C, o, rstage);
+            nv_rows_out_v3(t, R, C, o);
             if (!(g.cg & 1)) *reinterpret_cast<unsigned long long *>(&st[0][g.tc / 16][g.tr]) = s8;
         }
         if (cold) {
@@ -1328,7 +1330,7 @@ __device__ __forceinline__ void nv_tile_v3(const etp__qbatch_t &b, const etp__qb
     }
     prefetch();
     if (__any_sync(kFull, bad != 0)) {
-        nv_tile_safe_v3<kBf>(b, t, g, R, C, sub_v3(w), s_enc_6, s_dec, st, rstage, cstage);
+        nv_tile_safe_v3<kBf>(b, t, g, R, C, sub_v3(w), s_enc_6, s_dec, st, cstage);
         return;
     }
     uint32_t sg[8];
@@ -1341,7 +1343,7 @@ __device__ __forceinline__ void nv_tile_v3(const etp__qbatch_t &b, const etp__qb
             const float mm[8] = {mr[i], mr[i], mr[i], mr[i], mr[i], mr[i], mr[i], mr[i]};
             o[i] = e2m1_row_v3<kBf>(w[i], mm) | sg[i];
         }
-        nv_rows_out_v3(t, R, C, o, rstage);
+        nv_rows_out_v3(t, R, C, o);
         *reinterpret_cast<uint32_t *>(&st[0][g.tc / 16][g.tr + 4 * hr]) = sr;
     }
     if (cold) {
@@ -1747,7 +1749,7 @@ __global__ void __launch_bounds__(kThreads, kNv ? kCastV3NvBlocksPerSm : kCastV3
     if (skipped(b)) return;
     __shared__ __align__(16) TileScales st[2];
     __shared__ __align__(16) uint4 ahead[kBf ? 8 : 1][kThreads]; /* the next tile's rows, per thread */
-    extern __shared__ __align__(16) uint8_t stage[]; /* NVFP4: [parity][direction] staged tiles */
+    extern __shared__ __align__(16) uint8_t stage[]; /* NVFP4: [parity] staged columnwise codes */
     const uint32_t run_len = kNv ? p.run : kRunMx;
     constexpr int kBlocksPerTile = kNv ? kTileV3 / 16 : kTileV3 / 32; /* rowwise scale bytes of a tile row */
     /* a whole run's rowwise scales fill its image rows, or it has no image */
@@ -1840,15 +1842,12 @@ __global__ void __launch_bounds__(kThreads, kNv ? kCastV3NvBlocksPerSm : kCastV3
         words_v3<kBf>(lo, hi, w);
         /* NVFP4 whole tiles of 16-byte aligned output rows are staged (the
          * same for every thread of the block) */
-        uint8_t *rstage = nullptr, *cstage = nullptr;
-        if (nv && r0 + kTileV3 <= t.rows && c0 + kTileV3 <= t.cols) {
-            if (t.row_data && (t.cols / 2) % 16 == 0 && (reinterpret_cast<uintptr_t>(t.row_data) & 15u) == 0)
-                rstage = stage + par * kStageBytes;
-            if (t.col_data && (t.rows / 2) % 16 == 0 && (reinterpret_cast<uintptr_t>(t.col_data) & 15u) == 0)
-                cstage = stage + par * kStageBytes + kStageDirBytes;
-        }
+        uint8_t *cstage = nullptr;
+        if (nv && r0 + kTileV3 <= t.rows && c0 + kTileV3 <= t.cols && t.col_data && (t.rows / 2) % 16 == 0 &&
+            (reinterpret_cast<uintptr_t>(t.col_data) & 15u) == 0)
+            cstage = stage + par * kStageBytes;
         if (nv)
-            nv_tile_v3<kBf>(b, t, g, R, C, w, s_enc_6, s_dec, st[par], rstage, cstage, prefetch);
+            nv_tile_v3<kBf>(b, t, g, R, C, w, s_enc_6, s_dec, st[par], cstage, prefetch);
         else
             mx_tile_v3<kBf, kWide>(b, t, g, R, C, w, st[par], prefetch);
         __syncthreads();
@@ -1863,7 +1862,6 @@ __global__ void __launch_bounds__(kThreads, kNv ? kCastV3NvBlocksPerSm : kCastV3
             else
                 scales_out_v3<kNv>(b, t, r0, c0, st[par], rimg_cur, (int)j * kBlocksPerTile);
         }
-        if (rstage && !ETP__CAST_LEAVE_OUT(4)) stage_out_v3(rstage, t.row_data, t.cols / 2, r0, c0 / 2, g.tid);
         if (cstage && !ETP__CAST_LEAVE_OUT(2)) stage_out_v3(cstage, t.col_data, t.rows / 2, c0, r0 / 2, g.tid);
         if (kImg && rimg_cur && j + 1 == len) { /* the run's last tile */
             const etp__qf_scale_shape_t ss =
@@ -2032,8 +2030,8 @@ extern "C" cudaError_t etp__cuda_quant_launch(cudaStream_t s, const etp__qbatch_
                                           : (const void *)cast_kernel_v3<false, false, true>)
                                     : (bf ? (const void *)cast_kernel_v3<true, false, false>
                                           : (const void *)cast_kernel_v3<false, false, false>);
-            /* NVFP4 stages two tiles' codes: beyond the 48 KiB a block gets
-             * without asking */
+            /* NVFP4 stages two tiles' columnwise codes: with the static
+             * shared memory, beyond the 48 KiB a block gets without asking */
             const size_t dyn = nv ? 2 * (size_t)kStageBytes : 0;
             if (dyn) {
                 const cudaError_t ea = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)dyn);
