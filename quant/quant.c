@@ -92,6 +92,9 @@ etp_status_t etp_quantizer_create(etp_context_t *ctx, const etp_quantizer_config
             free(q);
             return st;
         }
+        /* a narrower grid on request (tests: every path of the kernels'
+         * grid-stride loops on small tensors) */
+        if (ctx->env.quant_launch_sms > 0) q->sms = (uint32_t)ctx->env.quant_launch_sms;
     }
     if (k->workspace_bytes) {
         etp_status_t st = etp_mem_alloc(ctx, k->workspace_bytes, ETP_MEM_WORKSPACE, &q->workspace);

@@ -32,6 +32,17 @@ if(ETP_WITH_CUDA AND ETP_WITH_MPI)
             --mca mpi_yield_when_idle 1 ${MPIEXEC_PREFLAGS} $<TARGET_FILE:test_quant_gpu> ${MPIEXEC_POSTFLAGS})
   set_tests_properties(test_quant_gpu_on_host_np2 PROPERTIES LABELS "mpi;quant"
     ENVIRONMENT "${ETP_TEST_ENV};ETP_TEST_QUANT_ON_HOST=1" TIMEOUT 600 PROCESSORS 2)
+  # The same on one GPU with the cast's grid sized for 8 multiprocessors:
+  # each block walks many tiles, and the test's larger tensors get runs of
+  # 4 x 4 tiles (with their scale images) and 1 x 4, partial runs at their
+  # edges included, which a full grid gives only to much larger batches.
+  if(ETP_GPU_TESTS)
+    add_test(NAME test_quant_gpu_np1_sms8
+      COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 1 --oversubscribe --bind-to none
+              ${MPIEXEC_PREFLAGS} $<TARGET_FILE:test_quant_gpu> ${MPIEXEC_POSTFLAGS})
+    set_tests_properties(test_quant_gpu_np1_sms8 PROPERTIES LABELS "gpu;quant"
+      ENVIRONMENT "${ETP_TEST_ENV};NCCL_NVLS_ENABLE=0;ETP_QUANT_LAUNCH_SMS=8" TIMEOUT 600)
+  endif()
   # The scale-swizzle kernel against the host reference (one GPU: no collective).
   etp_add_gpu_test(test_quant_swizzle_gpu gpu/test_quant_swizzle_gpu.c ON quant 1)
   # The captured quantize with CUDA graphs.

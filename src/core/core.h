@@ -100,6 +100,7 @@ typedef struct etp__env {
     int nccl_fast_launch;   /* ETP_NCCL_FAST_LAUNCH */
     int copy_engine;        /* ETP_COPY_ENGINE */
     int quant_cast_kernel;  /* ETP_QUANT_CAST_KERNEL: 2 or 3 */
+    int quant_launch_sms;   /* ETP_QUANT_LAUNCH_SMS: 0 (the device's count) or a count */
 } etp__env_t;
 
 /* One row of the settings table, for docs and `etp-demo --env`. */

@@ -43,13 +43,17 @@ static shape_t shape_of(const etp_quantizer_config_t *c, int rank, size_t i, uin
         s.rows = 1024 + blk * 3;
         s.cols = 1024 + blk;
     }
-    if (i == 0 && c->format == ETP_QUANT_NVFP4 && c->nvfp4_block == ETP_QUANT_BLOCK_2D &&
-        c->directions == (ETP_QUANT_ROWWISE | ETP_QUANT_COLUMNWISE) && !c->swizzle_scales) {
-        /* tiles enough (1190 of 128 x 128) that the NVFP4 cast runs in runs
-         * of 4 with their scale images (a GPU of up to 148 SMs), one of 2
-         * tiles at each tile row's end */
-        s.rows = 128 * 34 + 48;
-        s.cols = 128 * 33 + 16;
+    if (i == 0 && c->format == ETP_QUANT_NVFP4 && c->directions == (ETP_QUANT_ROWWISE | ETP_QUANT_COLUMNWISE) &&
+        !c->swizzle_scales) {
+        /* tiles enough (1156, 1190 of 128 x 128) that the NVFP4 cast runs
+         * in runs of 1 x 4 tiles (a GPU of up to 148 SMs; ETP_QUANT_LAUNCH_SMS=8:
+         * of 4 x 4), with runs of 2 tiles at the tensor's edges. 16x16
+         * blocks: 256-multiples, whose scale rows (a multiple of 16 bytes)
+         * take the runs' scale images; 1D blocks: rows and columns ending
+         * inside a tile, whose scales go out a tile at a time. */
+        const int images = c->nvfp4_block == ETP_QUANT_BLOCK_2D;
+        s.rows = images ? 256 * 17 : 128 * 34 + 48;
+        s.cols = images ? 256 * 17 : 128 * 33 + 16;
     }
     s.dtype = (r >> 40) & 1 ? ETP_DTYPE_BF16 : ETP_DTYPE_F32;
     return s;

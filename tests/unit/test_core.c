@@ -146,6 +146,7 @@ static void test_env_defaults_and_docs(void **state)
     assert_int_equal(e.nccl_fast_launch, 1);
     assert_int_equal(e.copy_engine, 1);
     assert_int_equal(e.quant_cast_kernel, 3);
+    assert_int_equal(e.quant_launch_sms, 0);
     int n = 0;
     for (const etp__env_doc_t *d = etp__env_docs(); d->name; d++, n++) {
         assert_non_null(d->default_value);
@@ -167,6 +168,7 @@ static void test_env_values(void **state)
     setenv("ETP_HOST_SHUFFLE_SEED", "42", 1);
     setenv("ETP_NCCL_FAST_LAUNCH", "0", 1);
     setenv("ETP_COPY_ENGINE", "2", 1);
+    setenv("ETP_QUANT_LAUNCH_SMS", "8", 1);
     etp__env_t e;
     assert_int_equal(etp__env_load(&e), ETP_SUCCESS);
     assert_int_equal(e.log_level, ETP_LOG_DEBUG);
@@ -177,6 +179,7 @@ static void test_env_values(void **state)
     assert_int_equal(e.shuffle_seed, 42);
     assert_int_equal(e.nccl_fast_launch, 0);
     assert_int_equal(e.copy_engine, 2);
+    assert_int_equal(e.quant_launch_sms, 8);
     clear_env();
 }
 
@@ -189,7 +192,8 @@ static void test_env_rejects_bad_values(void **state)
         {"ETP_CHECK_COLLECTIVES", "2"},   {"ETP_HOST_STREAMS", "lazy"},
         {"ETP_HOST_SHUFFLE_SEED", "-3"},  {"ETP_HOST_SHUFFLE_SEED", "7x"},
         {"ETP_NCCL_FAST_LAUNCH", "2"}, {"ETP_QUANT_CAST_KERNEL", "1"},
-        {"ETP_COPY_ENGINE", "3"},
+        {"ETP_COPY_ENGINE", "3"},          {"ETP_QUANT_LAUNCH_SMS", "-1"},
+        {"ETP_QUANT_LAUNCH_SMS", "many"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         clear_env();
