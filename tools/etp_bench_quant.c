@@ -24,6 +24,10 @@
  *
  * Timing: CUDA events on one stream, the median of --iters after --warmup
  * runs, the slowest rank's median; on the CUDA backend a --flush-mib buffer
+ * is swept before every timed run so that no run finds its input in L2:
+ * written (--flush write, the default of every record so far), which also
+ * leaves L2 full of dirty lines that the timed run then writes back, or
+ * read (--flush read: a multi-amax over it), which leaves clean lines.
  * is written before every timed run so that no run finds its input in L2.
  * On the host backend every operation is the reference quantizer on the CPU
  * (timings of the CPU; smaller default sizes).
@@ -31,7 +35,7 @@
  *   etp-bench quant [--cases 64x1024x512,8x8192x4096 (N x rows x cols)]
  *                   [--big-mib 256 (one tensor [big, 4096] of this size; 0: none)]
  *                   [--dtype bf16|f32] [--formats nvfp4,mxfp8] [--nvfp4-1d] [--swizzle]
- *                   [--no-separate] [--flush-mib 256]
+ *                   [--no-separate] [--flush-mib 256] [--flush write|read]
  */
 #define _POSIX_C_SOURCE 200809L /* strtok_r */
 #include <stdint.h>
@@ -54,8 +58,10 @@ typedef struct {
     bench_timer_t *tm;
     void *copy_src, *copy_dst; /* the baseline's buffers */
     size_t copy_cap;
-    void *flush;               /* written before every timed run (CUDA) */
+    void *flush;               /* swept before every timed run (CUDA) */
     size_t flush_bytes;
+    etp_quantizer_t *flush_q;  /* --flush read: the multi-amax that reads it */
+    float *flush_amax;
     double *t;                 /* iters samples */
 } qbench_t;
 
@@ -66,7 +72,12 @@ static double time_op(qbench_t *x, op_fn_t fn, void *arg, int collective)
 {
     bench_t *b = x->b;
     for (int it = -b->warmup; it < b->iters; it++) {
-        if (x->flush) BENCH_CHECK(b, etp_memset_async(x->s, x->flush, it & 0xff, x->flush_bytes));
+        if (x->flush && x->flush_q) {
+            const etp_quant_input_t in = {x->flush, ETP_DTYPE_BF16, x->flush_bytes / 2 / 4096, 4096};
+            BENCH_CHECK(b, etp_quant_multi_amax(x->flush_q, 1, &in, x->flush_amax, NULL, 1, x->s));
+        } else if (x->flush) {
+            BENCH_CHECK(b, etp_memset_async(x->s, x->flush, it & 0xff, x->flush_bytes));
+        }
         /* ranks start a collective together, so that one rank's wait for
          * the others is not counted as its time */
         if (collective) {
@@ -327,12 +338,21 @@ int etp_bench_quant(bench_t *b, int argc, char **argv)
     double big_mib = cuda ? 256 : 4, flush_mib = cuda ? 256 : 0;
     const char *formats = "nvfp4,mxfp8";
     etp_dtype_t dt = ETP_DTYPE_BF16;
-    int nvfp4_1d = 0, swizzle = 0, separate = 1;
+    int nvfp4_1d = 0, swizzle = 0, separate = 1, flush_read = 0;
     for (int i = 0; i < argc; i++) {
         if (strcmp(argv[i], "--cases") == 0 && i + 1 < argc) cases_s = argv[++i];
         else if (strcmp(argv[i], "--big-mib") == 0 && i + 1 < argc) big_mib = atof(argv[++i]);
         else if (strcmp(argv[i], "--flush-mib") == 0 && i + 1 < argc) flush_mib = atof(argv[++i]);
         else if (strcmp(argv[i], "--formats") == 0 && i + 1 < argc) formats = argv[++i];
+        else if (strcmp(argv[i], "--flush") == 0 && i + 1 < argc) {
+            const char *f = argv[++i];
+            if (strcmp(f, "write") == 0) flush_read = 0;
+            else if (strcmp(f, "read") == 0) flush_read = 1;
+            else {
+                if (b->rank == 0) fprintf(stderr, "etp-bench quant: --flush write or read\n");
+                return 2;
+            }
+        }
         else if (strcmp(argv[i], "--dtype") == 0 && i + 1 < argc) {
             const char *d = argv[++i];
             if (strcmp(d, "bf16") == 0) dt = ETP_DTYPE_BF16;
@@ -395,13 +415,21 @@ int etp_bench_quant(bench_t *b, int argc, char **argv)
     BENCH_CHECK(b, etp_mem_alloc(b->ctx, x.copy_cap, ETP_MEM_WORKSPACE, &x.copy_dst));
     BENCH_CHECK(b, etp_memset_async(x.s, x.copy_src, 0x3c, x.copy_cap));
     if (flush_mib > 0) {
-        x.flush_bytes = (size_t)(flush_mib * 1048576.0);
+        x.flush_bytes = (size_t)(flush_mib * 1048576.0) / 8192 * 8192; /* whole BF16 rows of 4096 */
         BENCH_CHECK(b, etp_mem_alloc(b->ctx, x.flush_bytes, ETP_MEM_WORKSPACE, &x.flush));
+        BENCH_CHECK(b, etp_memset_async(x.s, x.flush, 0x3c, x.flush_bytes));
+        if (flush_read) {
+            etp_quantizer_config_t fc = ETP_QUANTIZER_CONFIG_INIT;
+            BENCH_CHECK(b, etp_quantizer_create(b->ctx, &fc, &x.flush_q));
+            BENCH_CHECK(b, etp_mem_alloc(b->ctx, sizeof(float), ETP_MEM_WORKSPACE, (void **)&x.flush_amax));
+        }
     }
     for (int k = 0; k < ncases; k++) run_case(&x, &cases[k], dt, formats, nvfp4_1d, swizzle, separate);
 
     BENCH_CHECK(b, etp_stream_synchronize(x.s));
     if (x.flush) BENCH_CHECK(b, etp_mem_free(b->ctx, x.flush));
+    if (x.flush_amax) BENCH_CHECK(b, etp_mem_free(b->ctx, x.flush_amax));
+    if (x.flush_q) BENCH_CHECK(b, etp_quantizer_destroy(x.flush_q));
     BENCH_CHECK(b, etp_mem_free(b->ctx, x.copy_src));
     BENCH_CHECK(b, etp_mem_free(b->ctx, x.copy_dst));
     free(x.t);
