@@ -227,13 +227,14 @@ static void run_quant_gathers(int64_t seed)
 }
 
 #ifndef ETP_SHARD_TEST_CUDA
-/* A cached view's scales read on a stream of their own: the next version
+/* A cached view's scales (cross: a backward view's, and its amaxes) read on
+ * a stream of their own: the next version
  * may rewrite the cache only after that reader's release, which the
  * all-gather stream's wait for mark_updated does not give (the update is on
  * another stream) and the slot-release edge does. Returns the expert-scale
  * matrices the reader got wrong (summed over ranks), with `skip` the edges
  * left out. */
-static long cache_reader(int64_t seed, unsigned skip)
+static long cache_reader(int64_t seed, unsigned skip, int cross)
 {
     const qspec_t q = {ETP_PARAM_QUANT_NVFP4, 2, 100, 48, 16, ETP_DTYPE_BF16, 0, 0, 1};
     const int id = 90;
@@ -261,9 +262,13 @@ static long cache_reader(int64_t seed, unsigned skip)
     pc.dtype = q.dtype;
     pc.quant = q.quant;
     pc.cache_gathered_scales = 1;
-    etp_param_t *p;
+    etp_param_t *p, *p2 = NULL;
     ETP_OK(etp_param_create(ctx, &pc, &p));
     ETP_OK(etp_chain_add(chain, p));
+    if (cross) { /* a second parameter after it: the slots are no longer one per pair of passes */
+        ETP_OK(etp_param_create(ctx, &pc, &p2));
+        ETP_OK(etp_chain_add(chain, p2));
+    }
     ETP_OK(etp_chain_finalize(chain));
     etp__chain_test_skip_edges(chain, skip);
     size_t n = (size_t)(q.experts * q.rows * q.cols);
@@ -273,18 +278,35 @@ static long cache_reader(int64_t seed, unsigned skip)
         for (int64_t e = 0; e < q.experts; e++)
             for (int64_t r = 0; r < q.rows; r++)
                 for (int64_t c = 0; c < q.cols; c++)
-                    put(w[step], q.dtype, (size_t)((e * q.rows + r) * q.cols + c), value(id, step, e, r, c));
+                    /* cross: the second version's amaxes 4 times the first's */
+                    put(w[step], q.dtype, (size_t)((e * q.rows + r) * q.cols + c),
+                        value(id, step, e, r, c) * (cross && step ? 4.0f : 1.0f));
     }
     ETP_OK(etp_param_load_full(p, w[0], main_s));
     etp_weight_view_t v = ETP_WEIGHT_VIEW_INIT;
-    ETP_OK(etp_gather(p, ETP_PASS_FORWARD, main_s, &v));
-    size_t sb = (size_t)(v.scale_expert_stride * v.experts);
+    /* cross: the backward view of the first version is the one read; the
+     * next version's forward gather refreshes the other direction's cache */
+    const etp_pass_t read_pass = cross ? ETP_PASS_BACKWARD : ETP_PASS_FORWARD;
+    if (cross) { /* forward A, B; backward B, then A (read below) */
+        ETP_OK(etp_param_load_full(p2, w[0], main_s));
+        ETP_OK(etp_gather(p, ETP_PASS_FORWARD, main_s, &v));
+        ETP_OK(etp_release(p, ETP_PASS_FORWARD, main_s));
+        ETP_OK(etp_gather(p2, ETP_PASS_FORWARD, main_s, &v));
+        ETP_OK(etp_release(p2, ETP_PASS_FORWARD, main_s));
+        ETP_OK(etp_gather(p2, ETP_PASS_BACKWARD, main_s, &v));
+        ETP_OK(etp_release(p2, ETP_PASS_BACKWARD, main_s));
+    }
+    ETP_OK(etp_gather(p, read_pass, main_s, &v));
+    const size_t stride = (size_t)v.scale_expert_stride, sb = stride * (size_t)v.experts;
     uint8_t *got = malloc(sb);
+    float *got_amax = malloc((size_t)q.experts * sizeof(float));
     tu_poison(got, sb);
+    tu_poison(got_amax, (size_t)q.experts * sizeof(float));
     ETP_OK(etp_event_record(ev, main_s));
     ETP_OK(etp_stream_wait_event(side, ev));
     ETP_OK(etp_memcpy_async(side, got, v.scales, sb));
-    ETP_OK(etp_release(p, ETP_PASS_FORWARD, side));
+    ETP_OK(etp_memcpy_async(side, got_amax, v.amax, (size_t)q.experts * sizeof(float)));
+    ETP_OK(etp_release(p, read_pass, side));
     /* the next version, updated and gathered on main */
     ETP_OK(etp_param_load_full(p, w[1], main_s));
     ETP_OK(etp_gather(p, ETP_PASS_FORWARD, main_s, &v));
@@ -299,16 +321,19 @@ static long cache_reader(int64_t seed, unsigned skip)
     for (int64_t e = 0; e < q.experts; e++) {
         uint8_t *ref_data, *ref_scales;
         float ref_amax;
-        ref_quant(id, &q, p, 0, 0, e, &ref_data, &ref_scales, &ref_amax);
-        bad += memcmp(got + e * v.scale_expert_stride, ref_scales, (size_t)v.scale_expert_stride) != 0;
+        ref_quant(id, &q, p, 0, cross ? 1 : 0, e, &ref_data, &ref_scales, &ref_amax);
+        bad += memcmp(got + (size_t)e * stride, ref_scales, stride) != 0;
+        bad += memcmp(&got_amax[e], &ref_amax, sizeof(float)) != 0;
         free(ref_data);
         free(ref_scales);
     }
     free(got);
+    free(got_amax);
     free(w[0]);
     free(w[1]);
     ETP_OK(etp_chain_destroy(chain));
     ETP_OK(etp_param_destroy(p));
+    if (p2) ETP_OK(etp_param_destroy(p2));
     ETP_OK(etp_event_destroy(ev));
     ETP_OK(etp_stream_destroy(side));
     ETP_OK(etp_stream_destroy(main_s));
@@ -322,11 +347,26 @@ static long cache_reader(int64_t seed, unsigned skip)
 static void test_edge_slot_release_scale_cache(void **state)
 {
     (void)state;
-    long without = cache_reader(0, ETP__EDGE_SLOT_RELEASE);
+    long without = cache_reader(0, ETP__EDGE_SLOT_RELEASE, 0);
     if (g_rank == 0) printf("without edge slot release: %ld wrong cached scale matrices\n", without);
     assert_true(without > 0);
-    assert_int_equal(cache_reader(0, 0), 0);
-    assert_int_equal(cache_reader(2, 0), 0);
+    assert_int_equal(cache_reader(0, 0, 0), 0);
+    assert_int_equal(cache_reader(2, 0, 0), 0);
+}
+
+/* The other direction's refresh: in a chain of two parameters, the first
+ * one's backward view of a version, read late on a stream of its own, keeps
+ * its scales and NVFP4 amaxes (the amaxes' cache is the two directions')
+ * while the next version's forward gather refreshes that parameter's cache;
+ * the slot-release edge orders the refresh after the reader's release. */
+static void test_scale_cache_directions_apart(void **state)
+{
+    (void)state;
+    long without = cache_reader(0, ETP__EDGE_SLOT_RELEASE, 1);
+    if (g_rank == 0) printf("backward view, without edge slot release: %ld wrong\n", without);
+    assert_true(without > 0);
+    assert_int_equal(cache_reader(0, 0, 1), 0);
+    assert_int_equal(cache_reader(2, 0, 1), 0);
 }
 #endif
 
@@ -351,6 +391,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_quantized_gathers),
 #ifndef ETP_SHARD_TEST_CUDA
         cmocka_unit_test(test_edge_slot_release_scale_cache),
+        cmocka_unit_test(test_scale_cache_directions_apart),
 #endif
     };
     return tu_mpi_finish(cmocka_run_group_tests(tests, NULL, NULL));
