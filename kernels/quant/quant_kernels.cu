@@ -1071,9 +1071,11 @@ __device__ __forceinline__ void nv_out_v3(void *data, size_t outer, size_t inner
  * conflicts of the threads' 4-byte writes (8 rows apart) and keeps the
  * 16-byte reads conflict-free. The rowwise codes were staged the same way
  * until the sixth session; stored straight from registers (whole sectors
- * already) they cost 12 fewer instructions a thread and tile, which the
- * SMs, the limit of the BF16 kernel, were short of: 0.836 -> 0.873 of a
- * copy with swizzled scales (H200, 8 x [8192, 4096]), the same unswizzled. */
+ * already) they take 8 global stores a thread and tile where staging took
+ * 8 shared stores, 2 shared loads and 2 global stores, the last four after
+ * the barrier, on SMs that bound the BF16 kernel: 0.836 -> 0.873 of a copy
+ * with swizzled scales (H200, 8 x [8192, 4096]), 1% less with row-major
+ * ones. */
 constexpr int kStageRowBytes = kTileV3 / 2;                  /* 64 */
 constexpr int kStageBytes = kTileV3 * kStageRowBytes;         /* 8 KiB: one tile's columnwise codes */
 
