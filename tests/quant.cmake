@@ -33,9 +33,9 @@ if(ETP_WITH_CUDA AND ETP_WITH_MPI)
   set_tests_properties(test_quant_gpu_on_host_np2 PROPERTIES LABELS "mpi;quant"
     ENVIRONMENT "${ETP_TEST_ENV};ETP_TEST_QUANT_ON_HOST=1" TIMEOUT 600 PROCESSORS 2)
   # The same on one GPU with the cast's grid sized for 8 multiprocessors:
-  # each block walks many tiles, and the test's larger tensors get runs of
-  # 4 x 4 tiles (with their scale images) and 1 x 4, partial runs at their
-  # edges included, which a full grid gives only to much larger batches.
+  # each block walks many tiles, and more of the test's tensors get runs of
+  # 1 x 4 tiles (with their scale images), partial runs at their edges
+  # included, which a full grid gives only to larger batches.
   if(ETP_GPU_TESTS)
     add_test(NAME test_quant_gpu_np1_sms8
       COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 1 --oversubscribe --bind-to none

@@ -414,8 +414,9 @@ int etp_bench_quant(bench_t *b, int argc, char **argv)
     BENCH_CHECK(b, etp_mem_alloc(b->ctx, x.copy_cap, ETP_MEM_WORKSPACE, &x.copy_src));
     BENCH_CHECK(b, etp_mem_alloc(b->ctx, x.copy_cap, ETP_MEM_WORKSPACE, &x.copy_dst));
     BENCH_CHECK(b, etp_memset_async(x.s, x.copy_src, 0x3c, x.copy_cap));
-    if (flush_mib > 0) {
-        x.flush_bytes = (size_t)(flush_mib * 1048576.0) / 8192 * 8192; /* whole BF16 rows of 4096 */
+    /* whole BF16 rows of 4096 (the read sweep's tensor): less is no flush */
+    if ((size_t)(flush_mib * 1048576.0) / 8192 > 0) {
+        x.flush_bytes = (size_t)(flush_mib * 1048576.0) / 8192 * 8192;
         BENCH_CHECK(b, etp_mem_alloc(b->ctx, x.flush_bytes, ETP_MEM_WORKSPACE, &x.flush));
         BENCH_CHECK(b, etp_memset_async(x.s, x.flush, 0x3c, x.flush_bytes));
         if (flush_read) {

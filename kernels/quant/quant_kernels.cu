@@ -625,11 +625,6 @@ struct SubV3 {
  * 32x1) still lies in one warp. The swizzled layout keeps square tiles:
  * its 512-byte tiles are 128 rows deep. */
 constexpr int kWideRows = 32, kWideCols = 512;
-#ifdef ETP_QUANT_V3_MX_WIDE /* a build may turn them off, to compare */
-constexpr bool kMxWide = ETP_QUANT_V3_MX_WIDE != 0;
-#else
-constexpr bool kMxWide = true;
-#endif
 
 template <bool kWide>
 struct TileDimV3 {
@@ -1598,10 +1593,6 @@ __device__ __forceinline__ uint32_t scale_word_v3(const TileScales &st, int d, i
            (uint32_t)st[d][g4 + 3][o] << 24;
 }
 
-/* The tile's scale entries, padding included (zeros), as 4-byte words of 4
- * consecutive blocks, one word per thread, consecutive threads on
- * consecutive words of the output. A tile wholly inside the tensor takes
- * its words with no per-entry test. */
 /* A wide MXFP8 tile's scales, unswizzled, padding included (zeros):
  * rowwise 16 bytes of each of its 32 rows (4 threads a row), columnwise
  * the 512 bytes of its 32-row band's scale row, 4 bytes a thread. */
@@ -1645,6 +1636,10 @@ __device__ __forceinline__ void mx_wide_scales_out_v3(const etp__qb_tensor_t &t,
     }
 }
 
+/* The tile's scale entries, padding included (zeros), as 4-byte words of 4
+ * consecutive blocks, one word per thread, consecutive threads on
+ * consecutive words of the output. A tile wholly inside the tensor takes
+ * its words with no per-entry test. */
 template <bool kNv>
 __device__ __forceinline__ void scales_out_v3(const etp__qbatch_t &b, const etp__qb_tensor_t &t, size_t r0,
                                               size_t c0, const TileScales &st, uint8_t *rimg, int rimg_off)
@@ -1690,28 +1685,18 @@ __device__ __forceinline__ void scales_out_v3(const etp__qbatch_t &b, const etp_
         }
         return;
     }
+    /* MXFP8 in square tiles has swizzled scales (row-major ones take wide
+     * tiles, mx_wide_scales_out_v3): the GEMM's view, column-major 4
+     * M-blocks of a column */
     if (tid >= 128) return;
     const etp__qf_scale_shape_t ss = etp__qf_mxfp8_col_scales(M, K);
-    const size_t mb0 = r0 / 32;
-    if (b.swizzle) { /* the GEMM's view: column-major 4 M-blocks of a column */
-        const size_t kk = c0 + o;
-        if (mb0 < ss.rows && kk < ss.cols) {
-            uint32_t v = 0;
+    const size_t mb0 = r0 / 32, kk = c0 + o;
+    if (mb0 < ss.rows && kk < ss.cols) {
+        uint32_t v = 0;
 #pragma unroll
-            for (int x = 0; x < 4; x++)
-                if (kk < K && mb0 + x < M / 32) v |= (uint32_t)st[1][x][o] << (8 * x);
-            scale_word_out_v3(t.col_scales, etp__qf_mxfp8_col_scale_offset(mb0, kk, ss, 1), v);
-        }
-    } else { /* [M-block, column]: 4 columns of one M-block */
-        const int x = tid >> 5;
-        const size_t mb = mb0 + x, kk = c0 + 4 * (tid & 31);
-        if (mb < ss.rows && kk < ss.cols) {
-            uint32_t v = 0;
-#pragma unroll
-            for (int y = 0; y < 4; y++)
-                if (mb < M / 32 && kk + y < K) v |= (uint32_t)st[1][x][4 * (tid & 31) + y] << (8 * y);
-            scale_word_out_v3(t.col_scales, etp__qf_mxfp8_col_scale_offset(mb, kk, ss, 0), v);
-        }
+        for (int x = 0; x < 4; x++)
+            if (kk < K && mb0 + x < M / 32) v |= (uint32_t)st[1][x][o] << (8 * x);
+        scale_word_out_v3(t.col_scales, etp__qf_mxfp8_col_scale_offset(mb0, kk, ss, 1), v);
     }
 }
 
@@ -2000,7 +1985,7 @@ extern "C" cudaError_t etp__cuda_quant_launch(cudaStream_t s, const etp__qbatch_
      * (one for a batch of one type, the usual case). */
     if (batch->op == ETP__QB_CAST && batch->cast_kernel != 2 && !batch->stochastic) {
         const bool nv = batch->format == ETP__QB_NVFP4;
-        const bool wide = !nv && !batch->swizzle && kMxWide;
+        const bool wide = !nv && !batch->swizzle; /* square MXFP8 tiles: swizzled scales only */
         const uint64_t most = (uint64_t)batch->sms * (nv ? kCastV3NvBlocksPerSm : kCastV3MxBlocksPerSm);
         uint64_t totals[2];
         uint32_t runs[2] = {1, 1};
