@@ -28,7 +28,6 @@
  * written (--flush write, the default of every record so far), which also
  * leaves L2 full of dirty lines that the timed run then writes back, or
  * read (--flush read: a multi-amax over it), which leaves clean lines.
- * is written before every timed run so that no run finds its input in L2.
  * On the host backend every operation is the reference quantizer on the CPU
  * (timings of the CPU; smaller default sizes).
  *
