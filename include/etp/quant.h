@@ -86,7 +86,10 @@ typedef struct etp_quantizer_config {
     etp_quant_elem_t mxfp8_elem;   /* MXFP8 only */
     etp_quant_block_t nvfp4_block; /* NVFP4 only */
     unsigned directions;           /* ETP_QUANT_ROWWISE and/or ETP_QUANT_COLUMNWISE */
-    int swizzle_scales;            /* 1: scales in cuBLASLt's 128x4 tiled order */
+    int swizzle_scales;            /* 1: scales in cuBLASLt's 128x4 tiled order, the one a
+                                      block-scaled GEMM reads, and the faster one to cast
+                                      NVFP4 into (row-major: about 8% slower, its columnwise
+                                      scales being 8-byte pieces of sectors; docs/PERF.md) */
     etp_quant_rounding_t rounding;
     uint64_t seed;                 /* stochastic rounding; change it with etp_quantizer_set_seed */
     /* Device int32: when non-NULL and non-zero at run time, multi-amax,
