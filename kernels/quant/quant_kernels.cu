@@ -1827,8 +1827,8 @@ __global__ void __launch_bounds__(kThreads, kNv ? kCastV3NvBlocksPerSm : kCastV3
         }
         uint32_t w[8][8];
         words_v3<kBf>(lo, hi, w);
-        /* NVFP4 whole tiles of 16-byte aligned output rows are staged (the
-         * same for every thread of the block) */
+        /* NVFP4 columnwise codes of whole tiles with 16-byte aligned output
+         * rows are staged (the same for every thread of the block) */
         uint8_t *cstage = nullptr;
         if (nv && r0 + kTileV3 <= t.rows && c0 + kTileV3 <= t.cols && t.col_data && (t.rows / 2) % 16 == 0 &&
             (reinterpret_cast<uintptr_t>(t.col_data) & 15u) == 0)

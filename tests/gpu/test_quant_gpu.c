@@ -47,10 +47,10 @@ static shape_t shape_of(const etp_quantizer_config_t *c, int rank, size_t i, uin
         !c->swizzle_scales) {
         /* tiles enough (1156, 1190 of 128 x 128) that the NVFP4 cast runs
          * in runs of 1 x 4 tiles (a GPU of up to 148 SMs), with runs of 2
-         * tiles at the tensor's edges. 16x16
-         * blocks: 256-multiples, whose scale rows (a multiple of 16 bytes)
-         * take the runs' scale images; 1D blocks: rows and columns ending
-         * inside a tile, whose scales go out a tile at a time. */
+         * tiles at the tensor's edges. 16x16 blocks: 256-multiples, whose
+         * scale rows (a multiple of 16 bytes) take the runs' scale images;
+         * 1D blocks: rows and columns ending inside a tile, whose scales go
+         * out a tile at a time. */
         const int images = c->nvfp4_block == ETP_QUANT_BLOCK_2D;
         s.rows = images ? 256 * 17 : 128 * 34 + 48;
         s.cols = images ? 256 * 17 : 128 * 33 + 16;
