@@ -22,6 +22,7 @@ struct etp_quantizer {
     etp_quantizer_config_t cfg;
     void *workspace;     /* the backend's device scratch (NULL: it needs none) */
     uint32_t sms;        /* the backend's launch width (0: none), for every batch */
+    uint32_t clusters;   /* the cast's clusters the device holds (0: launch none) */
     etp__qbatch_t batch; /* scratch of the launch path, one thread at a time */
     etp__qswz_batch_t swz; /* the same for scale swizzles */
 };
@@ -87,7 +88,7 @@ etp_status_t etp_quantizer_create(etp_context_t *ctx, const etp_quantizer_config
     q->cfg = cfg;
     const etp__quant_kernels_t *k = ctx->be->ops->kernels->quant;
     if (k->launch_width) {
-        etp_status_t st = k->launch_width(ctx->be, &q->sms);
+        etp_status_t st = k->launch_width(ctx->be, &q->sms, &q->clusters);
         if (st != ETP_SUCCESS) {
             free(q);
             return st;
@@ -95,6 +96,7 @@ etp_status_t etp_quantizer_create(etp_context_t *ctx, const etp_quantizer_config
         /* a narrower grid on request (tests: every path of the kernels'
          * grid-stride loops on small tensors) */
         if (ctx->env.quant_launch_sms > 0) q->sms = (uint32_t)ctx->env.quant_launch_sms;
+        if (!ctx->env.quant_cast_clusters) q->clusters = 0;
     }
     if (k->workspace_bytes) {
         etp_status_t st = etp_mem_alloc(ctx, k->workspace_bytes, ETP_MEM_WORKSPACE, &q->workspace);
@@ -291,6 +293,7 @@ static void batch_header(etp_quantizer_t *q, uint32_t op)
     b->workspace = q->workspace;
     b->sms = q->sms;
     b->cast_kernel = (uint32_t)q->ctx->env.quant_cast_kernel;
+    b->clusters = q->clusters;
 }
 
 /* Launch the batch's header over tensors [0, n), ETP__QB_MAX at a time; fill(i, t)

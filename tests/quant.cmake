@@ -35,13 +35,22 @@ if(ETP_WITH_CUDA AND ETP_WITH_MPI)
   # The same on one GPU with the cast's grid sized for 8 multiprocessors:
   # each block walks many tiles, and more of the test's tensors get runs of
   # 1 x 4 tiles (with their scale images), partial runs at their edges
-  # included, which a full grid gives only to larger batches.
+  # included, which a full grid gives only to larger batches. NVFP4 16x16
+  # runs with row-major scales go to thread-block clusters there (sm_90):
+  # _noclu runs the same without them, the path of older devices.
   if(ETP_GPU_TESTS)
-    add_test(NAME test_quant_gpu_np1_sms8
-      COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 1 --oversubscribe --bind-to none
-              ${MPIEXEC_PREFLAGS} $<TARGET_FILE:test_quant_gpu> ${MPIEXEC_POSTFLAGS})
-    set_tests_properties(test_quant_gpu_np1_sms8 PROPERTIES LABELS "gpu;quant"
-      ENVIRONMENT "${ETP_TEST_ENV};NCCL_NVLS_ENABLE=0;ETP_QUANT_LAUNCH_SMS=8" TIMEOUT 600)
+    foreach(clu 1 0)
+      set(name test_quant_gpu_np1_sms8)
+      if(clu EQUAL 0)
+        set(name test_quant_gpu_np1_sms8_noclu)
+      endif()
+      add_test(NAME ${name}
+        COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 1 --oversubscribe --bind-to none
+                ${MPIEXEC_PREFLAGS} $<TARGET_FILE:test_quant_gpu> ${MPIEXEC_POSTFLAGS})
+      set_tests_properties(${name} PROPERTIES LABELS "gpu;quant"
+        ENVIRONMENT "${ETP_TEST_ENV};NCCL_NVLS_ENABLE=0;ETP_QUANT_LAUNCH_SMS=8;ETP_QUANT_CAST_CLUSTERS=${clu}"
+        TIMEOUT 600)
+    endforeach()
   endif()
   # The scale-swizzle kernel against the host reference (one GPU: no collective).
   etp_add_gpu_test(test_quant_swizzle_gpu gpu/test_quant_swizzle_gpu.c ON quant 1)

@@ -1242,15 +1242,16 @@ __device__ __forceinline__ float nv_mult_v3(uint32_t a, float s_enc_6, float s_d
 }
 
 /* prefetch() is called once every element has been read (by the amax):
- * it may then overwrite the shared memory the elements came from. */
-template <bool kBf, typename F>
+ * it may then overwrite the shared memory the elements came from. k2d:
+ * the batch has 16x16 blocks (no 1D code compiled). */
+template <bool kBf, bool k2d, typename F>
 __device__ __forceinline__ void nv_tile_v3(const etp__qbatch_t &b, const etp__qb_tensor_t &t, const GeoV3 &g,
                                            size_t R, size_t C, const uint32_t (&w)[8][8], float s_enc_6,
                                            float s_dec, TileScales &st, uint8_t *cstage,
                                            F &&prefetch)
 {
     const bool rowd = t.row_data != nullptr, cold = t.col_data != nullptr;
-    if (b.block2d) {
+    if (k2d || b.block2d) {
         const uint32_t a = block2d_amax_v3<kBf>(w);
         prefetch();
         if (__any_sync(kFull, a > 0x7f800000u)) {
@@ -1642,7 +1643,8 @@ __device__ __forceinline__ void mx_wide_scales_out_v3(const etp__qb_tensor_t &t,
  * its words with no per-entry test. */
 template <bool kNv>
 __device__ __forceinline__ void scales_out_v3(const etp__qbatch_t &b, const etp__qb_tensor_t &t, size_t r0,
-                                              size_t c0, const TileScales &st, uint8_t *rimg, int rimg_off)
+                                              size_t c0, const TileScales &st, uint8_t *rimg, int rimg_off,
+                                              bool cols = true)
 {
     /* from the special register, which the compiler re-reads at will: a
      * value computed once for the kernel and kept was spilled instead */
@@ -1669,7 +1671,7 @@ __device__ __forceinline__ void scales_out_v3(const etp__qbatch_t &b, const etp_
             scale_word_out_v3(t.row_scales, etp__qf_scale_offset(r, kb, ss.cols, b.swizzle), v);
         }
     }
-    if (!t.col_data) return;
+    if (!t.col_data || !cols) return;
     if (nv) { /* [column, M-block], like rowwise */
         const etp__qf_scale_shape_t ss = etp__qf_nvfp4_col_scales(M, K);
         const size_t j = c0 + o, mb0 = r0 / 16, mb = mb0 + 4 * gi;
@@ -1718,6 +1720,125 @@ __device__ __forceinline__ void run_out_v3(const uint8_t *rimg, void *scales, si
     *reinterpret_cast<uint4 *>(static_cast<uint8_t *>(scales) + (r0 + row) * ld + kb0 + 16 * h) = v;
 }
 
+/* ---- v3 clusters: a band's columnwise scales in larger pieces -------------
+ *
+ * NVFP4 16x16 scales in the row-major layout: a tile's columnwise scales are
+ * 8 bytes of each of 128 scale rows, a quarter of a 32-byte sector that the
+ * three tiles below it complete (docs/PERF.md, seventh session: those
+ * pieces are the whole gap to the swizzled layout). A cluster of kBand
+ * blocks converts the kBand tiles of a band (kBand tile rows, the same
+ * columns) at the same time, in the grid-stride order of runs that keeps
+ * neighbouring tiles' outputs together (DESIGN.md, tile order). With 16x16
+ * blocks a tile's columnwise scales are only 8 x 8 distinct bytes (16 scale
+ * rows repeat each), so every block sends its 64 through distributed shared
+ * memory (st.async, counted by the receiver's mbarrier) to the blocks that
+ * write the band's scale rows of those columns (block i: tile columns
+ * kBandCols i ..), and each block writes its rows' kBand * 8 bytes as
+ * 16-byte stores. kBand = 2 (half sectors) measured faster than 4 (whole
+ * ones) on an H200: clusters of 4 do not fill every SM (62 of 66 fit, the
+ * GPCs' slots not being multiples of 4), clusters of 2 do (docs/PERF.md,
+ * eighth session). */
+#ifdef ETP_QUANT_V3_BAND
+constexpr uint32_t kBand = ETP_QUANT_V3_BAND; /* a measuring build's (2, 4 or 8) */
+#else
+constexpr uint32_t kBand = 2;
+#endif
+constexpr int kBandCols = kTileV3 / kBand;         /* the tile columns whose scale rows a block writes */
+constexpr int kBandGroups = kBandCols / 16;        /* their 16-column groups */
+constexpr int kBandPieces = kBand * 8 / 16;        /* 16-byte pieces of a band's scale row */
+constexpr int kCimgBytes = 64; /* a parity's: [column group of the block][member][M-block] */
+static_assert(kBandGroups * kBand * 8 == kCimgBytes && kBandPieces * kBandCols == 64, "64 pieces a tile");
+
+/* The block's tile row in its cluster's band (read again where it is
+ * used: a value kept across the tile loop would take a register the loop
+ * has none of). */
+__device__ __forceinline__ uint32_t band_member_v3()
+{
+    return blockIdx.x % kBand;
+}
+
+/* The cluster's barrier in its two halves, relaxed: a block arrives once
+ * it has read the previous tile's pieces and sent this tile's, and waits a
+ * tile later, before it sends into buffers the others may still read, so
+ * the blocks of a cluster may drift a tile apart. (The first version, a
+ * whole barrier with release semantics each tile, which compiles to a
+ * fence on all the thread's global stores, with the merge's state held in
+ * registers across the tile, ran 7-10% slower than no clusters at all.)
+ * The bytes themselves are ordered by the receiver's mbarrier. Never
+ * launched in clusters below sm_90 (etp__cuda_quant_cluster_fit). */
+__device__ __forceinline__ void cluster_arrive_v3()
+{
+#if __CUDA_ARCH__ >= 900
+    asm volatile("barrier.cluster.arrive.relaxed.aligned;\n" ::: "memory");
+#endif
+}
+
+/* The whole barrier with release semantics, once, after the mbarriers'
+ * initialization. */
+__device__ __forceinline__ void cluster_sync_v3()
+{
+#if __CUDA_ARCH__ >= 900
+    asm volatile("barrier.cluster.arrive.release.aligned;\n"
+                 "barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ unsigned smem_u32_v3(const void *p)
+{
+    return (unsigned)__cvta_generic_to_shared(p);
+}
+
+__device__ __forceinline__ void mbar_init_v3(uint64_t *bar)
+{
+#if __CUDA_ARCH__ >= 900
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(smem_u32_v3(bar)) : "memory");
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+#endif
+}
+
+/* The owner's one arrival of a phase, expecting `bytes` from st.async. */
+__device__ __forceinline__ void mbar_expect_v3(uint64_t *bar, uint32_t bytes)
+{
+#if __CUDA_ARCH__ >= 900
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_u32_v3(bar)), "r"(bytes)
+                 : "memory");
+#endif
+}
+
+__device__ __forceinline__ void mbar_wait_v3(uint64_t *bar, uint32_t parity)
+{
+#if __CUDA_ARCH__ >= 900
+    asm volatile("{\n"
+                 ".reg .pred p;\n"
+                 "W: mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
+                 "@!p bra W;\n"
+                 "}\n" ::"r"(smem_u32_v3(bar)),
+                 "r"(parity)
+                 : "memory");
+#endif
+}
+
+/* A word to the same shared variable of block `rank`, counted by that
+ * block's mbarrier (the same variable there as `bar` here). */
+__device__ __forceinline__ void st_async_v3(void *local, uint64_t *bar, uint32_t rank, uint32_t v)
+{
+#if __CUDA_ARCH__ >= 900
+    unsigned d, m;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(d) : "r"(smem_u32_v3(local)), "r"(rank));
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(m) : "r"(smem_u32_v3(bar)), "r"(rank));
+    asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];\n" ::"r"(d), "r"(v),
+                 "r"(m)
+                 : "memory");
+#endif
+}
+
+__device__ __forceinline__ void cluster_wait_v3()
+{
+#if __CUDA_ARCH__ >= 900
+    asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+#endif
+}
+
 
 /* Tiles blockIdx.x, + gridDim.x, ... of the tensors of one input type
  * (kBf: BF16, else FP32; the launcher gives the others no tiles) and one
@@ -1727,8 +1848,11 @@ __device__ __forceinline__ void run_out_v3(const uint8_t *rimg, void *scales, si
  * (warps storing their own scales straight from registers, as 2-byte
  * pieces of words that other warps complete, measured slower; mbarriers
  * that let a warp run a tile ahead of the others instead of a block-wide
- * barrier, no faster). */
-template <bool kBf, bool kNv, bool kWide>
+ * barrier, no faster). kClu: launched in clusters of kBand blocks, each
+ * cluster walking bands of runs (kBand tile rows of one run each), block
+ * i of the cluster tile row i of the band, merging columnwise scales as
+ * above; the other instantiations are compiled as before. */
+template <bool kBf, bool kNv, bool kWide, bool kClu = false>
 __global__ void __launch_bounds__(kThreads, kNv ? kCastV3NvBlocksPerSm : kCastV3MxBlocksPerSm)
     cast_kernel_v3(const __grid_constant__ Params p)
 {
@@ -1742,8 +1866,15 @@ __global__ void __launch_bounds__(kThreads, kNv ? kCastV3NvBlocksPerSm : kCastV3
     /* a whole run's rowwise scales fill its image rows, or it has no image */
     constexpr bool kImg = kNv && kRunNv * kBlocksPerTile == kRunRowBytes;
     __shared__ __align__(16) uint8_t rimg[2][kImg ? kTileV3 * kRunRowBytes : 16]; /* whole runs' rowwise scales */
-    const uint32_t total = p.tile_start[b.n]; /* runs */
-    uint32_t run = blockIdx.x;
+    static_assert(!kClu || (kNv && !kWide), "clusters are NVFP4's");
+    __shared__ __align__(16) uint8_t cimg[kClu ? 2 * kCimgBytes : 16]; /* [parity] a band's merged scales */
+    __shared__ uint64_t cbar[kClu ? 2 : 1]; /* [parity] cimg's bytes arrived */
+    /* kClu: where thread i < 64 writes the previous tile's merged piece (in
+     * shared memory: the kernel's registers are all taken, and a pointer
+     * carried across a tile spilled) */
+    __shared__ uint8_t *mdst[kClu ? 64 : 1];
+    const uint32_t total = p.tile_start[b.n]; /* runs (kClu: bands of runs) */
+    uint32_t run = kClu ? blockIdx.x / kBand : blockIdx.x; /* uniform in a cluster */
     if (run >= total) return;
     static_assert(!(kWide && kNv), "wide tiles are MXFP8's");
     constexpr int kTR = TileDimV3<kWide>::kRows, kTC = TileDimV3<kWide>::kCols;
@@ -1761,12 +1892,30 @@ __global__ void __launch_bounds__(kThreads, kNv ? kCastV3NvBlocksPerSm : kCastV3
     size_t pend_ld = 0, pend_r0 = 0, pend_kb0 = 0;
     int rp = 0;           /* the image of the current run */
     uint8_t *rimg_cur = nullptr;
+    /* kClu: where the previous tile's merged piece goes (this thread's, if
+     * any), and whether the block has arrived at the cluster's barrier */
+    /* kClu, one register: kArrived (at the cluster's barrier once), kPm (the
+     * previous tile was merged), kLpar (its parity), kPh << p (cbar[p]'s
+     * phase) */
+    constexpr uint32_t kArrived = 1, kPm = 2, kLpar = 4, kPh = 8;
+    uint32_t cs = 0;
+    if (kClu) {
+        if (g.tid == 0) {
+            mbar_init_v3(&cbar[0]);
+            mbar_init_v3(&cbar[1]);
+        }
+        cluster_sync_v3();
+    }
     for (int par = 0;; par ^= 1) {
         const uint32_t k = cur.k;
         const etp__qb_tensor_t &t = b.t[k];
         const uint32_t len = min(run_len, p.tiles_c[k] - cur.q * run_len);
-        const size_t r0 = (size_t)cur.rt * kTR, c0 = (size_t)(cur.q * run_len + j) * kTC;
+        const size_t r0 = (size_t)(kClu ? cur.rt * kBand + band_member_v3() : cur.rt) * kTR,
+                     c0 = (size_t)(cur.q * run_len + j) * kTC;
         const size_t R = r0 + g.tr, C = c0 + g.tc;
+        /* kClu: a band's tile row past the tensor's last has no tile (its
+         * block still keeps the cluster's barriers) */
+        const bool act = !kClu || r0 < etp__qf_roundup(t.rows, kTileV3);
         if (j == 0) {
             /* a whole run of an unswizzled rowwise layout collects its
              * scales in an image (the same for every thread) */
@@ -1784,6 +1933,9 @@ __global__ void __launch_bounds__(kThreads, kNv ? kCastV3NvBlocksPerSm : kCastV3
             cp_async_wait_v3();
 #pragma unroll
             for (int i = 0; i < 8; i++) lo[i] = ahead[i][g.tid];
+        } else if (!act) {
+#pragma unroll
+            for (int i = 0; i < 8; i++) lo[i] = hi[i] = make_uint4(0u, 0u, 0u, 0u);
         } else if (kBf) {
             if (fast_v3(t, R, C))
                 load_bf16_v3(t, R, C, lo);
@@ -1801,14 +1953,15 @@ __global__ void __launch_bounds__(kThreads, kNv ? kCastV3NvBlocksPerSm : kCastV3
         TileV3 nt = cur;
         uint32_t nj = j + 1, nrun = run;
         if (!more) {
-            nrun = run + gridDim.x;
+            nrun = run + (kClu ? gridDim.x / kBand : gridDim.x);
             more = nrun < total;
             nj = 0;
             if (more) nt = tile_step_v3(p, cur, nrun);
         }
-        const size_t nr0 = (size_t)nt.rt * kTR, nc0 = (size_t)(nt.q * run_len + nj) * kTC;
+        const size_t nr0 = (size_t)(kClu ? nt.rt * kBand + band_member_v3() : nt.rt) * kTR,
+                     nc0 = (size_t)(nt.q * run_len + nj) * kTC;
         /* FP32 rows would need twice the shared memory: those load in place */
-        have = kBf && more && fast_v3(b.t[nt.k], nr0 + g.tr, nc0 + g.tc);
+        have = kBf && more && act && fast_v3(b.t[nt.k], nr0 + g.tr, nc0 + g.tc);
         const auto prefetch = [&]() {
             if (!kBf || !have) return;
             const etp__qb_tensor_t &ntt = b.t[nt.k];
@@ -1825,29 +1978,37 @@ __global__ void __launch_bounds__(kThreads, kNv ? kCastV3NvBlocksPerSm : kCastV3
             s_dec = 1.0f / s_enc;
             nvk = k;
         }
-        uint32_t w[8][8];
-        words_v3<kBf>(lo, hi, w);
         /* NVFP4 columnwise codes of whole tiles with 16-byte aligned output
          * rows are staged (the same for every thread of the block) */
         uint8_t *cstage = nullptr;
         if (nv && r0 + kTileV3 <= t.rows && c0 + kTileV3 <= t.cols && t.col_data && (t.rows / 2) % 16 == 0 &&
             (reinterpret_cast<uintptr_t>(t.col_data) & 15u) == 0)
             cstage = stage + par * kStageBytes;
-        if (nv)
-            nv_tile_v3<kBf>(b, t, g, R, C, w, s_enc_6, s_dec, st[par], cstage, prefetch);
-        else
-            mx_tile_v3<kBf, kWide>(b, t, g, R, C, w, st[par], prefetch);
+        uint32_t w[8][8];
+        words_v3<kBf>(lo, hi, w);
+        if (act) {
+            if (nv)
+                nv_tile_v3<kBf, kClu>(b, t, g, R, C, w, s_enc_6, s_dec, st[par], cstage, prefetch);
+            else
+                mx_tile_v3<kBf, kWide>(b, t, g, R, C, w, st[par], prefetch);
+        }
         __syncthreads();
+        /* kClu: the band's kBand tiles whole, their columnwise scales
+         * merged (the same for every block of the cluster) */
+        const bool merged = kClu && t.col_data && b.block2d && !b.swizzle &&
+                            (size_t)(cur.rt + 1) * kBand * kTileV3 <= t.rows && c0 + kTileV3 <= t.cols &&
+                            etp__qf_nvfp4_col_scales(t.rows, t.cols).cols % 16 == 0 &&
+                            (reinterpret_cast<uintptr_t>(t.col_scales) & 15u) == 0;
         /* every thread has filled the previous run's image: it leaves (the
          * image is filled again two runs on, after at least one more
          * barrier) */
         if (pend && !ETP__CAST_LEAVE_OUT(8)) run_out_v3(pend_img, pend_scales, pend_ld, pend_r0, pend_kb0, g.tid);
         pend = false;
-        if (!ETP__CAST_LEAVE_OUT(8)) {
+        if (act && !ETP__CAST_LEAVE_OUT(8)) {
             if (kWide)
                 mx_wide_scales_out_v3(t, r0, c0, st[par]);
             else
-                scales_out_v3<kNv>(b, t, r0, c0, st[par], rimg_cur, (int)j * kBlocksPerTile);
+                scales_out_v3<kNv>(b, t, r0, c0, st[par], rimg_cur, (int)j * kBlocksPerTile, !merged);
         }
         if (cstage && !ETP__CAST_LEAVE_OUT(2)) stage_out_v3(cstage, t.col_data, t.rows / 2, c0, r0 / 2, g.tid);
         if (kImg && rimg_cur && j + 1 == len) { /* the run's last tile */
@@ -1860,6 +2021,52 @@ __global__ void __launch_bounds__(kThreads, kNv ? kCastV3NvBlocksPerSm : kCastV3
             pend_r0 = r0;
             pend_kb0 = (size_t)cur.q * kRunRowBytes;
         }
+        if (kClu) {
+            /* the previous tile's merged pieces, complete once their bytes
+             * have arrived (the mbarrier). Reading them before arriving
+             * (relaxed) is enough to let the senders reuse the buffer after
+             * the next wait: their values are consumed, by the store, before
+             * the arrival is issued. */
+            if (cs & kArrived) cluster_wait_v3();
+            if (cs & kPm) {
+                const int q = par ^ 1;
+                if (g.tid < 64) {
+                    mbar_wait_v3(&cbar[q], (cs / (kPh << q)) & 1u);
+                    const int jl = g.tid / kBandPieces, h = g.tid % kBandPieces;
+                    const uint4 v =
+                        *reinterpret_cast<const uint4 *>(&cimg[q * kCimgBytes + (jl >> 4) * (kBand * 8) + 16 * h]);
+                    if (!ETP__CAST_LEAVE_OUT(8) && !ETP__CAST_LEAVE_OUT(32))
+                        *reinterpret_cast<uint4 *>(mdst[g.tid]) = v;
+                }
+                cs ^= kPh << q;
+            }
+            /* this tile's 16x16 blocks' scales, a word of 4 M-blocks a
+             * thread, to the blocks that write them */
+            if (merged) {
+                if (g.tid == 0) mbar_expect_v3(&cbar[par], kCimgBytes);
+                if (g.tid < 16) {
+                    const int h = g.tid & 1, bj = g.tid >> 1;
+                    const uint32_t v = (uint32_t)st[par][1][4 * h][bj * 16] |
+                                       (uint32_t)st[par][1][4 * h + 1][bj * 16] << 8 |
+                                       (uint32_t)st[par][1][4 * h + 2][bj * 16] << 16 |
+                                       (uint32_t)st[par][1][4 * h + 3][bj * 16] << 24;
+                    const int at = par * kCimgBytes + (bj % kBandGroups) * (kBand * 8) + band_member_v3() * 8 + 4 * h;
+                    st_async_v3(&cimg[at], &cbar[par], (uint32_t)(bj / kBandGroups), v);
+                }
+                /* this block's kBandCols columns of the band: kBand * 8
+                 * bytes (the kBand tiles' 8 M-blocks each) of kBandCols
+                 * scale rows, 16 bytes a thread */
+                if (g.tid < 64) {
+                    const size_t cld = etp__qf_nvfp4_col_scales(t.rows, t.cols).cols;
+                    const int jl = g.tid / kBandPieces, h = g.tid % kBandPieces;
+                    const size_t row = c0 + band_member_v3() * kBandCols + jl;
+                    mdst[g.tid] =
+                        static_cast<uint8_t *>(t.col_scales) + row * cld + (size_t)cur.rt * (kBand * 8) + 16 * h;
+                }
+            }
+            cs = (cs & ~(kPm | kLpar)) | kArrived | (merged ? kPm : 0u) | (par ? kLpar : 0u);
+            cluster_arrive_v3();
+        }
         if (j + 1 == len) rp ^= 1;
         if (!more) break;
         run = nrun;
@@ -1869,6 +2076,16 @@ __global__ void __launch_bounds__(kThreads, kNv ? kCastV3NvBlocksPerSm : kCastV3
     if (kImg && pend) {
         __syncthreads();
         if (!ETP__CAST_LEAVE_OUT(8)) run_out_v3(pend_img, pend_scales, pend_ld, pend_r0, pend_kb0, g.tid);
+    }
+    if (kClu) { /* the last tile's merged pieces (and no block leaves while others may write to it) */
+        cluster_wait_v3();
+        if ((cs & kPm) && g.tid < 64) {
+            const int q = (cs & kLpar) ? 1 : 0;
+            mbar_wait_v3(&cbar[q], (cs / (kPh << q)) & 1u);
+            const int jl = g.tid / kBandPieces, h = g.tid % kBandPieces;
+            const uint4 v = *reinterpret_cast<const uint4 *>(&cimg[q * kCimgBytes + (jl >> 4) * (kBand * 8) + 16 * h]);
+            if (!ETP__CAST_LEAVE_OUT(8) && !ETP__CAST_LEAVE_OUT(32)) *reinterpret_cast<uint4 *>(mdst[g.tid]) = v;
+        }
     }
 }
 
@@ -1919,9 +2136,11 @@ __global__ void __launch_bounds__(kThreads) dequant_kernel(const __grid_constant
 }
 
 /* p's tile prefix sums for the batch: every tensor, or (v3 casts, only >= 0)
- * only those of input type `only`, the others getting no tiles. Returns
- * the total; above 0x7fffffff the kernels' indices would overflow. */
-uint64_t plan_tiles(const etp__qbatch_t *batch, bool v3, int only, uint32_t run, Params *p, bool wide = false)
+ * only those of input type `only`, the others getting no tiles; v3 counts
+ * runs, or with band > 1 bands of `band` tile rows of a run. Returns the
+ * total; above 0x7fffffff the kernels' indices would overflow. */
+uint64_t plan_tiles(const etp__qbatch_t *batch, bool v3, int only, uint32_t run, Params *p, bool wide = false,
+                    uint32_t band = 1)
 {
     uint64_t total = 0;
     for (uint32_t k = 0; k < batch->n; k++) {
@@ -1946,7 +2165,7 @@ uint64_t plan_tiles(const etp__qbatch_t *batch, bool v3, int only, uint32_t run,
             p->tiles_c[k] = ce / tc ? (uint32_t)(ce / tc) : 1;
             if (v3) { /* v3 counts runs of tiles along a tile row */
                 p->runs_c[k] = (p->tiles_c[k] + run - 1) / run;
-                tiles = (uint64_t)(re / tr) * p->runs_c[k];
+                tiles = (uint64_t)((re / tr + band - 1) / band) * p->runs_c[k];
             }
         }
         p->tile_start[k] = (uint32_t)total;
@@ -1958,6 +2177,40 @@ uint64_t plan_tiles(const etp__qbatch_t *batch, bool v3, int only, uint32_t run,
 }
 
 } // namespace
+
+extern "C" cudaError_t etp__cuda_quant_cluster_fit(uint32_t *clusters)
+{
+    *clusters = 0;
+    int dev = 0, can = 0;
+    cudaError_t e = cudaGetDevice(&dev);
+    if (e == cudaSuccess) e = cudaDeviceGetAttribute(&can, cudaDevAttrClusterLaunch, dev);
+    if (e != cudaSuccess || !can) return e;
+    const void *fns[2] = {(const void *)cast_kernel_v3<true, true, false, true>,
+                          (const void *)cast_kernel_v3<false, true, false, true>};
+    int fit = 0x7fffffff;
+    for (int f = 0; f < 2; f++) {
+        const size_t dyn = 2 * (size_t)kStageBytes;
+        e = cudaFuncSetAttribute(fns[f], cudaFuncAttributeMaxDynamicSharedMemorySize, (int)dyn);
+        if (e != cudaSuccess) return e;
+        cudaLaunchConfig_t cfg = {};
+        cudaLaunchAttribute attr[1];
+        attr[0].id = cudaLaunchAttributeClusterDimension;
+        attr[0].val.clusterDim.x = kBand;
+        attr[0].val.clusterDim.y = 1;
+        attr[0].val.clusterDim.z = 1;
+        cfg.gridDim = dim3(kBand);
+        cfg.blockDim = dim3(kThreads);
+        cfg.dynamicSmemBytes = dyn;
+        cfg.attrs = attr;
+        cfg.numAttrs = 1;
+        int n = 0;
+        e = cudaOccupancyMaxActiveClusters(&n, fns[f], &cfg);
+        if (e != cudaSuccess) return e;
+        fit = n < fit ? n : fit;
+    }
+    *clusters = fit > 0 ? (uint32_t)fit : 0u;
+    return cudaSuccess;
+}
 
 extern "C" cudaError_t etp__cuda_quant_launch(cudaStream_t s, const etp__qbatch_t *batch)
 {
@@ -2002,16 +2255,28 @@ extern "C" cudaError_t etp__cuda_quant_launch(cudaStream_t s, const etp__qbatch_
         }
         for (int dt = 0; dt < 2; dt++) {
             if (totals[dt] == 0) continue;
-            plan_tiles(batch, true, dt, runs[dt], &p, wide);
+            /* NVFP4 16x16 blocks, row-major scales, in runs: clusters of
+             * kBand blocks take bands of runs (the kClu kernel) */
+            const bool clu = nv && runs[dt] == kRunNv && batch->clusters && batch->block2d && !batch->swizzle;
+            const uint32_t band = clu ? kBand : 1;
+            const uint64_t units = plan_tiles(batch, true, dt, runs[dt], &p, wide, band);
             p.run = runs[dt];
-            uint64_t grid = totals[dt];
-            if (batch->sms) grid = grid < most ? grid : most;
+            uint64_t grid = units; /* kClu: clusters */
+            /* clusters: as many as the device holds at once (fewer than
+             * most / kBand where a GPC's slots are not a multiple of kBand;
+             * more would run as a second wave) */
+            const uint64_t most_c = most / kBand ? most / kBand : 1;
+            const uint64_t fit = !clu ? most : batch->clusters < most_c ? batch->clusters : most_c;
+            if (batch->sms) grid = grid < fit ? grid : fit;
+            if (grid == 0) grid = 1;
             for (uint32_t k = 0; k < batch->n; k++) {
                 p.step_r[k] = (uint32_t)(grid / p.runs_c[k]);
                 p.step_c[k] = (uint32_t)(grid % p.runs_c[k]);
             }
             const bool bf = dt == ETP__QB_BF16;
-            const void *fn = nv     ? (bf ? (const void *)cast_kernel_v3<true, true, false>
+            const void *fn = clu    ? (bf ? (const void *)cast_kernel_v3<true, true, false, true>
+                                          : (const void *)cast_kernel_v3<false, true, false, true>)
+                             : nv   ? (bf ? (const void *)cast_kernel_v3<true, true, false>
                                           : (const void *)cast_kernel_v3<false, true, false>)
                              : wide ? (bf ? (const void *)cast_kernel_v3<true, false, true>
                                           : (const void *)cast_kernel_v3<false, false, true>)
@@ -2023,6 +2288,23 @@ extern "C" cudaError_t etp__cuda_quant_launch(cudaStream_t s, const etp__qbatch_
             if (dyn) {
                 const cudaError_t ea = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)dyn);
                 if (ea != cudaSuccess) return ea;
+            }
+            if (clu) {
+                cudaLaunchConfig_t cfg = {};
+                cudaLaunchAttribute attr[1];
+                attr[0].id = cudaLaunchAttributeClusterDimension;
+                attr[0].val.clusterDim.x = kBand;
+                attr[0].val.clusterDim.y = 1;
+                attr[0].val.clusterDim.z = 1;
+                cfg.gridDim = dim3((unsigned)(grid * kBand));
+                cfg.blockDim = dim3(kThreads);
+                cfg.dynamicSmemBytes = dyn;
+                cfg.stream = s;
+                cfg.attrs = attr;
+                cfg.numAttrs = 1;
+                const cudaError_t e = cudaLaunchKernelExC(&cfg, fn, args);
+                if (e != cudaSuccess) return e;
+                continue;
             }
             const cudaError_t e = cudaLaunchKernel(fn, dim3((unsigned)grid), dim3(kThreads), args, dyn, s);
             if (e != cudaSuccess) return e;

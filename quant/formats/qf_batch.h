@@ -52,6 +52,10 @@ typedef struct etp__qbatch {
                                      quantizer creation), to size grids; 0: unknown */
     uint32_t cast_kernel;         /* CAST on CUDA: 2 runs the previous kernel (cast_kernel_v2),
                                      anything else the current one (ETP_QUANT_CAST_KERNEL) */
+    uint32_t clusters;            /* CAST on CUDA: the NVFP4 cast's thread-block clusters the device
+                                     holds at once (read at quantizer creation); 0: no clusters
+                                     (before sm_90, or ETP_QUANT_CAST_CLUSTERS=0) */
+    uint32_t pad_;
     uint64_t seed;
     const int32_t *noop;          /* non-NULL and non-zero at run time: do nothing */
     float *amax_row, *amax_col;   /* AMAX outputs (either may be NULL), index first + i */

@@ -37,6 +37,10 @@ static const etp__env_doc_t env_docs[] = {
     {"ETP_QUANT_LAUNCH_SMS", "0",
      "multiprocessors the CUDA quantization kernels size their grids for (0: the device's); "
      "tests set a few, so that the cast's grid-stride loops and runs of tiles meet small tensors"},
+    {"ETP_QUANT_CAST_CLUSTERS", "1",
+     "1: the CUDA NVFP4 cast with 16x16 blocks and row-major scales runs in thread-block "
+     "clusters of 4 (sm_90 and later), which write a band of 4 tiles' columnwise scales as whole "
+     "32-byte pieces; 0: one block a tile, each writing its own 8-byte pieces"},
     {NULL, NULL, NULL},
 };
 
@@ -77,7 +81,7 @@ static etp_status_t parse_choice(const char *name, int lo, int hi, const char *e
 
 etp_status_t etp__env_load(etp__env_t *env)
 {
-    etp__env_t e = {ETP_LOG_NONE, ETP_SUBSYS_ALL, 300.0, 0, 0, 0, 1, 1, 3, 0};
+    etp__env_t e = {ETP_LOG_NONE, ETP_SUBSYS_ALL, 300.0, 0, 0, 0, 1, 1, 3, 0, 1};
     const char *v;
 
     if ((v = get("ETP_LOG_LEVEL"))) {
@@ -123,6 +127,7 @@ etp_status_t etp__env_load(etp__env_t *env)
     ETP__TRY(parse_choice("ETP_QUANT_CAST_KERNEL", 2, 3, "2 or 3", &e.quant_cast_kernel));
     ETP__TRY(parse_choice("ETP_QUANT_LAUNCH_SMS", 0, 65536, "0 (the device's) to 65536",
                           &e.quant_launch_sms));
+    ETP__TRY(parse_choice("ETP_QUANT_CAST_CLUSTERS", 0, 1, "0 or 1", &e.quant_cast_clusters));
     *env = e;
     return ETP_SUCCESS;
 }

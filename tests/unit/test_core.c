@@ -147,6 +147,7 @@ static void test_env_defaults_and_docs(void **state)
     assert_int_equal(e.copy_engine, 1);
     assert_int_equal(e.quant_cast_kernel, 3);
     assert_int_equal(e.quant_launch_sms, 0);
+    assert_int_equal(e.quant_cast_clusters, 1);
     int n = 0;
     for (const etp__env_doc_t *d = etp__env_docs(); d->name; d++, n++) {
         assert_non_null(d->default_value);
@@ -169,6 +170,7 @@ static void test_env_values(void **state)
     setenv("ETP_NCCL_FAST_LAUNCH", "0", 1);
     setenv("ETP_COPY_ENGINE", "2", 1);
     setenv("ETP_QUANT_LAUNCH_SMS", "8", 1);
+    setenv("ETP_QUANT_CAST_CLUSTERS", "0", 1);
     etp__env_t e;
     assert_int_equal(etp__env_load(&e), ETP_SUCCESS);
     assert_int_equal(e.log_level, ETP_LOG_DEBUG);
@@ -180,6 +182,7 @@ static void test_env_values(void **state)
     assert_int_equal(e.nccl_fast_launch, 0);
     assert_int_equal(e.copy_engine, 2);
     assert_int_equal(e.quant_launch_sms, 8);
+    assert_int_equal(e.quant_cast_clusters, 0);
     clear_env();
 }
 
