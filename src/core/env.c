@@ -39,8 +39,8 @@ static const etp__env_doc_t env_docs[] = {
      "tests set a few, so that the cast's grid-stride loops and runs of tiles meet small tensors"},
     {"ETP_QUANT_CAST_CLUSTERS", "1",
      "1: the CUDA NVFP4 cast with 16x16 blocks and row-major scales runs in thread-block "
-     "clusters of 4 (sm_90 and later), which write a band of 4 tiles' columnwise scales as whole "
-     "32-byte pieces; 0: one block a tile, each writing its own 8-byte pieces"},
+     "clusters of 2 (sm_90 and later), which write a band of 2 tiles' columnwise scales as "
+     "16-byte pieces; 0: one block a tile, each writing its own 8-byte pieces"},
     {NULL, NULL, NULL},
 };
 
