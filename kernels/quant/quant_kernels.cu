@@ -1892,8 +1892,6 @@ __global__ void __launch_bounds__(kThreads, kNv ? kCastV3NvBlocksPerSm : kCastV3
     size_t pend_ld = 0, pend_r0 = 0, pend_kb0 = 0;
     int rp = 0;           /* the image of the current run */
     uint8_t *rimg_cur = nullptr;
-    /* kClu: where the previous tile's merged piece goes (this thread's, if
-     * any), and whether the block has arrived at the cluster's barrier */
     /* kClu, one register: kArrived (at the cluster's barrier once), kPm (the
      * previous tile was merged), kLpar (its parity), kPh << p (cbar[p]'s
      * phase) */
@@ -1933,7 +1931,7 @@ __global__ void __launch_bounds__(kThreads, kNv ? kCastV3NvBlocksPerSm : kCastV3
             cp_async_wait_v3();
 #pragma unroll
             for (int i = 0; i < 8; i++) lo[i] = ahead[i][g.tid];
-        } else if (!act) {
+        } else if (!act) { /* defined values for the words below, never stored */
 #pragma unroll
             for (int i = 0; i < 8; i++) lo[i] = hi[i] = make_uint4(0u, 0u, 0u, 0u);
         } else if (kBf) {
@@ -1993,10 +1991,11 @@ __global__ void __launch_bounds__(kThreads, kNv ? kCastV3NvBlocksPerSm : kCastV3
                 mx_tile_v3<kBf, kWide>(b, t, g, R, C, w, st[par], prefetch);
         }
         __syncthreads();
-        /* kClu: the band's kBand tiles whole, their columnwise scales
-         * merged (the same for every block of the cluster) */
-        const bool merged = kClu && t.col_data && b.block2d && !b.swizzle &&
-                            (size_t)(cur.rt + 1) * kBand * kTileV3 <= t.rows && c0 + kTileV3 <= t.cols &&
+        /* kClu (launched only for 16x16 blocks and row-major scales): the
+         * band's kBand tiles whole, their columnwise scales merged (the same
+         * for every block of the cluster) */
+        const bool merged = kClu && t.col_data && (size_t)(cur.rt + 1) * kBand * kTileV3 <= t.rows &&
+                            c0 + kTileV3 <= t.cols &&
                             etp__qf_nvfp4_col_scales(t.rows, t.cols).cols % 16 == 0 &&
                             (reinterpret_cast<uintptr_t>(t.col_scales) & 15u) == 0;
         /* every thread has filled the previous run's image: it leaves (the
@@ -2176,6 +2175,29 @@ uint64_t plan_tiles(const etp__qbatch_t *batch, bool v3, int only, uint32_t run,
     return total;
 }
 
+/* The NVFP4 v3 cast's dynamic shared memory: two tiles' staged columnwise
+ * codes, beyond the 48 KiB a block gets without asking with the static
+ * shared memory, so the kernel must be allowed it first. */
+constexpr size_t kCastV3NvDyn = 2 * (size_t)kStageBytes;
+
+/* A launch of `blocks` blocks in clusters of kBand (the kClu kernel); attr
+ * is the configuration's storage. */
+cudaLaunchConfig_t cluster_config_v3(unsigned blocks, cudaStream_t s, cudaLaunchAttribute *attr)
+{
+    cudaLaunchConfig_t cfg = {};
+    attr->id = cudaLaunchAttributeClusterDimension;
+    attr->val.clusterDim.x = kBand;
+    attr->val.clusterDim.y = 1;
+    attr->val.clusterDim.z = 1;
+    cfg.gridDim = dim3(blocks);
+    cfg.blockDim = dim3(kThreads);
+    cfg.dynamicSmemBytes = kCastV3NvDyn;
+    cfg.stream = s;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    return cfg;
+}
+
 } // namespace
 
 extern "C" cudaError_t etp__cuda_quant_cluster_fit(uint32_t *clusters)
@@ -2189,20 +2211,10 @@ extern "C" cudaError_t etp__cuda_quant_cluster_fit(uint32_t *clusters)
                           (const void *)cast_kernel_v3<false, true, false, true>};
     int fit = 0x7fffffff;
     for (int f = 0; f < 2; f++) {
-        const size_t dyn = 2 * (size_t)kStageBytes;
-        e = cudaFuncSetAttribute(fns[f], cudaFuncAttributeMaxDynamicSharedMemorySize, (int)dyn);
+        e = cudaFuncSetAttribute(fns[f], cudaFuncAttributeMaxDynamicSharedMemorySize, (int)kCastV3NvDyn);
         if (e != cudaSuccess) return e;
-        cudaLaunchConfig_t cfg = {};
-        cudaLaunchAttribute attr[1];
-        attr[0].id = cudaLaunchAttributeClusterDimension;
-        attr[0].val.clusterDim.x = kBand;
-        attr[0].val.clusterDim.y = 1;
-        attr[0].val.clusterDim.z = 1;
-        cfg.gridDim = dim3(kBand);
-        cfg.blockDim = dim3(kThreads);
-        cfg.dynamicSmemBytes = dyn;
-        cfg.attrs = attr;
-        cfg.numAttrs = 1;
+        cudaLaunchAttribute attr;
+        const cudaLaunchConfig_t cfg = cluster_config_v3(kBand, 0, &attr);
         int n = 0;
         e = cudaOccupancyMaxActiveClusters(&n, fns[f], &cfg);
         if (e != cudaSuccess) return e;
@@ -2268,7 +2280,6 @@ extern "C" cudaError_t etp__cuda_quant_launch(cudaStream_t s, const etp__qbatch_
             const uint64_t most_c = most / kBand ? most / kBand : 1;
             const uint64_t fit = !clu ? most : batch->clusters < most_c ? batch->clusters : most_c;
             if (batch->sms) grid = grid < fit ? grid : fit;
-            if (grid == 0) grid = 1;
             for (uint32_t k = 0; k < batch->n; k++) {
                 p.step_r[k] = (uint32_t)(grid / p.runs_c[k]);
                 p.step_c[k] = (uint32_t)(grid % p.runs_c[k]);
@@ -2282,26 +2293,14 @@ extern "C" cudaError_t etp__cuda_quant_launch(cudaStream_t s, const etp__qbatch_
                                           : (const void *)cast_kernel_v3<false, false, true>)
                                     : (bf ? (const void *)cast_kernel_v3<true, false, false>
                                           : (const void *)cast_kernel_v3<false, false, false>);
-            /* NVFP4 stages two tiles' columnwise codes: with the static
-             * shared memory, beyond the 48 KiB a block gets without asking */
-            const size_t dyn = nv ? 2 * (size_t)kStageBytes : 0;
+            const size_t dyn = nv ? kCastV3NvDyn : 0;
             if (dyn) {
                 const cudaError_t ea = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)dyn);
                 if (ea != cudaSuccess) return ea;
             }
             if (clu) {
-                cudaLaunchConfig_t cfg = {};
-                cudaLaunchAttribute attr[1];
-                attr[0].id = cudaLaunchAttributeClusterDimension;
-                attr[0].val.clusterDim.x = kBand;
-                attr[0].val.clusterDim.y = 1;
-                attr[0].val.clusterDim.z = 1;
-                cfg.gridDim = dim3((unsigned)(grid * kBand));
-                cfg.blockDim = dim3(kThreads);
-                cfg.dynamicSmemBytes = dyn;
-                cfg.stream = s;
-                cfg.attrs = attr;
-                cfg.numAttrs = 1;
+                cudaLaunchAttribute attr;
+                const cudaLaunchConfig_t cfg = cluster_config_v3((unsigned)(grid * kBand), s, &attr);
                 const cudaError_t e = cudaLaunchKernelExC(&cfg, fn, args);
                 if (e != cudaSuccess) return e;
                 continue;

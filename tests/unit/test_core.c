@@ -196,7 +196,7 @@ static void test_env_rejects_bad_values(void **state)
         {"ETP_HOST_SHUFFLE_SEED", "-3"},  {"ETP_HOST_SHUFFLE_SEED", "7x"},
         {"ETP_NCCL_FAST_LAUNCH", "2"}, {"ETP_QUANT_CAST_KERNEL", "1"},
         {"ETP_COPY_ENGINE", "3"},          {"ETP_QUANT_LAUNCH_SMS", "-1"},
-        {"ETP_QUANT_LAUNCH_SMS", "many"},
+        {"ETP_QUANT_LAUNCH_SMS", "many"}, {"ETP_QUANT_CAST_CLUSTERS", "2"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         clear_env();
