@@ -36,6 +36,22 @@ struct Params {
     uint32_t step_c[ETP__QB_MAX];         /* runs of each tensor (grid / runs_c, grid % runs_c) */
     uint32_t per_block;                   /* multi-amax: units per block */
     uint32_t run;                         /* cast v3, NVFP4: tiles a run (1 or kRunNv) */
+    uint8_t fl[ETP__QB_MAX];              /* cast v3: kFl* facts of each tensor (cast_flags_v3) */
+};
+
+/* What the v3 cast would otherwise test of a tensor on every tile (its
+ * pointers' alignment, its shape's divisibility): the launcher's, once per
+ * launch. The BF16 NVFP4 kernel is bound by its SMs' instruction issue, and
+ * those tests, 64-bit and loaded from the parameter block each time, were
+ * about a tenth of its instructions (ncu, H200, ninth session). */
+enum : uint8_t {
+    kFlX16 = 1,   /* x 16-byte aligned, its rows whole 16-byte multiples: whole 8 x 8 pieces load as vectors */
+    kFlRow = 2,   /* rowwise output */
+    kFlCol = 4,   /* columnwise output */
+    kFlStage = 8, /* NVFP4 columnwise codes staged: col_data 16-byte aligned, (rows / 2) % 16 == 0 */
+    kFlRimg = 16, /* NVFP4 rowwise scales of whole runs collect in an image: unswizzled, their rows
+                     whole 16-byte multiples, 16-byte aligned */
+    kFlMerge = 32 /* NVFP4 columnwise scales merged by clusters: the same of the columnwise scales */
 };
 
 __device__ __forceinline__ float load_elem(const void *x, uint8_t dtype, size_t i)
@@ -745,12 +761,10 @@ __device__ __forceinline__ void u4set(uint4 &v, int j, uint32_t w)
 }
 
 /* The thread's 8 x 8 elements lie wholly inside the tensor, in 16-byte
- * aligned rows. */
-__device__ __forceinline__ bool fast_v3(const etp__qb_tensor_t &t, size_t R, size_t C)
+ * aligned rows (fl: the tensor's kFl*). */
+__device__ __forceinline__ bool fast_v3(uint32_t fl, const etp__qb_tensor_t &t, size_t R, size_t C)
 {
-    const size_t es = t.dtype == ETP__QB_BF16 ? 2 : 4;
-    return R + 8 <= t.rows && C + 8 <= t.cols && (reinterpret_cast<uintptr_t>(t.x) & 15u) == 0 &&
-           (t.cols * es) % 16 == 0;
+    return (fl & kFlX16) && R + 8 <= t.rows && C + 8 <= t.cols;
 }
 
 /* BF16: row i in d[i] (element 2j in the low half of word j). */
@@ -945,8 +959,21 @@ __device__ __forceinline__ uint32_t block2d_amax_v3(const uint32_t (&w)[8][8])
 {
     uint32_t a = 0;
     if (kBf) {
+        /* the largest |x| of each half without masking every word: the
+         * unsigned maximum of the raw halves is the largest-magnitude
+         * negative one if there is any (its sign bit set), the signed
+         * maximum the largest positive one if there is any, else the
+         * largest-magnitude negative one; the larger of their magnitudes
+         * is the largest magnitude (a NaN's included) */
+        uint32_t u = w[0][0], s = w[0][0];
 #pragma unroll
-        for (int i = 0; i < 8; i++) a = __vmaxu2(a, bf16_row_max2(w[i]));
+        for (int i = 0; i < 8; i++)
+#pragma unroll
+            for (int j = i == 0 ? 1 : 0; j < 4; j++) {
+                u = __vmaxu2(u, w[i][j]);
+                s = __vmaxs2(s, w[i][j]);
+            }
+        a = __vmaxu2(u & kAbs2, s & kAbs2);
         a = max(a << 16, a & 0xffff0000u);
     } else {
 #pragma unroll
@@ -1245,12 +1272,12 @@ __device__ __forceinline__ float nv_mult_v3(uint32_t a, float s_enc_6, float s_d
  * it may then overwrite the shared memory the elements came from. k2d:
  * the batch has 16x16 blocks (no 1D code compiled). */
 template <bool kBf, bool k2d, typename F>
-__device__ __forceinline__ void nv_tile_v3(const etp__qbatch_t &b, const etp__qb_tensor_t &t, const GeoV3 &g,
-                                           size_t R, size_t C, const uint32_t (&w)[8][8], float s_enc_6,
+__device__ __forceinline__ void nv_tile_v3(const etp__qbatch_t &b, const etp__qb_tensor_t &t, uint32_t fl,
+                                           const GeoV3 &g, size_t R, size_t C, const uint32_t (&w)[8][8], float s_enc_6,
                                            float s_dec, TileScales &st, uint8_t *cstage,
                                            F &&prefetch)
 {
-    const bool rowd = t.row_data != nullptr, cold = t.col_data != nullptr;
+    const bool rowd = (fl & kFlRow) != 0, cold = (fl & kFlCol) != 0;
     if (k2d || b.block2d) {
         const uint32_t a = block2d_amax_v3<kBf>(w);
         prefetch();
@@ -1508,11 +1535,11 @@ __device__ __forceinline__ void mx_codes_out_v3(void *data, const etp__qb_tensor
 }
 
 template <bool kBf, bool kWide, typename F>
-__device__ __forceinline__ void mx_tile_v3(const etp__qbatch_t &b, const etp__qb_tensor_t &t, const GeoV3 &g,
-                                           size_t R, size_t C, const uint32_t (&w)[8][8], TileScales &st,
+__device__ __forceinline__ void mx_tile_v3(const etp__qbatch_t &b, const etp__qb_tensor_t &t, uint32_t fl,
+                                           const GeoV3 &g, size_t R, size_t C, const uint32_t (&w)[8][8], TileScales &st,
                                            F &&prefetch)
 {
-    const bool rowd = t.row_data != nullptr, cold = t.col_data != nullptr;
+    const bool rowd = (fl & kFlRow) != 0, cold = (fl & kFlCol) != 0;
     const int e5m2 = (int)b.e5m2;
     const float inv = etp__qf_mxfp8_inv_max(e5m2), top = e5m2 ? 57344.0f : 448.0f;
     /* the 4 lanes of a block take 2 of its 8 rows (columns) each for the scales */
@@ -1597,12 +1624,12 @@ __device__ __forceinline__ uint32_t scale_word_v3(const TileScales &st, int d, i
 /* A wide MXFP8 tile's scales, unswizzled, padding included (zeros):
  * rowwise 16 bytes of each of its 32 rows (4 threads a row), columnwise
  * the 512 bytes of its 32-row band's scale row, 4 bytes a thread. */
-__device__ __forceinline__ void mx_wide_scales_out_v3(const etp__qb_tensor_t &t, size_t r0, size_t c0,
+__device__ __forceinline__ void mx_wide_scales_out_v3(const etp__qb_tensor_t &t, uint32_t fl, size_t r0, size_t c0,
                                                       TileScales &st)
 {
     const int tid = threadIdx.x;
     const size_t M = t.rows, K = t.cols;
-    if (t.row_data && tid < 128) {
+    if ((fl & kFlRow) && tid < 128) {
         const etp__qf_scale_shape_t ss = etp__qf_mxfp8_row_scales(M, K);
         const int o = tid >> 2, gi = tid & 3; /* row o, blocks 4 gi .. 4 gi + 3 */
         const size_t r = r0 + o, kb0 = c0 / 32, kb = kb0 + 4 * gi, kbs = K / 32;
@@ -1618,7 +1645,7 @@ __device__ __forceinline__ void mx_wide_scales_out_v3(const etp__qb_tensor_t &t,
             scale_word_out_v3(t.row_scales, etp__qf_scale_offset(r, kb, ss.cols, 0), v);
         }
     }
-    if (t.col_data && tid < 128) {
+    if ((fl & kFlCol) && tid < 128) {
         const etp__qf_scale_shape_t ss = etp__qf_mxfp8_col_scales(M, K);
         const size_t mb = r0 / 32, kk = c0 + 4 * tid;
         if (mb < ss.rows && kk < ss.cols) {
@@ -1642,8 +1669,8 @@ __device__ __forceinline__ void mx_wide_scales_out_v3(const etp__qb_tensor_t &t,
  * consecutive words of the output. A tile wholly inside the tensor takes
  * its words with no per-entry test. */
 template <bool kNv>
-__device__ __forceinline__ void scales_out_v3(const etp__qbatch_t &b, const etp__qb_tensor_t &t, size_t r0,
-                                              size_t c0, const TileScales &st, uint8_t *rimg, int rimg_off,
+__device__ __forceinline__ void scales_out_v3(const etp__qbatch_t &b, const etp__qb_tensor_t &t, uint32_t fl,
+                                              size_t r0, size_t c0, const TileScales &st, uint8_t *rimg, int rimg_off,
                                               bool cols = true)
 {
     /* from the special register, which the compiler re-reads at will: a
@@ -1654,7 +1681,7 @@ __device__ __forceinline__ void scales_out_v3(const etp__qbatch_t &b, const etp_
     constexpr bool nv = kNv;
     constexpr int groups = nv ? 2 : 1; /* 4-block words per row (column) of a tile */
     const int o = q.o, gi = q.gi;
-    if (t.row_data && tid < 128 * groups) {
+    if ((fl & kFlRow) && tid < 128 * groups) {
         const etp__qf_scale_shape_t ss = nv ? etp__qf_nvfp4_row_scales(M, K) : etp__qf_mxfp8_row_scales(M, K);
         const size_t r = r0 + o, kb0 = nv ? c0 / 16 : c0 / 32, kb = kb0 + 4 * gi, kbs = nv ? K / 16 : K / 32;
         if (rimg) { /* a whole run's: to its image, leaving with the run */
@@ -1671,7 +1698,7 @@ __device__ __forceinline__ void scales_out_v3(const etp__qbatch_t &b, const etp_
             scale_word_out_v3(t.row_scales, etp__qf_scale_offset(r, kb, ss.cols, b.swizzle), v);
         }
     }
-    if (!t.col_data || !cols) return;
+    if (!(fl & kFlCol) || !cols) return;
     if (nv) { /* [column, M-block], like rowwise */
         const etp__qf_scale_shape_t ss = etp__qf_nvfp4_col_scales(M, K);
         const size_t j = c0 + o, mb0 = r0 / 16, mb = mb0 + 4 * gi;
@@ -1907,6 +1934,7 @@ __global__ void __launch_bounds__(kThreads, kNv ? kCastV3NvBlocksPerSm : kCastV3
     for (int par = 0;; par ^= 1) {
         const uint32_t k = cur.k;
         const etp__qb_tensor_t &t = b.t[k];
+        const uint32_t fl = p.fl[k];
         const uint32_t len = min(run_len, p.tiles_c[k] - cur.q * run_len);
         const size_t r0 = (size_t)(kClu ? cur.rt * kBand + band_member_v3() : cur.rt) * kTR,
                      c0 = (size_t)(cur.q * run_len + j) * kTC;
@@ -1918,13 +1946,9 @@ __global__ void __launch_bounds__(kThreads, kNv ? kCastV3NvBlocksPerSm : kCastV3
             /* a whole run of an unswizzled rowwise layout collects its
              * scales in an image (the same for every thread) */
             rimg_cur = nullptr;
-            if (kImg && t.row_data && !b.swizzle && len == kRunNv && r0 + kTileV3 <= t.rows &&
-                (size_t)(cur.q + 1) * run_len * kTileV3 <= t.cols) {
-                const etp__qf_scale_shape_t ss =
-                    kNv ? etp__qf_nvfp4_row_scales(t.rows, t.cols) : etp__qf_mxfp8_row_scales(t.rows, t.cols);
-                if (ss.cols % 16 == 0 && (reinterpret_cast<uintptr_t>(t.row_scales) & 15u) == 0)
-                    rimg_cur = rimg[rp];
-            }
+            if (kImg && (fl & kFlRimg) && len == kRunNv && r0 + kTileV3 <= t.rows &&
+                (size_t)(cur.q + 1) * run_len * kTileV3 <= t.cols)
+                rimg_cur = rimg[rp];
         }
         uint4 lo[8], hi[8];
         if (have) {
@@ -1935,12 +1959,12 @@ __global__ void __launch_bounds__(kThreads, kNv ? kCastV3NvBlocksPerSm : kCastV3
 #pragma unroll
             for (int i = 0; i < 8; i++) lo[i] = hi[i] = make_uint4(0u, 0u, 0u, 0u);
         } else if (kBf) {
-            if (fast_v3(t, R, C))
+            if (fast_v3(fl, t, R, C))
                 load_bf16_v3(t, R, C, lo);
             else
                 load_slow_v3<true>(t, R, C, lo, hi);
         } else {
-            if (fast_v3(t, R, C))
+            if (fast_v3(fl, t, R, C))
                 load_f32_v3(t, R, C, lo, hi);
             else
                 load_slow_v3<false>(t, R, C, lo, hi);
@@ -1959,7 +1983,7 @@ __global__ void __launch_bounds__(kThreads, kNv ? kCastV3NvBlocksPerSm : kCastV3
         const size_t nr0 = (size_t)(kClu ? nt.rt * kBand + band_member_v3() : nt.rt) * kTR,
                      nc0 = (size_t)(nt.q * run_len + nj) * kTC;
         /* FP32 rows would need twice the shared memory: those load in place */
-        have = kBf && more && act && fast_v3(b.t[nt.k], nr0 + g.tr, nc0 + g.tc);
+        have = kBf && more && act && fast_v3(p.fl[nt.k], b.t[nt.k], nr0 + g.tr, nc0 + g.tc);
         const auto prefetch = [&]() {
             if (!kBf || !have) return;
             const etp__qb_tensor_t &ntt = b.t[nt.k];
@@ -1979,25 +2003,22 @@ __global__ void __launch_bounds__(kThreads, kNv ? kCastV3NvBlocksPerSm : kCastV3
         /* NVFP4 columnwise codes of whole tiles with 16-byte aligned output
          * rows are staged (the same for every thread of the block) */
         uint8_t *cstage = nullptr;
-        if (nv && r0 + kTileV3 <= t.rows && c0 + kTileV3 <= t.cols && t.col_data && (t.rows / 2) % 16 == 0 &&
-            (reinterpret_cast<uintptr_t>(t.col_data) & 15u) == 0)
+        if (nv && (fl & kFlStage) && r0 + kTileV3 <= t.rows && c0 + kTileV3 <= t.cols)
             cstage = stage + par * kStageBytes;
         uint32_t w[8][8];
         words_v3<kBf>(lo, hi, w);
         if (act) {
             if (nv)
-                nv_tile_v3<kBf, kClu>(b, t, g, R, C, w, s_enc_6, s_dec, st[par], cstage, prefetch);
+                nv_tile_v3<kBf, kClu>(b, t, fl, g, R, C, w, s_enc_6, s_dec, st[par], cstage, prefetch);
             else
-                mx_tile_v3<kBf, kWide>(b, t, g, R, C, w, st[par], prefetch);
+                mx_tile_v3<kBf, kWide>(b, t, fl, g, R, C, w, st[par], prefetch);
         }
         __syncthreads();
         /* kClu (launched only for 16x16 blocks and row-major scales): the
          * band's kBand tiles whole, their columnwise scales merged (the same
          * for every block of the cluster) */
-        const bool merged = kClu && t.col_data && (size_t)(cur.rt + 1) * kBand * kTileV3 <= t.rows &&
-                            c0 + kTileV3 <= t.cols &&
-                            etp__qf_nvfp4_col_scales(t.rows, t.cols).cols % 16 == 0 &&
-                            (reinterpret_cast<uintptr_t>(t.col_scales) & 15u) == 0;
+        const bool merged = kClu && (fl & kFlMerge) && (size_t)(cur.rt + 1) * kBand * kTileV3 <= t.rows &&
+                            c0 + kTileV3 <= t.cols;
         /* every thread has filled the previous run's image: it leaves (the
          * image is filled again two runs on, after at least one more
          * barrier) */
@@ -2005,9 +2026,9 @@ __global__ void __launch_bounds__(kThreads, kNv ? kCastV3NvBlocksPerSm : kCastV3
         pend = false;
         if (act && !ETP__CAST_LEAVE_OUT(8)) {
             if (kWide)
-                mx_wide_scales_out_v3(t, r0, c0, st[par]);
+                mx_wide_scales_out_v3(t, fl, r0, c0, st[par]);
             else
-                scales_out_v3<kNv>(b, t, r0, c0, st[par], rimg_cur, (int)j * kBlocksPerTile, !merged);
+                scales_out_v3<kNv>(b, t, fl, r0, c0, st[par], rimg_cur, (int)j * kBlocksPerTile, !merged);
         }
         if (cstage && !ETP__CAST_LEAVE_OUT(2)) stage_out_v3(cstage, t.col_data, t.rows / 2, c0, r0 / 2, g.tid);
         if (kImg && rimg_cur && j + 1 == len) { /* the run's last tile */
@@ -2175,6 +2196,26 @@ uint64_t plan_tiles(const etp__qbatch_t *batch, bool v3, int only, uint32_t run,
     return total;
 }
 
+/* The kFl* facts of tensor t of a v3 cast. */
+uint8_t cast_flags_v3(const etp__qbatch_t *b, const etp__qb_tensor_t &t)
+{
+    const bool nv = b->format == ETP__QB_NVFP4;
+    const size_t es = t.dtype == ETP__QB_BF16 ? 2 : 4;
+    const auto al16 = [](const void *q) { return (reinterpret_cast<uintptr_t>(q) & 15u) == 0; };
+    uint8_t f = 0;
+    if (al16(t.x) && ((size_t)t.cols * es) % 16 == 0) f |= kFlX16;
+    if (t.row_data) f |= kFlRow;
+    if (t.col_data) f |= kFlCol;
+    if (nv && t.col_data && (t.rows / 2) % 16 == 0 && al16(t.col_data)) f |= kFlStage;
+    if (nv && t.row_data && !b->swizzle && etp__qf_nvfp4_row_scales(t.rows, t.cols).cols % 16 == 0 &&
+        al16(t.row_scales))
+        f |= kFlRimg;
+    if (nv && t.col_data && !b->swizzle && etp__qf_nvfp4_col_scales(t.rows, t.cols).cols % 16 == 0 &&
+        al16(t.col_scales))
+        f |= kFlMerge;
+    return f;
+}
+
 /* The NVFP4 v3 cast's dynamic shared memory: two tiles' staged columnwise
  * codes, beyond the 48 KiB a block gets without asking with the static
  * shared memory, so the kernel must be allowed it first. */
@@ -2283,6 +2324,7 @@ extern "C" cudaError_t etp__cuda_quant_launch(cudaStream_t s, const etp__qbatch_
             for (uint32_t k = 0; k < batch->n; k++) {
                 p.step_r[k] = (uint32_t)(grid / p.runs_c[k]);
                 p.step_c[k] = (uint32_t)(grid % p.runs_c[k]);
+                p.fl[k] = cast_flags_v3(batch, batch->t[k]);
             }
             const bool bf = dt == ETP__QB_BF16;
             const void *fn = clu    ? (bf ? (const void *)cast_kernel_v3<true, true, false, true>
