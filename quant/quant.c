@@ -88,7 +88,9 @@ etp_status_t etp_quantizer_create(etp_context_t *ctx, const etp_quantizer_config
     q->cfg = cfg;
     const etp__quant_kernels_t *k = ctx->be->ops->kernels->quant;
     if (k->launch_width) {
-        etp_status_t st = k->launch_width(ctx->be, &q->sms, &q->clusters);
+        /* clusters off: not even asked for (a device query the launches
+         * would never use) */
+        etp_status_t st = k->launch_width(ctx->be, &q->sms, ctx->env.quant_cast_clusters ? &q->clusters : NULL);
         if (st != ETP_SUCCESS) {
             free(q);
             return st;
@@ -96,7 +98,6 @@ etp_status_t etp_quantizer_create(etp_context_t *ctx, const etp_quantizer_config
         /* a narrower grid on request (tests: every path of the kernels'
          * grid-stride loops on small tensors) */
         if (ctx->env.quant_launch_sms > 0) q->sms = (uint32_t)ctx->env.quant_launch_sms;
-        if (!ctx->env.quant_cast_clusters) q->clusters = 0;
     }
     if (k->workspace_bytes) {
         etp_status_t st = etp_mem_alloc(ctx, k->workspace_bytes, ETP_MEM_WORKSPACE, &q->workspace);

@@ -1600,10 +1600,10 @@ struct ScaleSlotV3 {
 };
 
 template <bool kNv>
-__device__ __forceinline__ ScaleSlotV3 scale_slot_v3(const etp__qbatch_t &b, int tid)
+__device__ __forceinline__ ScaleSlotV3 scale_slot_v3(bool swz, int tid)
 {
     ScaleSlotV3 q;
-    if (b.swizzle) { /* a 512-byte tile: word x holds rows x / 4 + 32 (x % 4) */
+    if (swz) { /* a 512-byte tile: word x holds rows x / 4 + 32 (x % 4) */
         const int x = tid & 127;
         q.gi = tid >> 7;
         q.o = (x >> 2) | ((x & 3) << 5);
@@ -1668,7 +1668,7 @@ __device__ __forceinline__ void mx_wide_scales_out_v3(const etp__qb_tensor_t &t,
  * consecutive blocks, one word per thread, consecutive threads on
  * consecutive words of the output. A tile wholly inside the tensor takes
  * its words with no per-entry test. */
-template <bool kNv>
+template <bool kNv, bool kUnswz = false>
 __device__ __forceinline__ void scales_out_v3(const etp__qbatch_t &b, const etp__qb_tensor_t &t, uint32_t fl,
                                               size_t r0, size_t c0, const TileScales &st, uint8_t *rimg, int rimg_off,
                                               bool cols = true)
@@ -1676,26 +1676,29 @@ __device__ __forceinline__ void scales_out_v3(const etp__qbatch_t &b, const etp_
     /* from the special register, which the compiler re-reads at will: a
      * value computed once for the kernel and kept was spilled instead */
     const int tid = threadIdx.x;
-    const ScaleSlotV3 q = scale_slot_v3<kNv>(b, tid);
+    const bool swz = !kUnswz && b.swizzle; /* kUnswz: the launcher's guarantee (the cluster kernel) */
+    const ScaleSlotV3 q = scale_slot_v3<kNv>(swz, tid);
     const size_t M = t.rows, K = t.cols;
     constexpr bool nv = kNv;
     constexpr int groups = nv ? 2 : 1; /* 4-block words per row (column) of a tile */
     const int o = q.o, gi = q.gi;
     if ((fl & kFlRow) && tid < 128 * groups) {
-        const etp__qf_scale_shape_t ss = nv ? etp__qf_nvfp4_row_scales(M, K) : etp__qf_mxfp8_row_scales(M, K);
-        const size_t r = r0 + o, kb0 = nv ? c0 / 16 : c0 / 32, kb = kb0 + 4 * gi, kbs = nv ? K / 16 : K / 32;
         if (rimg) { /* a whole run's: to its image, leaving with the run */
             *reinterpret_cast<uint32_t *>(rimg + o * kRunRowBytes + rimg_off + 4 * gi) =
                 scale_word_v3(st, 0, 4 * gi, o);
-        } else if (r0 + kTileV3 <= M && kb0 + 4 * groups <= kbs) {
-            scale_word_out_v3(t.row_scales, etp__qf_scale_offset(r, kb, ss.cols, b.swizzle),
-                              scale_word_v3(st, 0, 4 * gi, o));
-        } else if (r < ss.rows && kb < ss.cols) {
-            uint32_t v = 0;
+        } else {
+            const etp__qf_scale_shape_t ss = nv ? etp__qf_nvfp4_row_scales(M, K) : etp__qf_mxfp8_row_scales(M, K);
+            const size_t r = r0 + o, kb0 = nv ? c0 / 16 : c0 / 32, kb = kb0 + 4 * gi, kbs = nv ? K / 16 : K / 32;
+            if (r0 + kTileV3 <= M && kb0 + 4 * groups <= kbs) {
+                scale_word_out_v3(t.row_scales, etp__qf_scale_offset(r, kb, ss.cols, swz),
+                                  scale_word_v3(st, 0, 4 * gi, o));
+            } else if (r < ss.rows && kb < ss.cols) {
+                uint32_t v = 0;
 #pragma unroll
-            for (int j = 0; j < 4; j++)
-                if (r < M && kb + j < kbs) v |= (uint32_t)st[0][4 * gi + j][o] << (8 * j);
-            scale_word_out_v3(t.row_scales, etp__qf_scale_offset(r, kb, ss.cols, b.swizzle), v);
+                for (int j = 0; j < 4; j++)
+                    if (r < M && kb + j < kbs) v |= (uint32_t)st[0][4 * gi + j][o] << (8 * j);
+                scale_word_out_v3(t.row_scales, etp__qf_scale_offset(r, kb, ss.cols, swz), v);
+            }
         }
     }
     if (!(fl & kFlCol) || !cols) return;
@@ -1703,14 +1706,14 @@ __device__ __forceinline__ void scales_out_v3(const etp__qbatch_t &b, const etp_
         const etp__qf_scale_shape_t ss = etp__qf_nvfp4_col_scales(M, K);
         const size_t j = c0 + o, mb0 = r0 / 16, mb = mb0 + 4 * gi;
         if (c0 + kTileV3 <= K && mb0 + 8 <= M / 16) {
-            scale_word_out_v3(t.col_scales, etp__qf_scale_offset(j, mb, ss.cols, b.swizzle),
+            scale_word_out_v3(t.col_scales, etp__qf_scale_offset(j, mb, ss.cols, swz),
                               scale_word_v3(st, 1, 4 * gi, o));
         } else if (j < ss.rows && mb < ss.cols) {
             uint32_t v = 0;
 #pragma unroll
             for (int x = 0; x < 4; x++)
                 if (j < K && mb + x < M / 16) v |= (uint32_t)st[1][4 * gi + x][o] << (8 * x);
-            scale_word_out_v3(t.col_scales, etp__qf_scale_offset(j, mb, ss.cols, b.swizzle), v);
+            scale_word_out_v3(t.col_scales, etp__qf_scale_offset(j, mb, ss.cols, swz), v);
         }
         return;
     }
@@ -1982,8 +1985,11 @@ __global__ void __launch_bounds__(kThreads, kNv ? kCastV3NvBlocksPerSm : kCastV3
         }
         const size_t nr0 = (size_t)(kClu ? nt.rt * kBand + band_member_v3() : nt.rt) * kTR,
                      nc0 = (size_t)(nt.q * run_len + nj) * kTC;
-        /* FP32 rows would need twice the shared memory: those load in place */
-        have = kBf && more && act && fast_v3(p.fl[nt.k], b.t[nt.k], nr0 + g.tr, nc0 + g.tc);
+        /* FP32 rows would need twice the shared memory: those load in place.
+         * Whole tiles only, a test the same for the whole block (a tile at
+         * the tensor's edge loads in place, each thread as fast_v3 says) */
+        have = kBf && more && act && (p.fl[nt.k] & kFlX16) && nr0 + kTR <= b.t[nt.k].rows &&
+               nc0 + kTC <= b.t[nt.k].cols;
         const auto prefetch = [&]() {
             if (!kBf || !have) return;
             const etp__qb_tensor_t &ntt = b.t[nt.k];
@@ -2028,7 +2034,7 @@ __global__ void __launch_bounds__(kThreads, kNv ? kCastV3NvBlocksPerSm : kCastV3
             if (kWide)
                 mx_wide_scales_out_v3(t, fl, r0, c0, st[par]);
             else
-                scales_out_v3<kNv>(b, t, fl, r0, c0, st[par], rimg_cur, (int)j * kBlocksPerTile, !merged);
+                scales_out_v3<kNv, kClu>(b, t, fl, r0, c0, st[par], rimg_cur, (int)j * kBlocksPerTile, !merged);
         }
         if (cstage && !ETP__CAST_LEAVE_OUT(2)) stage_out_v3(cstage, t.col_data, t.rows / 2, c0, r0 / 2, g.tid);
         if (kImg && rimg_cur && j + 1 == len) { /* the run's last tile */

@@ -18,8 +18,9 @@ struct etp__quant_kernels {
     /* The number of multiprocessors launches should fill (kernels size their
      * grids to it), asked once at quantizer creation so that the launch path
      * makes no device query; NULL: the backend has none (batch->sms = 0).
-     * *clusters: how many thread-block clusters of the cast the device
-     * holds at once (0: none, or the backend launches none). */
+     * *clusters (clusters may be NULL: not asked, left as it is): how many
+     * thread-block clusters of the cast the device holds at once (0: none,
+     * or the backend launches none). */
     etp_status_t (*launch_width)(etp__be_t *be, uint32_t *sms, uint32_t *clusters);
     /* Enqueue one batch (multi-amax, cast-only or dequantize of up to
      * ETP__QB_MAX tensors) on s. The batch is read before the call returns

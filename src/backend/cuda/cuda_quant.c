@@ -16,10 +16,10 @@ static etp_status_t cuda_quant_workspace_init(etp__be_t *be, void *ws)
     return ETP_SUCCESS;
 }
 
-/* The multiprocessor count of the context's device and how many of the
- * cast's thread-block clusters it holds at once (0 before sm_90), asked
- * once per quantizer (a device query on every launch would cost host
- * time). */
+/* The multiprocessor count of the context's device and (clusters
+ * non-NULL) how many of the cast's thread-block clusters it holds at once
+ * (0 before sm_90), asked once per quantizer (a device query on every
+ * launch would cost host time). */
 static etp_status_t cuda_quant_launch_width(etp__be_t *be, uint32_t *sms, uint32_t *clusters)
 {
     const int dev = etp__cuda_of(be)->device;
@@ -29,7 +29,7 @@ static etp_status_t cuda_quant_launch_width(etp__be_t *be, uint32_t *sms, uint32
     if (e != cudaSuccess)
         return etp__err(ETP_ERR_BACKEND, "quantizer: multiprocessor count of device %d: %s", dev,
                         cudaGetErrorString(e));
-    e = etp__cuda_quant_cluster_fit(clusters);
+    if (clusters) e = etp__cuda_quant_cluster_fit(clusters);
     if (e != cudaSuccess)
         return etp__err(ETP_ERR_BACKEND, "quantizer: thread-block clusters on device %d: %s", dev,
                         cudaGetErrorString(e));
