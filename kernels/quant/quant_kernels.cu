@@ -40,10 +40,11 @@ struct Params {
 };
 
 /* What the v3 cast would otherwise test of a tensor on every tile (its
- * pointers' alignment, its shape's divisibility): the launcher's, once per
- * launch. The BF16 NVFP4 kernel is bound by its SMs' instruction issue, and
- * those tests, 64-bit and loaded from the parameter block each time, were
- * about a tenth of its instructions (ncu, H200, ninth session). */
+ * pointers' alignment, its shape's divisibility, which outputs it has):
+ * the launcher's, once per launch. The BF16 NVFP4 kernel is bound by its
+ * SMs' instruction issue, and those tests, 64-bit and loaded from the
+ * parameter block each time, were 4% of its instructions (with the masks
+ * of the old 16x16 amax; ncu, H200, docs/PERF.md ninth session). */
 enum : uint8_t {
     kFlX16 = 1,   /* x 16-byte aligned, its rows whole 16-byte multiples: whole 8 x 8 pieces load as vectors */
     kFlRow = 2,   /* rowwise output */
@@ -51,7 +52,8 @@ enum : uint8_t {
     kFlStage = 8, /* NVFP4 columnwise codes staged: col_data 16-byte aligned, (rows / 2) % 16 == 0 */
     kFlRimg = 16, /* NVFP4 rowwise scales of whole runs collect in an image: unswizzled, their rows
                      whole 16-byte multiples, 16-byte aligned */
-    kFlMerge = 32 /* NVFP4 columnwise scales merged by clusters: the same of the columnwise scales */
+    kFlMerge = 32 /* NVFP4 columnwise scales merged by clusters: unswizzled, their rows whole 16-byte
+                     multiples, 16-byte aligned */
 };
 
 __device__ __forceinline__ float load_elem(const void *x, uint8_t dtype, size_t i)
