@@ -88,10 +88,11 @@ typedef struct etp_quantizer_config {
     unsigned directions;           /* ETP_QUANT_ROWWISE and/or ETP_QUANT_COLUMNWISE */
     int swizzle_scales;            /* 1: scales in cuBLASLt's 128x4 tiled order, the one a
                                       block-scaled GEMM reads, and the faster one to cast
-                                      NVFP4 into (row-major: 16x16 blocks 2-5% slower on
-                                      sm_90, where thread-block clusters merge the
-                                      columnwise scales into 16-byte pieces of sectors;
-                                      1x16 blocks and older GPUs about 8%; docs/PERF.md) */
+                                      NVFP4 into (row-major: 16x16 blocks 3-4% slower on
+                                      an H200 and 7-8% on an H100, where thread-block
+                                      clusters merge the columnwise scales into 16-byte
+                                      pieces of sectors; 1x16 blocks and older GPUs about
+                                      8%; docs/PERF.md) */
     etp_quant_rounding_t rounding;
     uint64_t seed;                 /* stochastic rounding; change it with etp_quantizer_set_seed */
     /* Device int32: when non-NULL and non-zero at run time, multi-amax,

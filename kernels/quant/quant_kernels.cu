@@ -2303,6 +2303,7 @@ extern "C" cudaError_t etp__cuda_quant_launch(cudaStream_t s, const etp__qbatch_
         const uint64_t most = (uint64_t)batch->sms * (nv ? kCastV3NvBlocksPerSm : kCastV3MxBlocksPerSm);
         uint64_t totals[2];
         uint32_t runs[2] = {1, 1};
+        for (uint32_t k = 0; k < batch->n; k++) p.fl[k] = cast_flags_v3(batch, batch->t[k]);
         for (int dt = 0; dt < 2; dt++) { /* checked before anything is launched */
             if ((totals[dt] = plan_tiles(batch, true, dt, 1, &p, wide)) > 0x7fffffffu) return cudaErrorInvalidValue;
             /* NVFP4 in runs where there are enough to give every resident
@@ -2332,7 +2333,6 @@ extern "C" cudaError_t etp__cuda_quant_launch(cudaStream_t s, const etp__qbatch_
             for (uint32_t k = 0; k < batch->n; k++) {
                 p.step_r[k] = (uint32_t)(grid / p.runs_c[k]);
                 p.step_c[k] = (uint32_t)(grid % p.runs_c[k]);
-                p.fl[k] = cast_flags_v3(batch, batch->t[k]);
             }
             const bool bf = dt == ETP__QB_BF16;
             const void *fn = clu    ? (bf ? (const void *)cast_kernel_v3<true, true, false, true>
