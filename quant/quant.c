@@ -295,6 +295,7 @@ static void batch_header(etp_quantizer_t *q, uint32_t op)
     b->sms = q->sms;
     b->cast_kernel = (uint32_t)q->ctx->env.quant_cast_kernel;
     b->clusters = q->clusters;
+    b->compact = (uint32_t)q->ctx->env.quant_cast_compact;
 }
 
 /* Launch the batch's header over tensors [0, n), ETP__QB_MAX at a time; fill(i, t)

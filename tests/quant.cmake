@@ -37,7 +37,10 @@ if(ETP_WITH_CUDA AND ETP_WITH_MPI)
   # 1 x 4 tiles (with their scale images), partial runs at their edges
   # included, which a full grid gives only to larger batches. NVFP4 16x16
   # runs with row-major scales go to thread-block clusters there (sm_90):
-  # _noclu runs the same without them, the path of older devices.
+  # _noclu runs the same without them, the path of older devices. Both
+  # compact every NVFP4 16x16 row-major cast's scales (the expansion kernel;
+  # by default only large batches do, which the full-grid test leaves
+  # uncompacted).
   if(ETP_GPU_TESTS)
     foreach(clu 1 0)
       set(name test_quant_gpu_np1_sms8)
@@ -48,7 +51,7 @@ if(ETP_WITH_CUDA AND ETP_WITH_MPI)
         COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 1 --oversubscribe --bind-to none
                 ${MPIEXEC_PREFLAGS} $<TARGET_FILE:test_quant_gpu> ${MPIEXEC_POSTFLAGS})
       set_tests_properties(${name} PROPERTIES LABELS "gpu;quant"
-        ENVIRONMENT "${ETP_TEST_ENV};NCCL_NVLS_ENABLE=0;ETP_QUANT_LAUNCH_SMS=8;ETP_QUANT_CAST_CLUSTERS=${clu}"
+        ENVIRONMENT "${ETP_TEST_ENV};NCCL_NVLS_ENABLE=0;ETP_QUANT_LAUNCH_SMS=8;ETP_QUANT_CAST_CLUSTERS=${clu};ETP_QUANT_CAST_COMPACT=2"
         TIMEOUT 600)
     endforeach()
   endif()

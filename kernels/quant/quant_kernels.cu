@@ -1684,6 +1684,9 @@ __device__ __forceinline__ void scales_out_v3(const etp__qbatch_t &b, const etp_
     constexpr bool nv = kNv;
     constexpr int groups = nv ? 2 : 1; /* 4-block words per row (column) of a tile */
     const int o = q.o, gi = q.gi;
+    /* compact (unswizzled 16x16 NVFP4): of a whole tile's 16 identical rows
+     * (columns) only the last, which the expansion copies to the others */
+    const bool skip = kNv && !swz && b.compact && (o & 15) != 15;
     if ((fl & kFlRow) && tid < 128 * groups) {
         if (rimg) { /* a whole run's: to its image, leaving with the run */
             *reinterpret_cast<uint32_t *>(rimg + o * kRunRowBytes + rimg_off + 4 * gi) =
@@ -1692,8 +1695,9 @@ __device__ __forceinline__ void scales_out_v3(const etp__qbatch_t &b, const etp_
             const etp__qf_scale_shape_t ss = nv ? etp__qf_nvfp4_row_scales(M, K) : etp__qf_mxfp8_row_scales(M, K);
             const size_t r = r0 + o, kb0 = nv ? c0 / 16 : c0 / 32, kb = kb0 + 4 * gi, kbs = nv ? K / 16 : K / 32;
             if (r0 + kTileV3 <= M && kb0 + 4 * groups <= kbs) {
-                scale_word_out_v3(t.row_scales, etp__qf_scale_offset(r, kb, ss.cols, swz),
-                                  scale_word_v3(st, 0, 4 * gi, o));
+                if (!(skip && (fl & kFlRimg)))
+                    scale_word_out_v3(t.row_scales, etp__qf_scale_offset(r, kb, ss.cols, swz),
+                                      scale_word_v3(st, 0, 4 * gi, o));
             } else if (r < ss.rows && kb < ss.cols) {
                 uint32_t v = 0;
 #pragma unroll
@@ -1708,8 +1712,9 @@ __device__ __forceinline__ void scales_out_v3(const etp__qbatch_t &b, const etp_
         const etp__qf_scale_shape_t ss = etp__qf_nvfp4_col_scales(M, K);
         const size_t j = c0 + o, mb0 = r0 / 16, mb = mb0 + 4 * gi;
         if (c0 + kTileV3 <= K && mb0 + 8 <= M / 16) {
-            scale_word_out_v3(t.col_scales, etp__qf_scale_offset(j, mb, ss.cols, swz),
-                              scale_word_v3(st, 1, 4 * gi, o));
+            if (!(skip && (fl & kFlMerge)))
+                scale_word_out_v3(t.col_scales, etp__qf_scale_offset(j, mb, ss.cols, swz),
+                                  scale_word_v3(st, 1, 4 * gi, o));
         } else if (j < ss.rows && mb < ss.cols) {
             uint32_t v = 0;
 #pragma unroll
@@ -1740,10 +1745,11 @@ __device__ __forceinline__ void scales_out_v3(const etp__qbatch_t &b, const etp_
  * row r0 and block kb0 of a [rows, ld] scale matrix; 16-byte aligned: the
  * kernel's check) to memory, 16 bytes a thread. */
 __device__ __forceinline__ void run_out_v3(const uint8_t *rimg, void *scales, size_t ld, size_t r0, size_t kb0,
-                                           int tid)
+                                           int tid, bool compact)
 {
     static_assert(kTileV3 * kRunRowBytes == 16 * kThreads, "one 16-byte piece a thread");
     const int row = tid / (kRunRowBytes / 16), h = tid % (kRunRowBytes / 16);
+    if (compact && (row & 15) != 15) return; /* the expansion's (16x16 blocks) */
     const uint4 v = *reinterpret_cast<const uint4 *>(rimg + row * kRunRowBytes + 16 * h);
     if (ETP__CAST_LEAVE_OUT(32)) {
         if (v.x == 0x9e3779b9u) *static_cast<volatile uint8_t *>(scales) = 0;
@@ -2030,7 +2036,7 @@ __global__ void __launch_bounds__(kThreads, kNv ? kCastV3NvBlocksPerSm : kCastV3
         /* every thread has filled the previous run's image: it leaves (the
          * image is filled again two runs on, after at least one more
          * barrier) */
-        if (pend && !ETP__CAST_LEAVE_OUT(8)) run_out_v3(pend_img, pend_scales, pend_ld, pend_r0, pend_kb0, g.tid);
+        if (pend && !ETP__CAST_LEAVE_OUT(8)) run_out_v3(pend_img, pend_scales, pend_ld, pend_r0, pend_kb0, g.tid, b.compact);
         pend = false;
         if (act && !ETP__CAST_LEAVE_OUT(8)) {
             if (kWide)
@@ -2063,7 +2069,7 @@ __global__ void __launch_bounds__(kThreads, kNv ? kCastV3NvBlocksPerSm : kCastV3
                     const int jl = g.tid / kBandPieces, h = g.tid % kBandPieces;
                     const uint4 v =
                         *reinterpret_cast<const uint4 *>(&cimg[q * kCimgBytes + (jl >> 4) * (kBand * 8) + 16 * h]);
-                    if (!ETP__CAST_LEAVE_OUT(8) && !ETP__CAST_LEAVE_OUT(32))
+                    if (!ETP__CAST_LEAVE_OUT(8) && !ETP__CAST_LEAVE_OUT(32) && (!b.compact || (jl & 15) == 15))
                         *reinterpret_cast<uint4 *>(mdst[g.tid]) = v;
                 }
                 cs ^= kPh << q;
@@ -2103,7 +2109,7 @@ __global__ void __launch_bounds__(kThreads, kNv ? kCastV3NvBlocksPerSm : kCastV3
     }
     if (kImg && pend) {
         __syncthreads();
-        if (!ETP__CAST_LEAVE_OUT(8)) run_out_v3(pend_img, pend_scales, pend_ld, pend_r0, pend_kb0, g.tid);
+        if (!ETP__CAST_LEAVE_OUT(8)) run_out_v3(pend_img, pend_scales, pend_ld, pend_r0, pend_kb0, g.tid, b.compact);
     }
     if (kClu) { /* the last tile's merged pieces (and no block leaves while others may write to it) */
         cluster_wait_v3();
@@ -2112,8 +2118,51 @@ __global__ void __launch_bounds__(kThreads, kNv ? kCastV3NvBlocksPerSm : kCastV3
             mbar_wait_v3(&cbar[q], (cs / (kPh << q)) & 1u);
             const int jl = g.tid / kBandPieces, h = g.tid % kBandPieces;
             const uint4 v = *reinterpret_cast<const uint4 *>(&cimg[q * kCimgBytes + (jl >> 4) * (kBand * 8) + 16 * h]);
-            if (!ETP__CAST_LEAVE_OUT(8) && !ETP__CAST_LEAVE_OUT(32)) *reinterpret_cast<uint4 *>(mdst[g.tid]) = v;
+            if (!ETP__CAST_LEAVE_OUT(8) && !ETP__CAST_LEAVE_OUT(32) && (!b.compact || (jl & 15) == 15))
+                *reinterpret_cast<uint4 *>(mdst[g.tid]) = v;
         }
+    }
+}
+
+/* ---- compact scales: the expansion ----------------------------------------
+ *
+ * With 16x16 NVFP4 blocks every 16 consecutive rows of a row-major scale
+ * matrix are equal (a block's scale repeats on each of its 16 rows, and in
+ * the columnwise matrix on each of its 16 columns). A tile writes 8 or 16
+ * bytes of each of its 128 rows, pieces of 32-byte sectors in 128
+ * different lines; with compaction (batch.compact, whole interior tiles of
+ * tensors kFlRimg / kFlMerge) it writes only rows 16g + 15, and this kernel
+ * then copies each such row over rows 16g .. 16g + 14, whole lines. A
+ * group's rows all lie inside the tensor (g < M / 16 rowwise, K / 16
+ * columnwise): rows past it are padding, zero, and never copied over, and
+ * a row 16g + 15 is complete once the cast is, every tile writing its part
+ * of it (edge tiles write all their rows, which the copy rewrites with
+ * equal bytes). Units: 16 bytes of one group's source row; p.tiles_c[k]:
+ * the rowwise units of tensor k, then its columnwise ones. */
+__global__ void __launch_bounds__(kThreads) expand_kernel_v3(const __grid_constant__ Params p)
+{
+    const etp__qbatch_t &b = p.b;
+    if (skipped(b)) return;
+    const uint32_t total = p.tile_start[b.n];
+    for (uint32_t u = blockIdx.x * kThreads + threadIdx.x; u < total; u += gridDim.x * kThreads) {
+        uint32_t local;
+        const uint32_t k = find_tensor(p, u, &local);
+        const etp__qb_tensor_t &t = b.t[k];
+        uint8_t *base;
+        size_t ld;
+        if (local < p.tiles_c[k]) {
+            base = static_cast<uint8_t *>(t.row_scales);
+            ld = etp__qf_nvfp4_row_scales(t.rows, t.cols).cols;
+        } else {
+            local -= p.tiles_c[k];
+            base = static_cast<uint8_t *>(t.col_scales);
+            ld = etp__qf_nvfp4_col_scales(t.rows, t.cols).cols;
+        }
+        const size_t per = ld / 16, g = local / per;
+        uint8_t *d = base + 16 * g * ld + 16 * (local % per);
+        const uint4 v = *reinterpret_cast<const uint4 *>(d + 15 * ld);
+#pragma unroll
+        for (int i = 0; i < 15; i++) *reinterpret_cast<uint4 *>(d + i * ld) = v;
     }
 }
 
@@ -2224,6 +2273,10 @@ uint8_t cast_flags_v3(const etp__qbatch_t *b, const etp__qb_tensor_t &t)
     return f;
 }
 
+/* Runs a resident block from which a launch compacts its scales (the
+ * default, ETP_QUANT_CAST_COMPACT=1). */
+constexpr uint64_t kCompactRuns = 4;
+
 /* The NVFP4 v3 cast's dynamic shared memory: two tiles' staged columnwise
  * codes, beyond the 48 KiB a block gets without asking with the static
  * shared memory, so the kernel must be allowed it first. */
@@ -2284,6 +2337,7 @@ extern "C" cudaError_t etp__cuda_quant_launch(cudaStream_t s, const etp__qbatch_
     memcpy(&p.b, batch, etp__qbatch_bytes(batch->n));
     p.per_block = 1;
     p.run = 1;
+    p.b.compact = 0; /* the v3 cast's launches decide */
 #ifdef ETP_QUANT_CAST_DIAG
     {
         const char *d = getenv("ETP_QUANT_CAST_DIAG");
@@ -2303,6 +2357,14 @@ extern "C" cudaError_t etp__cuda_quant_launch(cudaStream_t s, const etp__qbatch_
         const uint64_t most = (uint64_t)batch->sms * (nv ? kCastV3NvBlocksPerSm : kCastV3MxBlocksPerSm);
         uint64_t totals[2];
         uint32_t runs[2] = {1, 1};
+        /* compact scales (the expansion above), by default (compact 1) for
+         * launches of at least kCompactRuns runs a resident block: smaller
+         * ones, whose outputs L2 holds whole, complete their scale sectors
+         * there and only pay for the second launch (H100, 64 x [1024,
+         * 512]: 50 -> 54 us; 8 x [8192, 4096]: 342 -> 315 us); compact 2:
+         * every launch it applies to (tests) */
+        const bool compact = batch->compact && nv && batch->block2d && !batch->swizzle;
+        bool compacted[2] = {false, false};
         for (uint32_t k = 0; k < batch->n; k++) p.fl[k] = cast_flags_v3(batch, batch->t[k]);
         for (int dt = 0; dt < 2; dt++) { /* checked before anything is launched */
             if ((totals[dt] = plan_tiles(batch, true, dt, 1, &p, wide)) > 0x7fffffffu) return cudaErrorInvalidValue;
@@ -2321,6 +2383,8 @@ extern "C" cudaError_t etp__cuda_quant_launch(cudaStream_t s, const etp__qbatch_
              * kBand blocks take bands of runs (the kClu kernel) */
             const bool clu = nv && runs[dt] == kRunNv && batch->clusters && batch->block2d && !batch->swizzle;
             const uint32_t band = clu ? kBand : 1;
+            compacted[dt] = compact && (batch->compact == 2 || (runs[dt] == kRunNv && totals[dt] >= kCompactRuns * most));
+            p.b.compact = compacted[dt] ? 1u : 0u;
             const uint64_t units = plan_tiles(batch, true, dt, runs[dt], &p, wide, band);
             p.run = runs[dt];
             uint64_t grid = units; /* kClu: clusters */
@@ -2358,7 +2422,27 @@ extern "C" cudaError_t etp__cuda_quant_launch(cudaStream_t s, const etp__qbatch_
             const cudaError_t e = cudaLaunchKernel(fn, dim3((unsigned)grid), dim3(kThreads), args, dyn, s);
             if (e != cudaSuccess) return e;
         }
-        return cudaSuccess;
+        if (!compacted[0] && !compacted[1]) return cudaSuccess;
+        /* the compacted tensors' scale rows copied over their groups */
+        uint64_t units = 0;
+        for (uint32_t k = 0; k < batch->n; k++) {
+            const etp__qb_tensor_t &t = batch->t[k];
+            uint64_t ru = 0, cu = 0;
+            if (t.dtype <= ETP__QB_F32 && compacted[t.dtype]) {
+                if (p.fl[k] & kFlRimg) ru = (uint64_t)(t.rows / 16) * (etp__qf_nvfp4_row_scales(t.rows, t.cols).cols / 16);
+                if (p.fl[k] & kFlMerge) cu = (uint64_t)(t.cols / 16) * (etp__qf_nvfp4_col_scales(t.rows, t.cols).cols / 16);
+            }
+            p.tile_start[k] = (uint32_t)units;
+            p.tiles_c[k] = (uint32_t)ru;
+            units += ru + cu;
+            if (units > 0x7fffffffu) return cudaErrorInvalidValue;
+        }
+        p.tile_start[batch->n] = (uint32_t)units;
+        if (units == 0) return cudaSuccess;
+        uint64_t eg = (units + kThreads - 1) / kThreads;
+        const uint64_t ecap = (uint64_t)(batch->sms ? batch->sms : 1) * 16;
+        eg = eg < ecap ? eg : ecap;
+        return cudaLaunchKernel((const void *)expand_kernel_v3, dim3((unsigned)eg), dim3(kThreads), args, 0, s);
     }
     const uint64_t total = plan_tiles(batch, false, -1, 1, &p);
     if (total > 0x7fffffffu) return cudaErrorInvalidValue;

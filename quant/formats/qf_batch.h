@@ -55,7 +55,11 @@ typedef struct etp__qbatch {
     uint32_t clusters;            /* CAST on CUDA: the NVFP4 cast's thread-block clusters the device
                                      holds at once (read at quantizer creation); 0: no clusters
                                      (before sm_90, or ETP_QUANT_CAST_CLUSTERS=0) */
-    uint32_t pad_;
+    uint32_t compact;             /* CAST on CUDA, NVFP4 16x16 blocks, row-major scales: the cast
+                                     writes only the last of each 16 equal scale rows of its
+                                     interior tiles, a second kernel copying it over the other
+                                     15; 1: large launches, 2: all, 0: none (ETP_QUANT_CAST_COMPACT;
+                                     the launcher passes its kernels 0 or 1) */
     uint64_t seed;
     const int32_t *noop;          /* non-NULL and non-zero at run time: do nothing */
     float *amax_row, *amax_col;   /* AMAX outputs (either may be NULL), index first + i */

@@ -102,6 +102,7 @@ typedef struct etp__env {
     int quant_cast_kernel;  /* ETP_QUANT_CAST_KERNEL: 2 or 3 */
     int quant_launch_sms;   /* ETP_QUANT_LAUNCH_SMS: 0 (the device's count) or a count */
     int quant_cast_clusters; /* ETP_QUANT_CAST_CLUSTERS: 0 or 1 */
+    int quant_cast_compact;  /* ETP_QUANT_CAST_COMPACT: 0, 1 or 2 */
 } etp__env_t;
 
 /* One row of the settings table, for docs and `etp-demo --env`. */

@@ -41,6 +41,11 @@ static const etp__env_doc_t env_docs[] = {
      "1: the CUDA NVFP4 cast with 16x16 blocks and row-major scales runs in thread-block "
      "clusters of 2 (sm_90 and later), which write a band of 2 tiles' columnwise scales as "
      "16-byte pieces; 0: one block a tile, each writing its own 8-byte pieces"},
+    {"ETP_QUANT_CAST_COMPACT", "1",
+     "the CUDA NVFP4 cast with 16x16 blocks and row-major scales: of each 16 scale rows its "
+     "blocks make equal, its tiles write only the last, and a second kernel copies that row over "
+     "the other 15 as whole lines; 1: for launches of at least 4 runs of tiles a resident block "
+     "(large batches), 2: for every launch (tests), 0: never (every tile writes all its rows)"},
     {NULL, NULL, NULL},
 };
 
@@ -81,7 +86,7 @@ static etp_status_t parse_choice(const char *name, int lo, int hi, const char *e
 
 etp_status_t etp__env_load(etp__env_t *env)
 {
-    etp__env_t e = {ETP_LOG_NONE, ETP_SUBSYS_ALL, 300.0, 0, 0, 0, 1, 1, 3, 0, 1};
+    etp__env_t e = {ETP_LOG_NONE, ETP_SUBSYS_ALL, 300.0, 0, 0, 0, 1, 1, 3, 0, 1, 1};
     const char *v;
 
     if ((v = get("ETP_LOG_LEVEL"))) {
@@ -128,6 +133,7 @@ etp_status_t etp__env_load(etp__env_t *env)
     ETP__TRY(parse_choice("ETP_QUANT_LAUNCH_SMS", 0, 65536, "0 (the device's) to 65536",
                           &e.quant_launch_sms));
     ETP__TRY(parse_choice("ETP_QUANT_CAST_CLUSTERS", 0, 1, "0 or 1", &e.quant_cast_clusters));
+    ETP__TRY(parse_choice("ETP_QUANT_CAST_COMPACT", 0, 2, "0, 1 or 2", &e.quant_cast_compact));
     *env = e;
     return ETP_SUCCESS;
 }

@@ -55,6 +55,15 @@ static shape_t shape_of(const etp_quantizer_config_t *c, int rank, size_t i, uin
         s.rows = images ? 256 * 17 : 128 * 34 + 48;
         s.cols = images ? 256 * 17 : 128 * 33 + 16;
     }
+    if (c->format == ETP_QUANT_NVFP4 && c->nvfp4_block == ETP_QUANT_BLOCK_2D && !c->swizzle_scales &&
+        ((i == 2 && (c->directions & ETP_QUANT_COLUMNWISE)) || (i == 0 && c->directions == ETP_QUANT_ROWWISE))) {
+        /* 16x16 blocks, row-major scales whose rows are 16-byte multiples
+         * (images, merges, compaction) in a tensor ending inside a tile:
+         * edge tiles beside compacted ones, and rowwise alone a last group
+         * of fewer than 16 rows (its padding rows stay zero) */
+        s.rows = (c->directions & ETP_QUANT_COLUMNWISE) ? 256 * 8 + 208 : 256 * 8 + 202;
+        s.cols = (c->directions & ETP_QUANT_ROWWISE) ? 256 * 8 + 224 : 256 * 8 + 221;
+    }
     s.dtype = (r >> 40) & 1 ? ETP_DTYPE_BF16 : ETP_DTYPE_F32;
     return s;
 }

@@ -148,6 +148,7 @@ static void test_env_defaults_and_docs(void **state)
     assert_int_equal(e.quant_cast_kernel, 3);
     assert_int_equal(e.quant_launch_sms, 0);
     assert_int_equal(e.quant_cast_clusters, 1);
+    assert_int_equal(e.quant_cast_compact, 1);
     int n = 0;
     for (const etp__env_doc_t *d = etp__env_docs(); d->name; d++, n++) {
         assert_non_null(d->default_value);
@@ -171,6 +172,7 @@ static void test_env_values(void **state)
     setenv("ETP_COPY_ENGINE", "2", 1);
     setenv("ETP_QUANT_LAUNCH_SMS", "8", 1);
     setenv("ETP_QUANT_CAST_CLUSTERS", "0", 1);
+    setenv("ETP_QUANT_CAST_COMPACT", "2", 1);
     etp__env_t e;
     assert_int_equal(etp__env_load(&e), ETP_SUCCESS);
     assert_int_equal(e.log_level, ETP_LOG_DEBUG);
@@ -183,6 +185,7 @@ static void test_env_values(void **state)
     assert_int_equal(e.copy_engine, 2);
     assert_int_equal(e.quant_launch_sms, 8);
     assert_int_equal(e.quant_cast_clusters, 0);
+    assert_int_equal(e.quant_cast_compact, 2);
     clear_env();
 }
 
@@ -197,6 +200,7 @@ static void test_env_rejects_bad_values(void **state)
         {"ETP_NCCL_FAST_LAUNCH", "2"}, {"ETP_QUANT_CAST_KERNEL", "1"},
         {"ETP_COPY_ENGINE", "3"},          {"ETP_QUANT_LAUNCH_SMS", "-1"},
         {"ETP_QUANT_LAUNCH_SMS", "many"}, {"ETP_QUANT_CAST_CLUSTERS", "2"},
+        {"ETP_QUANT_CAST_COMPACT", "3"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         clear_env();
