@@ -87,12 +87,12 @@ typedef struct etp_quantizer_config {
     etp_quant_block_t nvfp4_block; /* NVFP4 only */
     unsigned directions;           /* ETP_QUANT_ROWWISE and/or ETP_QUANT_COLUMNWISE */
     int swizzle_scales;            /* 1: scales in cuBLASLt's 128x4 tiled order, the one a
-                                      block-scaled GEMM reads, and the faster one to cast
-                                      NVFP4 into (row-major: 16x16 blocks 3-4% slower on
-                                      an H200 and 7-8% on an H100, where thread-block
-                                      clusters merge the columnwise scales into 16-byte
-                                      pieces of sectors; 1x16 blocks and older GPUs about
-                                      8%; docs/PERF.md) */
+                                      block-scaled GEMM reads. 0: row-major; with 16x16
+                                      blocks on sm_90 as fast to cast into for large
+                                      batches (ETP_QUANT_CAST_COMPACT; H200: even to 3%
+                                      faster, H100: 3-5% faster); 3-8% slower where that
+                                      does not apply (smaller batches, 1x16 blocks);
+                                      docs/PERF.md */
     etp_quant_rounding_t rounding;
     uint64_t seed;                 /* stochastic rounding; change it with etp_quantizer_set_seed */
     /* Device int32: when non-NULL and non-zero at run time, multi-amax,
