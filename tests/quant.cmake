@@ -57,6 +57,15 @@ if(ETP_WITH_CUDA AND ETP_WITH_MPI)
   endif()
   # The scale-swizzle kernel against the host reference (one GPU: no collective).
   etp_add_gpu_test(test_quant_swizzle_gpu gpu/test_quant_swizzle_gpu.c ON quant 1)
-  # The captured quantize with CUDA graphs.
+  # The captured quantize with CUDA graphs; _compact: every NVFP4 16x16
+  # row-major cast compacts its scales, so that the expansion kernel is
+  # captured too and skipped with the cast on the noop replay.
   etp_add_gpu_test(test_quant_graph_gpu gpu/test_quant_graph_gpu.c OFF quant 1 2)
+  if(ETP_GPU_TESTS)
+    add_test(NAME test_quant_graph_gpu_np1_compact
+      COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 1 --oversubscribe --bind-to none
+              ${MPIEXEC_PREFLAGS} $<TARGET_FILE:test_quant_graph_gpu> ${MPIEXEC_POSTFLAGS})
+    set_tests_properties(test_quant_graph_gpu_np1_compact PROPERTIES LABELS "gpu;quant"
+      ENVIRONMENT "${ETP_TEST_ENV};NCCL_NVLS_ENABLE=0;ETP_QUANT_CAST_COMPACT=2" TIMEOUT 600)
+  endif()
 endif()
