@@ -90,7 +90,7 @@ typedef struct etp_quantizer_config {
                                       block-scaled GEMM reads. 0: row-major; with 16x16
                                       blocks on sm_90 as fast to cast into for large
                                       batches (ETP_QUANT_CAST_COMPACT; H200: even to 3%
-                                      faster, H100: 3-5% faster); 3-8% slower where that
+                                      faster, H100: 2-5% faster); 3-8% slower where that
                                       does not apply (smaller batches, 1x16 blocks);
                                       docs/PERF.md */
     etp_quant_rounding_t rounding;

@@ -29,8 +29,10 @@ constexpr uint32_t kDequantChunk = 4096;  /* elements per dequantize block */
 
 struct Params {
     etp__qbatch_t b;
-    uint32_t tile_start[ETP__QB_MAX + 1]; /* prefix sum of tiles (cast v3: runs) per tensor */
-    uint32_t tiles_c[ETP__QB_MAX];        /* cast: tile columns per tensor */
+    uint32_t tile_start[ETP__QB_MAX + 1]; /* prefix sum of tiles (cast v3: runs; the expansion:
+                                             its units) per tensor */
+    uint32_t tiles_c[ETP__QB_MAX];        /* cast: tile columns per tensor (the expansion: its
+                                             rowwise units) */
     uint32_t runs_c[ETP__QB_MAX];         /* cast v3: runs of kRun* tiles per tile row */
     uint32_t step_r[ETP__QB_MAX];         /* cast v3: a grid stride in tile rows and */
     uint32_t step_c[ETP__QB_MAX];         /* runs of each tensor (grid / runs_c, grid % runs_c) */
@@ -2277,6 +2279,31 @@ uint8_t cast_flags_v3(const etp__qbatch_t *b, const etp__qb_tensor_t &t)
  * default, ETP_QUANT_CAST_COMPACT=1). */
 constexpr uint64_t kCompactRuns = 4;
 
+/* The expansion's units (16 bytes of one group's source row) of the
+ * tensors whose input type's cast compacted: p->tile_start their prefix
+ * sum, p->tiles_c[k] tensor k's rowwise ones (its columnwise ones follow).
+ * p == nullptr: the count alone (the launcher checks it before the cast
+ * runs, and fills p after the cast's launches, whose plan p held). */
+uint64_t plan_expand_v3(const etp__qbatch_t *b, const uint8_t *fl, const bool compacted[2], Params *p)
+{
+    uint64_t units = 0;
+    for (uint32_t k = 0; k < b->n; k++) {
+        const etp__qb_tensor_t &t = b->t[k];
+        uint64_t ru = 0, cu = 0;
+        if (t.dtype <= ETP__QB_F32 && compacted[t.dtype]) {
+            if (fl[k] & kFlRimg) ru = (uint64_t)(t.rows / 16) * (etp__qf_nvfp4_row_scales(t.rows, t.cols).cols / 16);
+            if (fl[k] & kFlMerge) cu = (uint64_t)(t.cols / 16) * (etp__qf_nvfp4_col_scales(t.rows, t.cols).cols / 16);
+        }
+        if (p) {
+            p->tile_start[k] = (uint32_t)units;
+            p->tiles_c[k] = (uint32_t)ru;
+        }
+        units += ru + cu;
+    }
+    if (p) p->tile_start[b->n] = (uint32_t)units;
+    return units;
+}
+
 /* The NVFP4 v3 cast's dynamic shared memory: two tiles' staged columnwise
  * codes, beyond the 48 KiB a block gets without asking with the static
  * shared memory, so the kernel must be allowed it first. */
@@ -2361,8 +2388,9 @@ extern "C" cudaError_t etp__cuda_quant_launch(cudaStream_t s, const etp__qbatch_
          * launches of at least kCompactRuns runs a resident block: smaller
          * ones, whose outputs L2 holds whole, complete their scale sectors
          * there and only pay for the second launch (H100, 64 x [1024,
-         * 512]: 50 -> 54 us; 8 x [8192, 4096]: 342 -> 315 us); compact 2:
-         * every launch it applies to (tests) */
+         * 512]: 50 -> 54 us; 8 x [8192, 4096]: 344 -> 312 us; the
+         * crossover on H100 and H200 near 4 x [8192, 4096], docs/PERF.md);
+         * compact 2: every launch it applies to (tests) */
         const bool compact = batch->compact && nv && batch->block2d && !batch->swizzle;
         bool compacted[2] = {false, false};
         for (uint32_t k = 0; k < batch->n; k++) p.fl[k] = cast_flags_v3(batch, batch->t[k]);
@@ -2376,14 +2404,17 @@ extern "C" cudaError_t etp__cuda_quant_launch(cudaStream_t s, const etp__qbatch_
                 runs[dt] = kRunNv;
                 totals[dt] = plan_tiles(batch, true, dt, kRunNv, &p);
             }
+            compacted[dt] = compact && totals[dt] > 0 &&
+                            (batch->compact == 2 || (runs[dt] == kRunNv && totals[dt] >= kCompactRuns * most));
         }
+        const uint64_t expand_units = plan_expand_v3(batch, p.fl, compacted, nullptr);
+        if (expand_units > 0x7fffffffu) return cudaErrorInvalidValue;
         for (int dt = 0; dt < 2; dt++) {
             if (totals[dt] == 0) continue;
             /* NVFP4 16x16 blocks, row-major scales, in runs: clusters of
              * kBand blocks take bands of runs (the kClu kernel) */
             const bool clu = nv && runs[dt] == kRunNv && batch->clusters && batch->block2d && !batch->swizzle;
             const uint32_t band = clu ? kBand : 1;
-            compacted[dt] = compact && (batch->compact == 2 || (runs[dt] == kRunNv && totals[dt] >= kCompactRuns * most));
             p.b.compact = compacted[dt] ? 1u : 0u;
             const uint64_t units = plan_tiles(batch, true, dt, runs[dt], &p, wide, band);
             p.run = runs[dt];
@@ -2422,24 +2453,10 @@ extern "C" cudaError_t etp__cuda_quant_launch(cudaStream_t s, const etp__qbatch_
             const cudaError_t e = cudaLaunchKernel(fn, dim3((unsigned)grid), dim3(kThreads), args, dyn, s);
             if (e != cudaSuccess) return e;
         }
-        if (!compacted[0] && !compacted[1]) return cudaSuccess;
+        if (expand_units == 0) return cudaSuccess;
         /* the compacted tensors' scale rows copied over their groups */
-        uint64_t units = 0;
-        for (uint32_t k = 0; k < batch->n; k++) {
-            const etp__qb_tensor_t &t = batch->t[k];
-            uint64_t ru = 0, cu = 0;
-            if (t.dtype <= ETP__QB_F32 && compacted[t.dtype]) {
-                if (p.fl[k] & kFlRimg) ru = (uint64_t)(t.rows / 16) * (etp__qf_nvfp4_row_scales(t.rows, t.cols).cols / 16);
-                if (p.fl[k] & kFlMerge) cu = (uint64_t)(t.cols / 16) * (etp__qf_nvfp4_col_scales(t.rows, t.cols).cols / 16);
-            }
-            p.tile_start[k] = (uint32_t)units;
-            p.tiles_c[k] = (uint32_t)ru;
-            units += ru + cu;
-            if (units > 0x7fffffffu) return cudaErrorInvalidValue;
-        }
-        p.tile_start[batch->n] = (uint32_t)units;
-        if (units == 0) return cudaSuccess;
-        uint64_t eg = (units + kThreads - 1) / kThreads;
+        plan_expand_v3(batch, p.fl, compacted, &p);
+        uint64_t eg = (expand_units + kThreads - 1) / kThreads;
         const uint64_t ecap = (uint64_t)(batch->sms ? batch->sms : 1) * 16;
         eg = eg < ecap ? eg : ecap;
         return cudaLaunchKernel((const void *)expand_kernel_v3, dim3((unsigned)eg), dim3(kThreads), args, 0, s);
