@@ -35,6 +35,7 @@
  *                   [--big-mib 256 (one tensor [big, 4096] of this size; 0: none)]
  *                   [--dtype bf16|f32] [--formats nvfp4,mxfp8] [--nvfp4-1d] [--swizzle]
  *                   [--no-separate] [--flush-mib 256] [--flush write|read]
+ *                   [--stochastic (NVFP4 with stochastic rounding; MXFP8 rows are skipped)]
  */
 #define _POSIX_C_SOURCE 200809L /* strtok_r */
 #include <stdint.h>
@@ -187,7 +188,7 @@ static void fill_input(qbench_t *x, void *dev, size_t elems, etp_dtype_t dt, uin
 }
 
 static void run_case(qbench_t *x, const qcase_t *c, etp_dtype_t dt, const char *formats,
-                     int nvfp4_1d, int swizzle, int separate)
+                     int nvfp4_1d, int swizzle, int separate, int stochastic)
 {
     bench_t *b = x->b;
     const size_t n = c->n, es = etp_dtype_size(dt), elems = c->rows * c->cols;
@@ -226,12 +227,19 @@ static void run_case(qbench_t *x, const qcase_t *c, etp_dtype_t dt, const char *
     snprintf(fl, sizeof fl, "%s", formats);
     for (char *save = NULL, *tok = strtok_r(fl, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
         const int nv = strcmp(tok, "nvfp4") == 0;
+        if (stochastic && !nv) continue; /* stochastic rounding is NVFP4's alone */
         etp_quantizer_config_t cfg = ETP_QUANTIZER_CONFIG_INIT;
         cfg.format = nv ? ETP_QUANT_NVFP4 : ETP_QUANT_MXFP8;
         cfg.nvfp4_block = nvfp4_1d ? ETP_QUANT_BLOCK_1D : ETP_QUANT_BLOCK_2D;
         cfg.directions = ETP_QUANT_ROWWISE | ETP_QUANT_COLUMNWISE;
         cfg.swizzle_scales = swizzle;
-        const char *fname = nv ? (nvfp4_1d ? "nvfp4 1d" : "nvfp4 2d") : "mxfp8";
+        if (stochastic) {
+            cfg.rounding = ETP_QUANT_ROUND_STOCHASTIC;
+            cfg.seed = 0x5eed;
+        }
+        const char *fname = nv ? (nvfp4_1d ? (stochastic ? "nvfp4 1d sr" : "nvfp4 1d")
+                                           : (stochastic ? "nvfp4 2d sr" : "nvfp4 2d"))
+                               : "mxfp8";
         etp_quantizer_t *q;
         BENCH_CHECK(b, etp_quantizer_create(b->ctx, &cfg, &q));
         etp_quant_sizes_t sz = ETP_QUANT_SIZES_INIT;
@@ -337,7 +345,7 @@ int etp_bench_quant(bench_t *b, int argc, char **argv)
     double big_mib = cuda ? 256 : 4, flush_mib = cuda ? 256 : 0;
     const char *formats = "nvfp4,mxfp8";
     etp_dtype_t dt = ETP_DTYPE_BF16;
-    int nvfp4_1d = 0, swizzle = 0, separate = 1, flush_read = 0;
+    int nvfp4_1d = 0, swizzle = 0, separate = 1, flush_read = 0, stochastic = 0;
     for (int i = 0; i < argc; i++) {
         if (strcmp(argv[i], "--cases") == 0 && i + 1 < argc) cases_s = argv[++i];
         else if (strcmp(argv[i], "--big-mib") == 0 && i + 1 < argc) big_mib = atof(argv[++i]);
@@ -362,6 +370,7 @@ int etp_bench_quant(bench_t *b, int argc, char **argv)
             }
         } else if (strcmp(argv[i], "--nvfp4-1d") == 0) nvfp4_1d = 1;
         else if (strcmp(argv[i], "--swizzle") == 0) swizzle = 1;
+        else if (strcmp(argv[i], "--stochastic") == 0) stochastic = 1;
         else if (strcmp(argv[i], "--no-separate") == 0) separate = 0;
         else {
             if (b->rank == 0) fprintf(stderr, "etp-bench quant: unknown option %s\n", argv[i]);
@@ -424,7 +433,7 @@ int etp_bench_quant(bench_t *b, int argc, char **argv)
             BENCH_CHECK(b, etp_mem_alloc(b->ctx, sizeof(float), ETP_MEM_WORKSPACE, (void **)&x.flush_amax));
         }
     }
-    for (int k = 0; k < ncases; k++) run_case(&x, &cases[k], dt, formats, nvfp4_1d, swizzle, separate);
+    for (int k = 0; k < ncases; k++) run_case(&x, &cases[k], dt, formats, nvfp4_1d, swizzle, separate, stochastic);
 
     BENCH_CHECK(b, etp_stream_synchronize(x.s));
     if (x.flush) BENCH_CHECK(b, etp_mem_free(b->ctx, x.flush));
