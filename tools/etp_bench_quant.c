@@ -379,12 +379,21 @@ int etp_bench_quant(bench_t *b, int argc, char **argv)
     }
     {   /* only the two formats */
         char fl[64];
+        int nvfp4 = 0;
         snprintf(fl, sizeof fl, "%s", formats);
-        for (char *save = NULL, *tok = strtok_r(fl, ",", &save); tok; tok = strtok_r(NULL, ",", &save))
+        for (char *save = NULL, *tok = strtok_r(fl, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
             if (strcmp(tok, "nvfp4") != 0 && strcmp(tok, "mxfp8") != 0) {
                 if (b->rank == 0) fprintf(stderr, "etp-bench quant: unknown format %s\n", tok);
                 return 2;
             }
+            nvfp4 |= strcmp(tok, "nvfp4") == 0;
+        }
+        if (stochastic && !nvfp4) { /* it would time nothing but the multi-amax */
+            if (b->rank == 0)
+                fprintf(stderr, "etp-bench quant: --stochastic is NVFP4's: --formats %s has no nvfp4\n",
+                        formats);
+            return 2;
+        }
     }
     qcase_t cases[QB_MAX_CASES + 1];
     int ncases = 0;

@@ -14,6 +14,12 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 budget=${1:-300}
 seed=${2:-$(( $(date +%s) % 1000000 * 1000 ))}
+case "$budget$seed" in
+    *[!0-9]*) echo "usage: gpu_quant_sweep.sh [SECONDS] [FIRST_SEED]: whole numbers, not '$budget' '$seed'" >&2
+              exit 2 ;;
+esac
+# without a GPU the tests skip, and every run would count as a pass
+nvidia-smi -L > /dev/null 2>&1 || { echo "gpu_quant_sweep.sh: no GPU here (nvidia-smi -L failed)" >&2; exit 2; }
 out=${OUT:-/tmp/etp-sweep}
 mkdir -p "$out"
 t0=$(date +%s)

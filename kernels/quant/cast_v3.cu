@@ -3,7 +3,9 @@
  * pass, one launch per input type of the batch, and the expansion of
  * compacted scales; the design is in cast_v3_tile.cuh.
  */
-#include <stdlib.h>
+#ifdef ETP_QUANT_CAST_DIAG
+#include <stdlib.h> /* getenv, strtoul */
+#endif
 
 #include "quant_kernels.h"
 #include "cast_v3_cluster.cuh"

@@ -8,7 +8,6 @@
 #define ETP__KERNELS_QUANT_QK_COMMON_CUH
 
 #include <stdint.h>
-#include <string.h>
 
 #include <cuda_runtime_api.h>
 

@@ -18,6 +18,8 @@
  * default cast), cast_v2.cu (stochastic rounding) and dequant.cu, sharing
  * qk_common.cuh.
  */
+#include <string.h>
+
 #include "quant_kernels.h"
 #include "qk_common.cuh"
 
