@@ -22,6 +22,16 @@
  *                    optimizer step)] [--prefetch-on-update (the chain's prefetch_on_update)]
  *                   [--defer-zero (the chain's defer_zero_grad: no zeroing pass, each step's
  *                    reduction stores instead of adding)]
+ *                   [--wgrad-first (each layer's wgrad GEMM and reduction before its dgrad)]
+ *                   [--main-high (the GEMMs' stream at high priority)]
+ *                   [--no-join (wait_grads once per sample of --loop steps, not every step)]
+ *                   [--stalls (then print, per step, how long the main stream waited in
+ *                    each kind of etp call and spent in each kind of GEMM)]
+ *
+ * A fourth variant, "local, FP32 grad acc", runs the local step with the
+ * wgrad GEMM accumulating into an FP32 gradient (beta 1), as a local-weights
+ * training step with FP32 gradient accumulation would; the exposure is also
+ * printed against it.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -50,9 +60,10 @@ static void lt_check(bench_t *b, cublasStatus_t s, const char *what)
     }
 }
 
-/* Column-major D[m, n] = op(A) op(B), BF16 in and out, FP32 accumulate. */
+/* Column-major D[m, n] = op(A) op(B) + beta D, BF16 in, D BF16 (or FP32
+ * when d32), FP32 accumulate. */
 static void gemm(gemm_t *g, int ta, int tb, int64_t m, int64_t n, int64_t k, const void *A,
-                 int64_t lda, const void *B, int64_t ldb, void *D, int64_t ldd)
+                 int64_t lda, const void *B, int64_t ldb, void *D, int64_t ldd, int d32, float beta)
 {
     cublasLtMatmulDesc_t op;
     cublasLtMatrixLayout_t la, lb, ld;
@@ -65,7 +76,7 @@ static void gemm(gemm_t *g, int ta, int tb, int64_t m, int64_t n, int64_t k, con
         cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET, &g->sms, sizeof g->sms);
     lt_check(g->b, cublasLtMatrixLayoutCreate(&la, CUDA_R_16BF, ta ? k : m, ta ? m : k, lda), "layout A");
     lt_check(g->b, cublasLtMatrixLayoutCreate(&lb, CUDA_R_16BF, tb ? n : k, tb ? k : n, ldb), "layout B");
-    lt_check(g->b, cublasLtMatrixLayoutCreate(&ld, CUDA_R_16BF, m, n, ldd), "layout D");
+    lt_check(g->b, cublasLtMatrixLayoutCreate(&ld, d32 ? CUDA_R_32F : CUDA_R_16BF, m, n, ldd), "layout D");
     cublasLtMatmulPreference_t pref;
     cublasLtMatmulPreferenceCreate(&pref);
     cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &g->ws_bytes,
@@ -75,8 +86,8 @@ static void gemm(gemm_t *g, int ta, int tb, int64_t m, int64_t n, int64_t k, con
     lt_check(g->b, cublasLtMatmulAlgoGetHeuristic(g->lt, op, la, lb, ld, ld, pref, 1, &h, &found),
              "AlgoGetHeuristic");
     if (!found) lt_check(g->b, CUBLAS_STATUS_NOT_SUPPORTED, "no cuBLASLt algorithm");
-    float one = 1.0f, zero = 0.0f;
-    lt_check(g->b, cublasLtMatmul(g->lt, op, &one, A, la, B, lb, &zero, D, ld, D, ld, &h.algo, g->ws,
+    float one = 1.0f;
+    lt_check(g->b, cublasLtMatmul(g->lt, op, &one, A, la, B, lb, &beta, D, ld, D, ld, &h.algo, g->ws,
                                   g->ws_bytes, g->cs), "Matmul");
     cublasLtMatmulPreferenceDestroy(pref);
     cublasLtMatrixLayoutDestroy(la);
@@ -88,68 +99,150 @@ static void gemm(gemm_t *g, int ta, int tb, int64_t m, int64_t n, int64_t k, con
 /* Row-major helpers over column-major GEMMs (see the header comment). */
 static void fwd(gemm_t *g, int64_t M, int64_t d, const void *X, const void *W, void *Y)
 {
-    gemm(g, 1, 0, d, M, d, W, d, X, d, Y, d); /* Y[M,d] = X W^T */
+    gemm(g, 1, 0, d, M, d, W, d, X, d, Y, d, 0, 0.0f); /* Y[M,d] = X W^T */
 }
 
 static void dgrad(gemm_t *g, int64_t M, int64_t d, const void *dY, const void *W, void *dX)
 {
-    gemm(g, 0, 0, d, M, d, W, d, dY, d, dX, d); /* dX[M,d] = dY W */
+    gemm(g, 0, 0, d, M, d, W, d, dY, d, dX, d, 0, 0.0f); /* dX[M,d] = dY W */
 }
 
-static void wgrad(gemm_t *g, int64_t M, int64_t d, const void *dY, const void *X, void *dW, int64_t ld)
+/* dW[d,d] = dY^T X, BF16; or, acc32, dW (FP32) += dY^T X, the gradient
+ * accumulation a local-weights step does in the GEMM's epilogue. */
+static void wgrad(gemm_t *g, int64_t M, int64_t d, const void *dY, const void *X, void *dW, int64_t ld,
+                  int acc32)
 {
-    gemm(g, 0, 1, d, d, M, X, d, dY, d, dW, ld); /* dW[d,d] = dY^T X */
+    gemm(g, 0, 1, d, d, M, X, d, dY, d, dW, ld, acc32, acc32 ? 1.0f : 0.0f);
 }
 
-enum { MODE_ETP, MODE_LOCAL, MODE_COMM };
+/* MODE_LOCAL_ACC: weights local, and the wgrad GEMM accumulates into an
+ * FP32 gradient of the full weight (beta 1), as a local-weights training
+ * step with FP32 gradient accumulation does; MODE_LOCAL discards a BF16
+ * wgrad, the lower bound. */
+enum { MODE_ETP, MODE_LOCAL, MODE_COMM, MODE_LOCAL_ACC, NMODES };
+
+/* --stalls: events around every call that can make the main stream wait
+ * (the gathers, the wgrad buffer, the join) and around every GEMM, in a
+ * few extra steps after the timed ones. */
+enum { PR_GATHER_F, PR_GATHER_B, PR_WBUF, PR_JOIN, PR_GEMM_F, PR_GEMM_D, PR_GEMM_W, PR_N };
+typedef struct {
+    cudaStream_t cs;
+    int n, cap;
+    cudaEvent_t *ev; /* pairs */
+    int *kind;
+} probe_t;
+
+static void pr_mark(probe_t *pr, int kind, int end)
+{
+    if (!pr || pr->n >= pr->cap) return;
+    cudaEventRecord(pr->ev[2 * pr->n + end], pr->cs);
+    if (end) pr->kind[pr->n++] = kind;
+}
 
 typedef struct {
-    int L, depth, update;
+    int L, depth, update, wgrad_first, no_join;
     int64_t d, M;
     etp_param_t **p;
     etp_chain_t *chain;
-    void **act, **full, *dy, *dx, *gbuf;
+    void **act, **full, *dy, *dx, *gbuf, *gacc;
+    probe_t *pr; /* --stalls, else NULL */
     etp_stream_t *main;
 } model_t;
 
 static void step(bench_t *b, gemm_t *g, model_t *m, int mode)
 {
     etp_weight_view_t v = ETP_WEIGHT_VIEW_INIT;
-    if (mode != MODE_LOCAL) BENCH_CHECK(b, etp_zero_grad(m->chain, m->main));
-    if (mode != MODE_LOCAL && m->update)
+    const int local = mode == MODE_LOCAL || mode == MODE_LOCAL_ACC;
+    probe_t *pr = m->pr;
+    if (!local) BENCH_CHECK(b, etp_zero_grad(m->chain, m->main));
+    if (!local && m->update)
         for (int l = 0; l < m->L; l++) BENCH_CHECK(b, etp_param_mark_updated(m->p[l], m->main));
     for (int l = 0; l < m->L; l++) {
         const void *W = m->full[l];
-        if (mode != MODE_LOCAL) {
+        if (!local) {
+            pr_mark(pr, PR_GATHER_F, 0);
             BENCH_CHECK(b, etp_gather(m->p[l], ETP_PASS_FORWARD, m->main, &v));
+            pr_mark(pr, PR_GATHER_F, 1);
             W = v.data;
         }
+        pr_mark(pr, PR_GEMM_F, 0);
         if (mode != MODE_COMM) fwd(g, m->M, m->d, m->act[l], W, m->act[l + 1]);
-        if (mode != MODE_LOCAL) BENCH_CHECK(b, etp_release(m->p[l], ETP_PASS_FORWARD, m->main));
+        pr_mark(pr, PR_GEMM_F, 1);
+        if (!local) BENCH_CHECK(b, etp_release(m->p[l], ETP_PASS_FORWARD, m->main));
     }
     for (int l = m->L - 1; l >= 0; l--) {
-        const void *W = m->full[l];
-        if (mode != MODE_LOCAL) {
-            BENCH_CHECK(b, etp_gather(m->p[l], ETP_PASS_BACKWARD, m->main, &v));
-            W = v.data;
+        for (int part = 0; part < 2; part++) {
+            if ((part == 0) == (m->wgrad_first != 0)) {
+                void *dW = mode == MODE_LOCAL_ACC ? m->gacc : m->gbuf;
+                if (!local) {
+                    pr_mark(pr, PR_WBUF, 0);
+                    BENCH_CHECK(b, etp_wgrad_buffer(m->p[l], m->main, &v));
+                    pr_mark(pr, PR_WBUF, 1);
+                    dW = v.data;
+                }
+                pr_mark(pr, PR_GEMM_W, 0);
+                if (mode != MODE_COMM)
+                    wgrad(g, m->M, m->d, m->dy, m->act[l], dW, m->d, mode == MODE_LOCAL_ACC);
+                pr_mark(pr, PR_GEMM_W, 1);
+                if (!local) BENCH_CHECK(b, etp_reduce_grad(m->p[l], m->main, 1.0f));
+            } else {
+                const void *W = m->full[l];
+                if (!local) {
+                    pr_mark(pr, PR_GATHER_B, 0);
+                    BENCH_CHECK(b, etp_gather(m->p[l], ETP_PASS_BACKWARD, m->main, &v));
+                    pr_mark(pr, PR_GATHER_B, 1);
+                    W = v.data;
+                }
+                pr_mark(pr, PR_GEMM_D, 0);
+                if (mode != MODE_COMM) dgrad(g, m->M, m->d, m->dy, W, m->dx);
+                pr_mark(pr, PR_GEMM_D, 1);
+                if (!local) BENCH_CHECK(b, etp_release(m->p[l], ETP_PASS_BACKWARD, m->main));
+            }
         }
-        if (mode != MODE_COMM) dgrad(g, m->M, m->d, m->dy, W, m->dx);
-        if (mode != MODE_LOCAL) BENCH_CHECK(b, etp_release(m->p[l], ETP_PASS_BACKWARD, m->main));
-        void *dW = m->gbuf;
-        if (mode != MODE_LOCAL) {
-            BENCH_CHECK(b, etp_wgrad_buffer(m->p[l], m->main, &v));
-            dW = v.data;
-        }
-        if (mode != MODE_COMM) wgrad(g, m->M, m->d, m->dy, m->act[l], dW, m->d);
-        if (mode != MODE_LOCAL) BENCH_CHECK(b, etp_reduce_grad(m->p[l], m->main, 1.0f));
     }
-    if (mode != MODE_LOCAL) BENCH_CHECK(b, etp_wait_grads(m->chain, m->main));
+    if (!local && !m->no_join) {
+        pr_mark(pr, PR_JOIN, 0);
+        BENCH_CHECK(b, etp_wait_grads(m->chain, m->main));
+        pr_mark(pr, PR_JOIN, 1);
+    }
+}
+
+/* Per step and kind: the mean time between the events around the calls of
+ * that kind, over `steps` steps of `mode` run back to back. */
+static void probe_steps(bench_t *b, gemm_t *g, model_t *m, int mode, int steps)
+{
+    static const char *names[PR_N] = {"gather fwd wait", "gather bwd wait", "wgrad buffer wait",
+                                      "join (wait_grads)", "GEMM fwd", "GEMM dgrad", "GEMM wgrad"};
+    probe_t pr = {.cs = g->cs, .cap = steps * (6 * m->L + 2)};
+    pr.ev = calloc((size_t)pr.cap * 2, sizeof *pr.ev);
+    pr.kind = calloc((size_t)pr.cap, sizeof *pr.kind);
+    for (int i = 0; i < 2 * pr.cap; i++) cudaEventCreate(&pr.ev[i]);
+    BENCH_CHECK(b, etp_stream_synchronize(m->main));
+    MPI_Barrier(MPI_COMM_WORLD);
+    m->pr = &pr;
+    for (int k = 0; k < steps; k++) step(b, g, m, mode);
+    m->pr = NULL;
+    BENCH_CHECK(b, etp_stream_synchronize(m->main));
+    double sum[PR_N] = {0};
+    for (int i = 0; i < pr.n; i++) {
+        float ms = 0;
+        cudaEventElapsedTime(&ms, pr.ev[2 * i], pr.ev[2 * i + 1]);
+        sum[pr.kind[i]] += 1e3 * ms;
+    }
+    if (b->rank == 0)
+        for (int k = 0; k < PR_N; k++)
+            if (sum[k] > 0)
+                printf("stalls %-5s %-20s %10.1f us a step\n", mode == MODE_ETP ? "etp" : "local", names[k],
+                       sum[k] / steps);
+    for (int i = 0; i < 2 * pr.cap; i++) cudaEventDestroy(pr.ev[i]);
+    free(pr.ev);
+    free(pr.kind);
 }
 
 int etp_bench_chain(bench_t *b, int argc, char **argv)
 {
     model_t m = {.L = 16, .depth = 1, .d = 8192, .M = 4096};
-    int max_ctas = -1, gemm_sms = 0, loop = 1, pou = 0, defer = 0;
+    int max_ctas = -1, gemm_sms = 0, loop = 1, pou = 0, defer = 0, main_high = 0, stalls = 0;
     for (int i = 0; i < argc; i++) {
         if (strcmp(argv[i], "--layers") == 0 && i + 1 < argc) m.L = atoi(argv[++i]);
         else if (strcmp(argv[i], "--d") == 0 && i + 1 < argc) m.d = atol(argv[++i]);
@@ -161,6 +254,10 @@ int etp_bench_chain(bench_t *b, int argc, char **argv)
         else if (strcmp(argv[i], "--update") == 0) m.update = 1;
         else if (strcmp(argv[i], "--prefetch-on-update") == 0) pou = 1;
         else if (strcmp(argv[i], "--defer-zero") == 0) defer = 1;
+        else if (strcmp(argv[i], "--wgrad-first") == 0) m.wgrad_first = 1;
+        else if (strcmp(argv[i], "--main-high") == 0) main_high = 1;
+        else if (strcmp(argv[i], "--no-join") == 0) m.no_join = 1;
+        else if (strcmp(argv[i], "--stalls") == 0) stalls = 1;
         else {
             if (b->rank == 0) fprintf(stderr, "etp-bench chain: unknown option %s\n", argv[i]);
             return 2;
@@ -181,7 +278,8 @@ int etp_bench_chain(bench_t *b, int argc, char **argv)
     gc.num_roles = 2;
     gc.max_ctas = max_ctas;
     BENCH_CHECK(b, etp_group_split(world, 0, b->rank, &gc, &grp));
-    BENCH_CHECK(b, etp_stream_create(b->ctx, ETP_STREAM_PRIORITY_NORMAL, &m.main));
+    BENCH_CHECK(b, etp_stream_create(b->ctx, main_high ? ETP_STREAM_PRIORITY_HIGH : ETP_STREAM_PRIORITY_NORMAL,
+                                     &m.main));
     gemm_t g = {.b = b, .sms = gemm_sms, .ws_bytes = (size_t)32 << 20};
     BENCH_CHECK(b, etp_stream_get_cuda(m.main, &g.cs));
     lt_check(b, cublasLtCreate(&g.lt), "cublasLtCreate");
@@ -216,39 +314,51 @@ int etp_bench_chain(bench_t *b, int argc, char **argv)
     BENCH_CHECK(b, etp_mem_alloc(b->ctx, abytes, ETP_MEM_USER, &m.dy));
     BENCH_CHECK(b, etp_mem_alloc(b->ctx, abytes, ETP_MEM_USER, &m.dx));
     BENCH_CHECK(b, etp_mem_alloc(b->ctx, wbytes, ETP_MEM_USER, &m.gbuf));
+    BENCH_CHECK(b, etp_mem_alloc(b->ctx, 2 * wbytes, ETP_MEM_USER, &m.gacc));
+    BENCH_CHECK(b, etp_memset_async(m.main, m.gacc, 0, 2 * wbytes));
     BENCH_CHECK(b, etp_memset_async(m.main, m.dy, 0x3c, abytes));
     for (int l = 0; l < m.L; l++) BENCH_CHECK(b, etp_param_mark_updated(m.p[l], m.main));
 
     bench_timer_t *tm = bench_timer_create(b, m.main);
-    double *t[3];
-    for (int k = 0; k < 3; k++) t[k] = calloc((size_t)b->iters, sizeof(double));
+    double *t[NMODES];
+    for (int k = 0; k < NMODES; k++) t[k] = calloc((size_t)b->iters, sizeof(double));
     for (int it = -b->warmup; it < b->iters; it++)
-        for (int mode = 0; mode < 3; mode++) {
+        for (int mode = 0; mode < NMODES; mode++) {
             BENCH_CHECK(b, etp_stream_synchronize(m.main));
             MPI_Barrier(MPI_COMM_WORLD);
             bench_timer_start(tm);
             for (int k = 0; k < loop; k++) step(b, &g, &m, mode);
+            if (m.no_join && mode != MODE_LOCAL && mode != MODE_LOCAL_ACC)
+                BENCH_CHECK(b, etp_wait_grads(m.chain, m.main));
             bench_timer_stop(tm);
             double us = bench_timer_us(tm) / loop;
             if (it >= 0) t[mode][it] = us;
         }
-    double us[3];
-    for (int k = 0; k < 3; k++) us[k] = bench_max_over_ranks(bench_median(t[k], b->iters));
+    double us[NMODES];
+    for (int k = 0; k < NMODES; k++) us[k] = bench_max_over_ranks(bench_median(t[k], b->iters));
     char shape[96];
-    snprintf(shape, sizeof shape, "L=%d d=%lld M=%lld dp%d cta%d sm%d loop%d%s%s%s", m.L, (long long)m.d,
+    snprintf(shape, sizeof shape, "L=%d d=%lld M=%lld dp%d cta%d sm%d loop%d%s%s%s%s%s", m.L, (long long)m.d,
              (long long)m.M, m.depth, max_ctas, gemm_sms, loop, m.update ? " upd" : "",
-             pou ? " pou" : "", defer ? " dz" : "");
+             pou ? " pou" : "", defer ? " dz" : "", m.wgrad_first ? " wf" : "", main_high ? " mh" : "");
     double comm_bytes = 3.0 * (double)m.L * (double)wbytes * (double)(b->size - 1) / (double)b->size;
     bench_add(b, "chain step: local weights", shape, 0, us[MODE_LOCAL], 0);
+    bench_add(b, "chain step: local, FP32 grad acc", shape, 0, us[MODE_LOCAL_ACC], 0);
     bench_add(b, "chain step: communication only", shape, comm_bytes, us[MODE_COMM], 0);
     bench_row_t *r = bench_add(b, "chain step: etp", shape, 0, us[MODE_ETP], 0);
     /* ratio column: the exposed share of the communication time */
     r->ratio = (us[MODE_ETP] - us[MODE_LOCAL]) / us[MODE_COMM];
-    if (b->rank == 0)
+    if (b->rank == 0) {
         printf("exposed communication: (etp %.1f us - local %.1f us) / comm %.1f us = %.2f%%\n",
                us[MODE_ETP], us[MODE_LOCAL], us[MODE_COMM], 100.0 * r->ratio);
+        printf("against local weights with FP32 gradient accumulation: (etp - %.1f us) / comm = %.2f%%\n",
+               us[MODE_LOCAL_ACC], 100.0 * (us[MODE_ETP] - us[MODE_LOCAL_ACC]) / us[MODE_COMM]);
+    }
+    if (stalls) {
+        probe_steps(b, &g, &m, MODE_ETP, 4);
+        probe_steps(b, &g, &m, MODE_LOCAL, 4);
+    }
     bench_timer_destroy(tm);
-    for (int k = 0; k < 3; k++) free(t[k]);
+    for (int k = 0; k < NMODES; k++) free(t[k]);
     etp_stream_t *ag, *rs;
     BENCH_CHECK(b, etp_chain_streams(m.chain, &ag, &rs));
     BENCH_CHECK(b, etp_stream_synchronize(ag));
@@ -263,6 +373,7 @@ int etp_bench_chain(bench_t *b, int argc, char **argv)
     BENCH_CHECK(b, etp_mem_free(b->ctx, m.dy));
     BENCH_CHECK(b, etp_mem_free(b->ctx, m.dx));
     BENCH_CHECK(b, etp_mem_free(b->ctx, m.gbuf));
+    BENCH_CHECK(b, etp_mem_free(b->ctx, m.gacc));
     BENCH_CHECK(b, etp_mem_free(b->ctx, g.ws));
     cublasLtDestroy(g.lt);
     free(m.p);

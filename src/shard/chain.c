@@ -59,8 +59,14 @@ etp_status_t etp_chain_create(etp_context_t *ctx, const etp_chain_config_t *cfg,
     c->num_micro = cfg->num_microbatches;
     c->prefetch_on_update = cfg->prefetch_on_update;
     c->defer_zero = cfg->defer_zero_grad;
+    int rs_prio = ETP_STREAM_PRIORITY_HIGH;
+#ifdef ETP_SHARD_DIAG
+    /* A measuring build only (-DETP_SHARD_DIAG): bit 2 of ETP_SHARD_DIAG
+     * puts the reduction stream at normal priority. */
+    if (getenv("ETP_SHARD_DIAG") && (atoi(getenv("ETP_SHARD_DIAG")) & 2)) rs_prio = ETP_STREAM_PRIORITY_NORMAL;
+#endif
     etp_status_t st = etp_stream_create(ctx, ETP_STREAM_PRIORITY_HIGH, &c->ag);
-    if (st == ETP_SUCCESS) st = etp_stream_create(ctx, ETP_STREAM_PRIORITY_HIGH, &c->rs);
+    if (st == ETP_SUCCESS) st = etp_stream_create(ctx, rs_prio, &c->rs);
     if (st == ETP_SUCCESS) st = etp_event_create(ctx, &c->scratch);
     if (st == ETP_SUCCESS) {
         c->ring = calloc((size_t)c->ring_n, sizeof *c->ring);
@@ -401,9 +407,36 @@ static etp_status_t issue(etp_chain_t *c, int u, etp_stream_t *caller)
     } else {
         size_t es = etp_dtype_size(p->dtype);
         size_t shard_elems = (size_t)(p->shard_rows * p->cols);
-        ETP__TRY(etp__slot_allgather(c->group, c->ag_role, s->window, p->shard, shard_elems * es,
-                                     s->ptr, (size_t)(p->padded_rows * p->cols) * es, shard_elems,
-                                     p->dtype, p->experts, c->ag));
+        /* An in-place gather first copies the own shard into the slot. A
+         * device-to-device copy runs on the SMs (the copy engines take it
+         * only from CUDA 13.1's drivers, with a hint), so on the AG stream
+         * it waits behind the caller's next GEMM, and the gather starts a
+         * GEMM late: on 2 H200s the forward gathers then kept the main
+         * stream waiting 1.7 ms a step (docs/PERF.md, thirteenth session).
+         * On the caller's stream, before its next kernel, the copy takes
+         * its ~40 us of SMs at once and the gather gets the whole GEMM. The
+         * caller's stream waits for the slot's last reader and the shard's
+         * writer first; the test-only edge switches keep the copy on the AG
+         * stream, where only those edges order it. */
+        const unsigned order = ETP__EDGE_SLOT_RELEASE | ETP__EDGE_SHARD_WRITER;
+        int on_caller = s->window && !c->graphed && !(c->skip_edges & order);
+#ifdef ETP_SHARD_DIAG
+        /* A measuring build only: bit 16 of ETP_SHARD_DIAG keeps the copy on the AG stream. */
+        if (getenv("ETP_SHARD_DIAG") && (atoi(getenv("ETP_SHARD_DIAG")) & 16)) on_caller = 0;
+#endif
+        if (on_caller) {
+            if (s->release_recorded) ETP__TRY(etp_stream_wait_event(caller, s->released));
+            if (p->updated_recorded) ETP__TRY(etp_stream_wait_event(caller, p->updated));
+            ETP__TRY(etp__slot_allgather_copy_on(c->group, c->ag_role, p->shard, shard_elems * es, s->ptr,
+                                                 (size_t)(p->padded_rows * p->cols) * es, shard_elems,
+                                                 p->dtype, p->experts, caller,
+                                                 (c->skip_edges & ETP__EDGE_COPY_HANDOFF) ? NULL : c->scratch,
+                                                 c->ag));
+        } else {
+            ETP__TRY(etp__slot_allgather(c->group, c->ag_role, s->window, p->shard, shard_elems * es,
+                                         s->ptr, (size_t)(p->padded_rows * p->cols) * es, shard_elems,
+                                         p->dtype, p->experts, c->ag));
+        }
     }
     ETP__TRY(etp_event_record(s->ready, c->ag));
     s->tenant = u;

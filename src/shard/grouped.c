@@ -1,5 +1,7 @@
 /* One grouped all-gather for all experts of a parameter: NCCL fuses the
  * per-expert calls of a batch into one launch. */
+#include <stdlib.h>
+
 #include "shard_internal.h"
 
 etp_status_t etp__grouped_allgather(etp_group_t *g, int role, const void *src, size_t src_stride,
@@ -23,11 +25,19 @@ etp_status_t etp__grouped_allgather_inplace(etp_group_t *g, int role, const void
 {
     const size_t bytes = count * etp_dtype_size(dtype);
     char *mine = (char *)dst + (size_t)g->rank * bytes;
+#ifdef ETP_SHARD_DIAG
+    /* A measuring build only: bit 4 of ETP_SHARD_DIAG leaves the own
+     * shard's copy into the slot out (the gathered weight is wrong). */
+    if (getenv("ETP_SHARD_DIAG") && (atoi(getenv("ETP_SHARD_DIAG")) & 4)) experts = -experts;
+#endif
     if (bytes && experts > 0) {
         etp__be_t *be = g->ctx->be;
         ETP__TRY(be->ops->kernels->shard->copy2d(be, s->bs, mine, dst_stride, src, src_stride, bytes,
                                                  (size_t)experts));
     }
+#ifdef ETP_SHARD_DIAG
+    if (experts < 0) experts = -experts;
+#endif
     return etp__grouped_allgather(g, role, mine, dst_stride, dst, dst_stride, count, dtype, experts, s);
 }
 
@@ -40,4 +50,24 @@ etp_status_t etp__slot_allgather(etp_group_t *g, int role, int window, const voi
                                               dtype, experts, s);
     return etp__grouped_allgather(g, role, src, src_stride, dst, dst_stride, count, dtype, experts,
                                   s);
+}
+
+etp_status_t etp__slot_allgather_copy_on(etp_group_t *g, int role, const void *src, size_t src_stride,
+                                         void *dst, size_t dst_stride, size_t count, etp_dtype_t dtype,
+                                         int64_t experts, etp_stream_t *copy_stream, etp_event_t *ev,
+                                         etp_stream_t *s)
+{
+    /* ev NULL: the hand-off left out (a test of the edge). */
+    const size_t bytes = count * etp_dtype_size(dtype);
+    char *mine = (char *)dst + (size_t)g->rank * bytes;
+    if (bytes && experts > 0) {
+        etp__be_t *be = g->ctx->be;
+        ETP__TRY(be->ops->kernels->shard->copy2d(be, copy_stream->bs, mine, dst_stride, src, src_stride,
+                                                 bytes, (size_t)experts));
+        if (ev) {
+            ETP__TRY(etp_event_record(ev, copy_stream));
+            ETP__TRY(etp_stream_wait_event(s, ev));
+        }
+    }
+    return etp__grouped_allgather(g, role, mine, dst_stride, dst, dst_stride, count, dtype, experts, s);
 }

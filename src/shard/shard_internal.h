@@ -18,7 +18,8 @@ enum {
     ETP__EDGE_GATHER_READY = 1u << 2, /* the caller's stream waits for the gather */
     ETP__EDGE_WGRAD_WRITER = 1u << 3, /* RS stream waits for the wgrad's writer */
     ETP__EDGE_RING_REUSE = 1u << 4,   /* a ring entry's writer waits for its last reduction */
-    ETP__EDGE_GRADS_JOIN = 1u << 5    /* wait_grads joins the RS stream */
+    ETP__EDGE_GRADS_JOIN = 1u << 5,   /* wait_grads joins the RS stream */
+    ETP__EDGE_COPY_HANDOFF = 1u << 6  /* AG stream waits for the own shard's copy on the caller's stream */
 };
 
 struct etp_param {
@@ -139,6 +140,12 @@ etp_status_t etp__grouped_allgather_inplace(etp_group_t *g, int role, const void
                                             size_t src_stride, void *dst, size_t dst_stride,
                                             size_t count, etp_dtype_t dtype, int64_t experts,
                                             etp_stream_t *s);
+/* The in-place gather with the own shard's copy on copy_stream, handed to
+ * s by ev. */
+etp_status_t etp__slot_allgather_copy_on(etp_group_t *g, int role, const void *src, size_t src_stride,
+                                         void *dst, size_t dst_stride, size_t count, etp_dtype_t dtype,
+                                         int64_t experts, etp_stream_t *copy_stream, etp_event_t *ev,
+                                         etp_stream_t *s);
 /* One of the two, by whether dst is in a window. */
 etp_status_t etp__slot_allgather(etp_group_t *g, int role, int window, const void *src,
                                  size_t src_stride, void *dst, size_t dst_stride, size_t count,

@@ -471,6 +471,15 @@ static void test_edge_gather_ready(void **s) { (void)s; check_edge(ETP__EDGE_GAT
 static void test_edge_wgrad_writer(void **s) { (void)s; check_edge(ETP__EDGE_WGRAD_WRITER, "wgrad writer"); }
 static void test_edge_ring_reuse(void **s) { (void)s; check_edge(ETP__EDGE_RING_REUSE, "ring reuse"); }
 static void test_edge_grads_join(void **s) { (void)s; check_edge(ETP__EDGE_GRADS_JOIN, "grads join"); }
+/* An in-place gather copies the own shard on the caller's stream; the AG
+ * stream waits for that copy before the peers read it. */
+static void test_edge_copy_handoff(void **s)
+{
+    (void)s;
+    const char *ce = getenv("ETP_COPY_ENGINE");
+    if (ce && strcmp(ce, "0") == 0) skip(); /* plain memory: gathers are not in place, no copy */
+    check_edge(ETP__EDGE_COPY_HANDOFF, "copy hand-off");
+}
 /* A graphed chain's fork of the AG stream from the caller's stands for both
  * the shard-writer and the slot-release edges. */
 static void test_edge_graphed_fork(void **s) { (void)s; check_edge_kind(ETP__EDGE_SLOT_RELEASE, "graphed fork", RUN_GRAPHED); }
@@ -643,6 +652,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_edge_wgrad_writer),
         cmocka_unit_test(test_edge_ring_reuse),
         cmocka_unit_test(test_edge_grads_join),
+        cmocka_unit_test(test_edge_copy_handoff),
         cmocka_unit_test(test_edge_graphed_fork),
         cmocka_unit_test(test_edge_update_prefetch),
         cmocka_unit_test(test_errors),

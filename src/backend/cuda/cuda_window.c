@@ -7,8 +7,9 @@
  * for the kernel path, and, next to a kernel occupying every SM, no slowdown
  * of either where the kernel path waits for the SMs. A non-in-place one
  * needs its send buffer in a window too, so etp gathers in place: the
- * shard is first copied into its own place in the slot (cudaMemcpy2DAsync,
- * also a copy engine).
+ * shard is first copied into its own place in the slot (cudaMemcpy2DAsync:
+ * on the SMs with CUDA 13.0's driver, so the chain issues it on the
+ * caller's stream; docs/DESIGN.md).
  *
  * Each communicator gets a zero-CTA twin (blocking, like the fast-launch
  * twin) when its first window is made; only all-gathers into windows and
