@@ -86,8 +86,9 @@ typedef struct etp_param_config {
      * NVFP4's amaxes) in the parameter's own memory, gathered once per
      * weight version, at the first gather of each direction after
      * etp_param_mark_updated; the gathers in between move the data alone
-     * (a collective fewer: 2 H200s, a 256 MiB weight, MXFP8 1.68x -> see
-     * docs/PERF.md). Costs the full weight's scales, both directions, on
+     * (a collective fewer: on 2 H200s, a 256 MiB weight gathers MXFP8 at
+     * 1.87-1.92x the BF16 gather instead of 1.68-1.71x, NVFP4 at 3.19-3.21x
+     * instead of 2.63-2.72x; docs/PERF.md). Costs the full weight's scales, both directions, on
      * every rank: 1/16 (MXFP8) or 1/8 (NVFP4) of a byte per weight element,
      * twice that with swizzle_scales, against a shard's 1/group_size of
      * 2.06 or 1.13 bytes. Views then point at that memory, the same address
