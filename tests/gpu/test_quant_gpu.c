@@ -419,14 +419,21 @@ static void test_quant_kernels_match_host(void **state)
                     const size_t n = counts[tag % 6];
                     run_config(&g, c, n, tag++);
                 }
-    /* stochastic rounding, both block shapes */
-    for (int var = 0; var < 2; var++) {
-        etp_quantizer_config_t c = ETP_QUANTIZER_CONFIG_INIT;
-        c.nvfp4_block = var ? ETP_QUANT_BLOCK_2D : ETP_QUANT_BLOCK_1D;
-        c.rounding = ETP_QUANT_ROUND_STOCHASTIC;
-        c.seed = g_seed * 7 + 1;
-        run_config(&g, c, 40, tag++);
-    }
+    /* stochastic rounding, both block shapes, every direction set, both
+     * scale layouts (columnwise-only tensors have any number of columns,
+     * so the random bits' groups of 4 elements start anywhere in a row) */
+    for (int var = 0; var < 2; var++)
+        for (unsigned dirs = 1; dirs <= 3; dirs++)
+            for (int swz = 0; swz < 2; swz++) {
+                etp_quantizer_config_t c = ETP_QUANTIZER_CONFIG_INIT;
+                c.nvfp4_block = var ? ETP_QUANT_BLOCK_2D : ETP_QUANT_BLOCK_1D;
+                c.directions = dirs;
+                c.swizzle_scales = swz;
+                c.rounding = ETP_QUANT_ROUND_STOCHASTIC;
+                c.seed = g_seed * 7 + 1 + tag;
+                const size_t n = dirs == 3 && !swz ? 40 : counts[tag % 3]; /* up to 64 */
+                run_config(&g, c, n, tag++);
+            }
     run_amax_many(&g, tag++);
     ETP_OK(etp_stream_destroy(g.s));
     ETP_OK(etp_context_destroy(g.ctx));
