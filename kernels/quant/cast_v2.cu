@@ -142,11 +142,26 @@ __device__ __forceinline__ void fp4x16(const etp__qbatch_t &b, uint32_t k, const
                                        size_t cols, uint32_t *w0, uint32_t *w1)
 {
     uint32_t w[2] = {0u, 0u};
-    if (b.stochastic) {
+    const uint64_t idx0 = (uint64_t)i * cols + j;
+    if (b.stochastic && dj == 1 && (idx0 & 3u) == 0) {
+        /* a row's 16 elements from 4 aligned groups of 4: one Philox call
+         * gives a group's 4 words (etp__qf_sr_bits' definition) */
+#pragma unroll
+        for (int q = 0; q < 4; q++) {
+            const uint64_t g = (idx0 >> 2) + (uint64_t)q;
+            uint32_t r[4] = {(uint32_t)g, (uint32_t)(g >> 32), b.first + k, dir};
+            etp__qf_philox(r, (uint32_t)b.seed, (uint32_t)(b.seed >> 32));
+#pragma unroll
+            for (int x = 0; x < 4; x++) {
+                const int c = 4 * q + x;
+                w[c / 8] |= (uint32_t)etp__qf_e2m1_sr_satfinite_fast(v[c] * m, r[x]) << (4 * (c % 8));
+            }
+        }
+    } else if (b.stochastic) {
 #pragma unroll /* constant indices: v and w stay in registers */
         for (int c = 0; c < 16; c++)
-            w[c / 8] |= (uint32_t)etp__qf_e2m1_sr_satfinite(v[c] * m, sr_bits(b, k, dir, i + c * di,
-                                                                               j + c * dj, cols))
+            w[c / 8] |= (uint32_t)etp__qf_e2m1_sr_satfinite_fast(v[c] * m, sr_bits(b, k, dir, i + c * di,
+                                                                                    j + c * dj, cols))
                         << (4 * (c % 8));
     } else {
 #pragma unroll

@@ -266,6 +266,27 @@ ETP__QF_HD uint8_t etp__qf_e2m1_rne_satfinite_fast(float x)
     return (uint8_t)(s | etp__qf_rne_code_fast(a, 1, 0x3f800000u, 252u, 2.0f, 0x7u));
 }
 
+/* etp__qf_e2m1_sr_satfinite without the search and the division, equal to
+ * it for every input and every r (tests/unit/test_quant_formats.c): k, the
+ * code of lo, counts the grid magnitudes at or below |x| (7 from 6 up),
+ * and the spacing's inverse (2, 1, 1/2; 0 at 7, where nothing rounds up)
+ * multiplies |x| - lo exactly, as the definition's division by the
+ * spacing, a power of two, does. */
+ETP__QF_HD uint8_t etp__qf_e2m1_sr_satfinite_fast(float x, uint32_t r)
+{
+    const uint32_t u = etp__qf_bits(x), s = (u >> 28) & 0x8u, a = u & 0x7fffffffu;
+    if (a > 0x7f800000u) return 0x7u;
+    const float v = etp__qf_float(a);
+    const uint32_t k = (uint32_t)(v >= 0.5f) + (uint32_t)(v >= 1.0f) + (uint32_t)(v >= 1.5f) +
+                       (uint32_t)(v >= 2.0f) + (uint32_t)(v >= 3.0f) + (uint32_t)(v >= 4.0f) +
+                       (uint32_t)(v >= 6.0f);
+    const float lo = k < 4u ? (float)k * 0.5f : (float)(k - 2u);
+    const float inv = k < 4u ? 2.0f : k < 6u ? 1.0f : k == 6u ? 0.5f : 0.0f;
+    const float frac = (v - lo) * inv;
+    const float draw = (float)(r >> 8) * 5.9604644775390625e-08f; /* 2^-24 */
+    return (uint8_t)(s | (k + (uint32_t)(draw < frac)));
+}
+
 /* ---- magic-number conversions (the v3 cast kernel's hot loops) ----------- */
 
 /* Rounding a >= +0 to a narrow format in one FP32 addition, a + M: M is

@@ -150,6 +150,28 @@ static void check_fast(uint32_t u, size_t *bad)
     }
 }
 
+/* The branch-free stochastic rounding equals the definition for x = u's
+ * float and random bits at and beside the rounding threshold (the draw
+ * equal to the distance ratio, one step below and above it), the extremes
+ * and a hash of u. */
+static void check_sr_fast(uint32_t u, size_t *bad)
+{
+    const float x = etp__qf_float(u), v = fabsf(x);
+    float frac = 0.0f;
+    for (int c = 0; c < 7 && !isnan(v); c++) {
+        const float lo = etp__qf_e2m1_to_f32((uint8_t)c), hi = etp__qf_e2m1_to_f32((uint8_t)(c + 1));
+        if (lo <= v && v < hi) frac = (v - lo) / (hi - lo);
+    }
+    const uint32_t t = (uint32_t)(frac * 16777216.0f); /* the draw's 24 bits at the threshold */
+    const uint32_t rs[] = {0u, 0xffffffffu, 0x80000000u, u * 2654435761u, t << 8, (t << 8) | 0xffu,
+                           (t + 1u) << 8, t ? (t - 1u) << 8 : 0u};
+    for (size_t i = 0; i < sizeof rs / sizeof rs[0]; i++)
+        if (etp__qf_e2m1_sr_satfinite_fast(x, rs[i]) != etp__qf_e2m1_sr_satfinite(x, rs[i])) {
+            if (*bad == 0) print_error("fast stochastic rounding differs for 0x%08x, r 0x%08x\n", u, rs[i]);
+            ++*bad;
+        }
+}
+
 /* The magic-number conversions of the v3 cast kernel, each over its range:
  * E2M1 every non-NaN input, E4M3 [+0, 464], E5M2 [+0, 61440), the NVFP4
  * block scale (code and value) every non-negative amax up to +Inf. */
@@ -195,17 +217,27 @@ static void test_fast_conversions(void **state)
     for (uint32_t hi = 0; hi < 0x10000u; hi++)
         for (size_t l = 0; l < sizeof lows / sizeof lows[0]; l++) {
             check_fast((hi << 16) | lows[l], &bad);
+            check_sr_fast((hi << 16) | lows[l], &bad);
             check_magic((hi << 16) | lows[l], &bad);
             check_unclamped((hi << 16) | lows[l], &bad);
         }
     for (uint64_t u = 0; u < 0x100000000ull; u += 4093) {
         check_fast((uint32_t)u, &bad);
+        check_sr_fast((uint32_t)u, &bad);
         check_magic((uint32_t)u, &bad);
         check_unclamped((uint32_t)u, &bad);
     }
     /* every input within 2^17 patterns below the bound (6.0 and past it up
      * to the bound itself) */
     for (uint32_t d = 1; d <= 0x20000u; d++) check_unclamped(etp__qf_bits(ETP__QF_E2M1_UNCLAMPED_BELOW) - d, &bad);
+    /* every input near the E2M1 grid's points, for stochastic rounding */
+    const float grid[] = {0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
+    for (size_t i = 0; i < sizeof grid / sizeof grid[0]; i++)
+        for (uint32_t d = 0; d < 0x2000u; d++) {
+            const uint32_t c = etp__qf_bits(grid[i]) - 0x1000u + d;
+            check_sr_fast(c, &bad);
+            check_sr_fast(c | 0x80000000u, &bad);
+        }
     /* every input near the E2M1 grid's ties and the saturation bounds */
     const float edges[] = {0.25f, 0.75f, 1.25f, 1.75f, 2.5f, 3.5f, 5.0f, 6.0f, 7.0f, 448.0f, 464.0f, 480.0f,
                            57344.0f, 61440.0f, 0.015625f, 6.103515625e-05f};
