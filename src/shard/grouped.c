@@ -1,6 +1,8 @@
 /* One grouped all-gather for all experts of a parameter: NCCL fuses the
  * per-expert calls of a batch into one launch. */
-#include <stdlib.h>
+#ifdef ETP_SHARD_DIAG
+#include <stdlib.h> /* getenv, atoi */
+#endif
 
 #include "shard_internal.h"
 
@@ -23,22 +25,8 @@ etp_status_t etp__grouped_allgather_inplace(etp_group_t *g, int role, const void
                                             size_t count, etp_dtype_t dtype, int64_t experts,
                                             etp_stream_t *s)
 {
-    const size_t bytes = count * etp_dtype_size(dtype);
-    char *mine = (char *)dst + (size_t)g->rank * bytes;
-#ifdef ETP_SHARD_DIAG
-    /* A measuring build only: bit 4 of ETP_SHARD_DIAG leaves the own
-     * shard's copy into the slot out (the gathered weight is wrong). */
-    if (getenv("ETP_SHARD_DIAG") && (atoi(getenv("ETP_SHARD_DIAG")) & 4)) experts = -experts;
-#endif
-    if (bytes && experts > 0) {
-        etp__be_t *be = g->ctx->be;
-        ETP__TRY(be->ops->kernels->shard->copy2d(be, s->bs, mine, dst_stride, src, src_stride, bytes,
-                                                 (size_t)experts));
-    }
-#ifdef ETP_SHARD_DIAG
-    if (experts < 0) experts = -experts;
-#endif
-    return etp__grouped_allgather(g, role, mine, dst_stride, dst, dst_stride, count, dtype, experts, s);
+    return etp__slot_allgather_copy_on(g, role, src, src_stride, dst, dst_stride, count, dtype, experts, s,
+                                       NULL, s);
 }
 
 etp_status_t etp__slot_allgather(etp_group_t *g, int role, int window, const void *src,
@@ -57,14 +45,20 @@ etp_status_t etp__slot_allgather_copy_on(etp_group_t *g, int role, const void *s
                                          int64_t experts, etp_stream_t *copy_stream, etp_event_t *ev,
                                          etp_stream_t *s)
 {
-    /* ev NULL: the hand-off left out (a test of the edge). */
     const size_t bytes = count * etp_dtype_size(dtype);
     char *mine = (char *)dst + (size_t)g->rank * bytes;
-    if (bytes && experts > 0) {
+    int copy = bytes && experts > 0;
+#ifdef ETP_SHARD_DIAG
+    /* A measuring build only: bit 4 of ETP_SHARD_DIAG leaves the own
+     * shard's copy into the slot out (the gathered weight is wrong). */
+    if (getenv("ETP_SHARD_DIAG") && (atoi(getenv("ETP_SHARD_DIAG")) & 4)) copy = 0;
+#endif
+    if (copy) {
         etp__be_t *be = g->ctx->be;
         ETP__TRY(be->ops->kernels->shard->copy2d(be, copy_stream->bs, mine, dst_stride, src, src_stride,
                                                  bytes, (size_t)experts));
-        if (ev) {
+        /* ev NULL with another stream: the hand-off left out (a test of the edge) */
+        if (ev && copy_stream != s) {
             ETP__TRY(etp_event_record(ev, copy_stream));
             ETP__TRY(etp_stream_wait_event(s, ev));
         }

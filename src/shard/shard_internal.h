@@ -141,7 +141,7 @@ etp_status_t etp__grouped_allgather_inplace(etp_group_t *g, int role, const void
                                             size_t count, etp_dtype_t dtype, int64_t experts,
                                             etp_stream_t *s);
 /* The in-place gather with the own shard's copy on copy_stream, handed to
- * s by ev. */
+ * s by ev (copy_stream s: no hand-off). */
 etp_status_t etp__slot_allgather_copy_on(etp_group_t *g, int role, const void *src, size_t src_stride,
                                          void *dst, size_t dst_stride, size_t count, etp_dtype_t dtype,
                                          int64_t experts, etp_stream_t *copy_stream, etp_event_t *ev,
