@@ -45,6 +45,7 @@ struct CastSharedV2 {
     float x[kTile][kTile + 1];
     float seg[kTile][4];                 /* NVFP4: amax of each row's 16-element segments */
     float blk2d[kTile / 16][kTile / 16]; /* NVFP4 16x16 block amaxes */
+    uint4 srb[kThreads / 4][16];         /* stochastic rounding: a 4-column group's Philox words */
 };
 
 /* One tile's input, loaded into registers ahead of its use. */
@@ -172,6 +173,44 @@ __device__ __forceinline__ void fp4x16(const etp__qbatch_t &b, uint32_t k, const
     *w1 = w[1];
 }
 
+/* The same with the 16 random words given. */
+__device__ __forceinline__ void fp4x16_bits(const float *v, float m, const uint32_t (&rb)[16], uint32_t *w0,
+                                            uint32_t *w1)
+{
+    uint32_t w[2] = {0u, 0u};
+#pragma unroll
+    for (int c = 0; c < 16; c++)
+        w[c / 8] |= (uint32_t)etp__qf_e2m1_sr_satfinite_fast(v[c] * m, rb[c]) << (4 * (c % 8));
+    *w0 = w[0];
+    *w1 = w[1];
+}
+
+/* Stochastic rounding's words of a columnwise segment, column gj, rows
+ * row0..row0+15, with K a multiple of 4: an element's word is word gj % 4
+ * of the Philox call of its row's group of 4 columns, which the 4 threads
+ * of those columns (consecutive threads, the same rows) share: each makes
+ * 4 of the 16 calls and they trade the words through shared memory, 4
+ * calls a thread instead of 16. Called by all 4 threads of the group. */
+__device__ __forceinline__ void sr_col_bits_v2(const etp__qbatch_t &b, uint32_t k, size_t row0, size_t gj,
+                                               size_t K, CastSharedV2 &sh, uint32_t (&rb)[16])
+{
+    const unsigned lane = threadIdx.x & 31u, x = lane & 3u;
+    const unsigned mask = 0xFu << (lane & 28u);
+    uint4 *g = sh.srb[threadIdx.x >> 2];
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        const unsigned c = 4 * x + (unsigned)j;
+        const uint64_t q = ((uint64_t)(row0 + c) * K + (gj & ~(size_t)3)) >> 2;
+        uint32_t r[4] = {(uint32_t)q, (uint32_t)(q >> 32), b.first + k, 1u};
+        etp__qf_philox(r, (uint32_t)b.seed, (uint32_t)(b.seed >> 32));
+        g[c] = make_uint4(r[0], r[1], r[2], r[3]);
+    }
+    __syncwarp(mask);
+#pragma unroll
+    for (int c = 0; c < 16; c++) rb[c] = reinterpret_cast<const uint32_t *>(&g[c])[x];
+    __syncwarp(mask); /* read before the next tile's calls overwrite them */
+}
+
 __device__ __forceinline__ float amax16(const float *v)
 {
     uint32_t a = 0;
@@ -243,7 +282,15 @@ __device__ __forceinline__ void cast_tile(const etp__qbatch_t &b, uint32_t k, si
                     const float m = etp__qf_nvfp4_multiplier(sc, s_dec);
                     scales[off] = sc;
                     uint32_t w0, w1;
-                    fp4x16(b, k, v, m, 1, mb * 16, gj, 1, 0, K, &w0, &w1);
+                    /* (K a multiple of 4: the 4 threads of a column group
+                     * all take this branch, or none does) */
+                    if (b.stochastic && (K & 3) == 0) {
+                        uint32_t rb[16];
+                        sr_col_bits_v2(b, k, mb * 16, gj, K, sh, rb);
+                        fp4x16_bits(v, m, rb, &w0, &w1);
+                    } else {
+                        fp4x16(b, k, v, m, 1, mb * 16, gj, 1, 0, K, &w0, &w1);
+                    }
                     store_fp4x16(static_cast<uint8_t *>(t.col_data) + gj * (M / 2) + mb * 8, w0, w1);
                 } else {
                     scales[off] = 0;
