@@ -149,6 +149,18 @@ typedef struct {
     etp_stream_t *main;
 } model_t;
 
+/* Layer l's weight for `pass`: the full local copy, or etp's gather (its
+ * wait probed as `kind`). */
+static const void *weight_of(bench_t *b, model_t *m, int l, etp_pass_t pass, int local, int kind)
+{
+    if (local) return m->full[l];
+    etp_weight_view_t v = ETP_WEIGHT_VIEW_INIT;
+    pr_mark(m->pr, kind, 0);
+    BENCH_CHECK(b, etp_gather(m->p[l], pass, m->main, &v));
+    pr_mark(m->pr, kind, 1);
+    return v.data;
+}
+
 static void step(bench_t *b, gemm_t *g, model_t *m, int mode)
 {
     etp_weight_view_t v = ETP_WEIGHT_VIEW_INIT;
@@ -158,13 +170,7 @@ static void step(bench_t *b, gemm_t *g, model_t *m, int mode)
     if (!local && m->update)
         for (int l = 0; l < m->L; l++) BENCH_CHECK(b, etp_param_mark_updated(m->p[l], m->main));
     for (int l = 0; l < m->L; l++) {
-        const void *W = m->full[l];
-        if (!local) {
-            pr_mark(pr, PR_GATHER_F, 0);
-            BENCH_CHECK(b, etp_gather(m->p[l], ETP_PASS_FORWARD, m->main, &v));
-            pr_mark(pr, PR_GATHER_F, 1);
-            W = v.data;
-        }
+        const void *W = weight_of(b, m, l, ETP_PASS_FORWARD, local, PR_GATHER_F);
         pr_mark(pr, PR_GEMM_F, 0);
         if (mode != MODE_COMM) fwd(g, m->M, m->d, m->act[l], W, m->act[l + 1]);
         pr_mark(pr, PR_GEMM_F, 1);
@@ -186,13 +192,7 @@ static void step(bench_t *b, gemm_t *g, model_t *m, int mode)
                 pr_mark(pr, PR_GEMM_W, 1);
                 if (!local) BENCH_CHECK(b, etp_reduce_grad(m->p[l], m->main, 1.0f));
             } else {
-                const void *W = m->full[l];
-                if (!local) {
-                    pr_mark(pr, PR_GATHER_B, 0);
-                    BENCH_CHECK(b, etp_gather(m->p[l], ETP_PASS_BACKWARD, m->main, &v));
-                    pr_mark(pr, PR_GATHER_B, 1);
-                    W = v.data;
-                }
+                const void *W = weight_of(b, m, l, ETP_PASS_BACKWARD, local, PR_GATHER_B);
                 pr_mark(pr, PR_GEMM_D, 0);
                 if (mode != MODE_COMM) dgrad(g, m->M, m->d, m->dy, W, m->dx);
                 pr_mark(pr, PR_GEMM_D, 1);
