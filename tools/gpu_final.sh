@@ -43,7 +43,8 @@ bench() {
     run ep $b ep
     run ep-mxfp8 $b ep --dtype mxfp8
     run chain-loop $b chain --loop 4
-    run chain-dz $b chain --loop 4 --defer-zero
+    run chain-dz $b chain --loop 4 --defer-zero --stalls
+    run chain-dz-d2 $b chain --loop 4 --defer-zero --depth 2 --stalls
     run chain-m8k-dz $b chain --m 8192 --loop 4 --defer-zero
 }
 
