@@ -12,6 +12,24 @@ namespace etp__qk {
 /* ---- v3 amaxes: |x| maxima as FP32 bits with a NaN counting as the largest
  * (the caller looks for one and then takes the per-element path) --------- */
 
+/* The per-element paths' amaxes of the thread's 8x8 piece, each row's (ra)
+ * and each column's (ca) over this lane's elements, skipping NaNs as the
+ * reference does (amax_bits); the callers reduce them over lanes. */
+template <bool kBf>
+__device__ __forceinline__ void piece_amax_safe_v3(const uint32_t (&w)[8][8], uint32_t (&ra)[8], uint32_t (&ca)[8])
+{
+#pragma unroll
+    for (int x = 0; x < 8; x++) ra[x] = ca[x] = 0;
+#pragma unroll
+    for (int i = 0; i < 8; i++)
+#pragma unroll
+        for (int e = 0; e < 8; e++) {
+            const uint32_t v = absbits_v3<kBf>(w[i], e);
+            ra[i] = amax_bits(ra[i], v);
+            ca[e] = amax_bits(ca[e], v);
+        }
+}
+
 /* [max over even columns, max over odd columns] of a BF16 row. */
 __device__ __forceinline__ uint32_t bf16_row_max2(const uint32_t (&r)[8])
 {

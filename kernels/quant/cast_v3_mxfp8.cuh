@@ -47,16 +47,7 @@ __device__ __noinline__ void mx_tile_safe_v3(const etp__qbatch_t &b, const etp__
     const int e5m2 = (int)b.e5m2;
     const float inv = etp__qf_mxfp8_inv_max(e5m2);
     uint32_t ra[8], ca[8];
-#pragma unroll
-    for (int x = 0; x < 8; x++) ra[x] = ca[x] = 0;
-#pragma unroll
-    for (int i = 0; i < 8; i++)
-#pragma unroll
-        for (int e = 0; e < 8; e++) {
-            const uint32_t v = absbits_v3<kBf>(w[i], e);
-            ra[i] = amax_bits(ra[i], v);
-            ca[e] = amax_bits(ca[e], v);
-        }
+    piece_amax_safe_v3<kBf>(w, ra, ca);
     if (t.row_data) {
         uint8_t er[8];
 #pragma unroll

@@ -109,16 +109,7 @@ __device__ __noinline__ void nv_tile_safe_v3(const etp__qbatch_t &b, const etp__
         }
     } else {
         uint32_t ra[8], ca[8];
-#pragma unroll
-        for (int x = 0; x < 8; x++) ra[x] = ca[x] = 0;
-#pragma unroll
-        for (int i = 0; i < 8; i++)
-#pragma unroll
-            for (int e = 0; e < 8; e++) {
-                const uint32_t v = absbits_v3<kBf>(w[i], e);
-                ra[i] = amax_bits(ra[i], v);
-                ca[e] = amax_bits(ca[e], v);
-            }
+        piece_amax_safe_v3<kBf>(w, ra, ca);
 #pragma unroll
         for (int x = 0; x < 8; x++) {
             ra[x] = max(ra[x], __shfl_xor_sync(kFull, ra[x], 1));
@@ -168,6 +159,29 @@ __device__ __forceinline__ float nv_mult_v3(uint32_t a, float s_enc_6, float s_d
     *s = etp__qf_nvfp4_block_scale_magic(__uint_as_float(a), s_enc_6, &val);
     const float m = 1.0f / (val * s_dec);
     return m < ETP__QF_FLT_MAX ? m : ETP__QF_FLT_MAX;
+}
+
+/* 1D blocks: of a block's 8 amaxes a (rows or columns) the lane computes
+ * half h's 4 scales and multipliers and trades multipliers with the block's
+ * other lane (lane ^ X), which computed the other half; returns the 4
+ * scale bytes, sets m, and flags a NaN amax in *bad. */
+template <int X>
+__device__ __forceinline__ uint32_t nv_half_mults_v3(const uint32_t (&a)[8], int h, float s_enc_6, float s_dec,
+                                                     float (&m)[8], uint32_t *bad)
+{
+    uint32_t bytes = 0;
+#pragma unroll
+    for (int q = 0; q < 4; q++) {
+        const uint32_t x = h ? a[4 + q] : a[q];
+        *bad |= x > 0x7f800000u;
+        uint8_t s;
+        const float mine = nv_mult_v3(x, s_enc_6, s_dec, &s);
+        bytes |= (uint32_t)s << (8 * q);
+        const float other = __shfl_xor_sync(kFull, mine, X);
+        m[q] = h ? other : mine;
+        m[4 + q] = h ? mine : other;
+    }
+    return bytes;
 }
 
 /* prefetch() is called once every element has been read (by the amax):
@@ -228,32 +242,12 @@ __device__ __forceinline__ void nv_tile_v3(const etp__qbatch_t &b, const etp__qb
     if (rowd) {
         uint32_t ra[8];
         rows_amax_v3<kBf, 1, 0>(w, ra);
-#pragma unroll
-        for (int q = 0; q < 4; q++) {
-            const uint32_t a = hr ? ra[4 + q] : ra[q];
-            bad |= a > 0x7f800000u;
-            uint8_t s;
-            const float m = nv_mult_v3(a, s_enc_6, s_dec, &s);
-            sr |= (uint32_t)s << (8 * q);
-            const float o = __shfl_xor_sync(kFull, m, 1);
-            mr[q] = hr ? o : m;
-            mr[4 + q] = hr ? m : o;
-        }
+        sr = nv_half_mults_v3<1>(ra, hr, s_enc_6, s_dec, mr, &bad);
     }
     if (cold) {
         uint32_t ca[8];
         cols_amax_v3<kBf, 8, 0>(w, ca);
-#pragma unroll
-        for (int q = 0; q < 4; q++) {
-            const uint32_t a = hc ? ca[4 + q] : ca[q];
-            bad |= a > 0x7f800000u;
-            uint8_t s;
-            const float m = nv_mult_v3(a, s_enc_6, s_dec, &s);
-            sc |= (uint32_t)s << (8 * q);
-            const float o = __shfl_xor_sync(kFull, m, 8);
-            mc[q] = hc ? o : m;
-            mc[4 + q] = hc ? m : o;
-        }
+        sc = nv_half_mults_v3<8>(ca, hc, s_enc_6, s_dec, mc, &bad);
     }
     prefetch();
     if (__any_sync(kFull, bad != 0)) {

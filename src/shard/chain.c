@@ -61,9 +61,7 @@ etp_status_t etp_chain_create(etp_context_t *ctx, const etp_chain_config_t *cfg,
     c->defer_zero = cfg->defer_zero_grad;
     int rs_prio = ETP_STREAM_PRIORITY_HIGH;
 #ifdef ETP_SHARD_DIAG
-    /* A measuring build only (-DETP_SHARD_DIAG): bit 2 of ETP_SHARD_DIAG
-     * puts the reduction stream at normal priority. */
-    if (getenv("ETP_SHARD_DIAG") && (atoi(getenv("ETP_SHARD_DIAG")) & 2)) rs_prio = ETP_STREAM_PRIORITY_NORMAL;
+    if (etp__shard_diag(2)) rs_prio = ETP_STREAM_PRIORITY_NORMAL;
 #endif
     etp_status_t st = etp_stream_create(ctx, ETP_STREAM_PRIORITY_HIGH, &c->ag);
     if (st == ETP_SUCCESS) st = etp_stream_create(ctx, rs_prio, &c->rs);
@@ -421,8 +419,7 @@ static etp_status_t issue(etp_chain_t *c, int u, etp_stream_t *caller)
         const unsigned order = ETP__EDGE_SLOT_RELEASE | ETP__EDGE_SHARD_WRITER;
         int on_caller = s->window && !c->graphed && !(c->skip_edges & order);
 #ifdef ETP_SHARD_DIAG
-        /* A measuring build only: bit 16 of ETP_SHARD_DIAG keeps the copy on the AG stream. */
-        if (getenv("ETP_SHARD_DIAG") && (atoi(getenv("ETP_SHARD_DIAG")) & 16)) on_caller = 0;
+        if (etp__shard_diag(16)) on_caller = 0;
 #endif
         if (on_caller) {
             if (s->release_recorded) ETP__TRY(etp_stream_wait_event(caller, s->released));

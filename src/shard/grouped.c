@@ -1,9 +1,5 @@
 /* One grouped all-gather for all experts of a parameter: NCCL fuses the
  * per-expert calls of a batch into one launch. */
-#ifdef ETP_SHARD_DIAG
-#include <stdlib.h> /* getenv, atoi */
-#endif
-
 #include "shard_internal.h"
 
 etp_status_t etp__grouped_allgather(etp_group_t *g, int role, const void *src, size_t src_stride,
@@ -49,9 +45,7 @@ etp_status_t etp__slot_allgather_copy_on(etp_group_t *g, int role, const void *s
     char *mine = (char *)dst + (size_t)g->rank * bytes;
     int copy = bytes && experts > 0;
 #ifdef ETP_SHARD_DIAG
-    /* A measuring build only: bit 4 of ETP_SHARD_DIAG leaves the own
-     * shard's copy into the slot out (the gathered weight is wrong). */
-    if (getenv("ETP_SHARD_DIAG") && (atoi(getenv("ETP_SHARD_DIAG")) & 4)) copy = 0;
+    if (etp__shard_diag(4)) copy = 0;
 #endif
     if (copy) {
         etp__be_t *be = g->ctx->be;
