@@ -16,6 +16,7 @@
 #include <cuda_runtime_api.h>
 
 #include "etp/cuda.h"
+#include "gpu_util.h"
 #define ETP_TEST_EP_MXFP8 1
 #include "test_ep_steps.h"
 #define EP_GRAPH_NEED(f) need_gpu(f)
@@ -148,6 +149,7 @@ static void test_mx_steps(void **state)
 int main(int argc, char **argv)
 {
     tu_mpi_init(&argc, &argv, "test_ep_gpu");
+    if (tu_gpu_short("test_ep_gpu")) return tu_gpu_skip();
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_steps),
         cmocka_unit_test(test_mx_steps),

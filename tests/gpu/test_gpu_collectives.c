@@ -26,6 +26,7 @@
 #include "etp/etp.h"
 #include "etp/mpi.h"
 #include "etp/cuda.h"
+#include "gpu_util.h"
 
 static struct {
     int rank, size;
@@ -900,6 +901,7 @@ int main(int argc, char **argv)
         printf("test_gpu_collectives: %d rank(s), seed %llu (ETP_TEST_SEED=%llu repeats it)\n",
                g.size, seed, seed);
 
+    if (tu_gpu_short("test_gpu_collectives")) return tu_gpu_skip();
     int ndev = 0;
     int have = cudaGetDeviceCount(&ndev) == cudaSuccess && ndev > 0;
     MPI_Allreduce(&have, &g.have_gpu, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);

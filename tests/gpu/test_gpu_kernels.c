@@ -8,6 +8,7 @@
 #include "comm/comm_internal.h"
 #include "backend/host/host_internal.h"
 #include "etp/cuda.h"
+#include "gpu_util.h"
 #include "mpi_util.h"
 
 static int have_gpu(void)
@@ -81,6 +82,7 @@ static void test_axpy_matches_host(void **state)
 int main(int argc, char **argv)
 {
     tu_mpi_init(&argc, &argv, "test_gpu_kernels");
+    if (tu_gpu_short("test_gpu_kernels")) return tu_gpu_skip();
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_axpy_matches_host),
     };

@@ -7,6 +7,7 @@
 
 #define ETP_SHARD_TEST_CUDA 1
 #include "../mpi/test_shard.c"
+#include "gpu_util.h"
 
 static int have_gpu(void **state)
 {
@@ -22,11 +23,7 @@ static int have_gpu(void **state)
 int main(int argc, char **argv)
 {
     tu_mpi_init(&argc, &argv, "test_gpu_shard");
-    int n = 0;
-    if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
-        if (g_rank == 0) printf("no GPU present: skipping GPU shard tests\n");
-        return tu_mpi_finish(0);
-    }
+    if (tu_gpu_short("test_gpu_shard")) return tu_gpu_skip();
     (void)have_gpu;
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_chain_every_seed),

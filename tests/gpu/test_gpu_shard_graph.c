@@ -3,4 +3,5 @@
 #include <cuda_runtime_api.h>
 
 #define ETP_SHARD_TEST_CUDA 1
+#include "gpu_util.h"
 #include "../mpi/test_shard_graph.c"

@@ -14,6 +14,7 @@
 #include <math.h>
 
 #include "etp/cuda.h"
+#include "gpu_util.h"
 #include "mpi_util.h"
 #include "quant/formats/quant_ref.h"
 
@@ -442,6 +443,9 @@ static void test_quant_kernels_match_host(void **state)
 int main(int argc, char **argv)
 {
     tu_mpi_init(&argc, &argv, "test_quant_gpu");
+    /* the host variant (ETP_TEST_QUANT_ON_HOST=1) needs no GPU */
+    const char *on_host = getenv("ETP_TEST_QUANT_ON_HOST");
+    if (!(on_host && strcmp(on_host, "1") == 0) && tu_gpu_short("test_quant_gpu")) return tu_gpu_skip();
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_quant_kernels_match_host),
     };

@@ -16,6 +16,7 @@
 #include <cuda_runtime_api.h>
 #include <math.h>
 
+#include "gpu_util.h"
 #include "mpi_util.h"
 #include "quant/formats/quant_ref.h"
 
@@ -320,6 +321,9 @@ static void test_swizzle_kernel_matches_host(void **state)
 int main(int argc, char **argv)
 {
     tu_mpi_init(&argc, &argv, "test_quant_swizzle_gpu");
+    /* the host variant (ETP_TEST_QUANT_ON_HOST=1) needs no GPU */
+    const char *on_host = getenv("ETP_TEST_QUANT_ON_HOST");
+    if (!(on_host && strcmp(on_host, "1") == 0) && tu_gpu_short("test_quant_swizzle_gpu")) return tu_gpu_skip();
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_swizzle_kernel_matches_host),
     };

@@ -24,6 +24,8 @@
 
 #ifdef ETP_QUANT_GRAPH_CUDA
 #include <cuda_runtime_api.h>
+
+#include "gpu_util.h"
 static int backend_present(void)
 {
     int n = 0;
@@ -348,6 +350,7 @@ int main(int argc, char **argv)
 {
 #ifdef ETP_QUANT_GRAPH_CUDA
     tu_mpi_init(&argc, &argv, "test_quant_graph_gpu");
+    if (tu_gpu_short("test_quant_graph_gpu")) return tu_gpu_skip();
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_graph, setup_eager, teardown),
     };

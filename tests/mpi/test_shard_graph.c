@@ -206,11 +206,7 @@ int main(int argc, char **argv)
 {
     tu_mpi_init(&argc, &argv, "test_shard_graph");
 #ifdef ETP_SHARD_TEST_CUDA
-    int n = 0;
-    if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
-        if (g_rank == 0) printf("no GPU present: skipping the graphed-chain capture test\n");
-        return tu_mpi_finish(0);
-    }
+    if (tu_gpu_short("test_gpu_shard_graph")) return tu_gpu_skip();
 #endif
     const struct CMUnitTest tests[] = {cmocka_unit_test(test_graph_replay_equals_eager)};
     return tu_mpi_finish(cmocka_run_group_tests(tests, NULL, NULL));

@@ -384,11 +384,7 @@ int main(int argc, char **argv)
 {
     tu_mpi_init(&argc, &argv, "test_shard_quant");
 #ifdef ETP_SHARD_TEST_CUDA
-    int n = 0;
-    if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
-        if (g_rank == 0) printf("no GPU present: skipping GPU quantized-gather tests\n");
-        return tu_mpi_finish(0);
-    }
+    if (tu_gpu_short("test_gpu_shard_quant")) return tu_gpu_skip();
 #endif
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_quantized_gathers),
