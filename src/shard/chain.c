@@ -68,9 +68,10 @@ etp_status_t etp_chain_create(etp_context_t *ctx, const etp_chain_config_t *cfg,
     if (st == ETP_SUCCESS) st = etp_event_create(ctx, &c->scratch);
     if (st == ETP_SUCCESS) {
         c->ring = calloc((size_t)c->ring_n, sizeof *c->ring);
+        c->ring_holder = calloc((size_t)c->ring_n, sizeof *c->ring_holder);
         c->ring_done = calloc((size_t)c->ring_n, sizeof *c->ring_done);
         c->ring_done_recorded = calloc((size_t)c->ring_n, sizeof *c->ring_done_recorded);
-        if (!c->ring || !c->ring_done || !c->ring_done_recorded)
+        if (!c->ring || !c->ring_holder || !c->ring_done || !c->ring_done_recorded)
             st = etp__err(ETP_ERR_OUT_OF_MEMORY, "%s: out of memory", fn);
     }
     for (int k = 0; k < c->ring_n && st == ETP_SUCCESS; k++) st = etp_event_create(ctx, &c->ring_done[k]);
@@ -128,8 +129,13 @@ etp_status_t etp_chain_destroy(etp_chain_t *c)
     if (c->ctx->recording == c) c->ctx->recording = NULL;
     c->group->users--;
     for (int i = 0; i < c->nparams; i++) {
+        /* nothing of this chain stays with the parameter: a wgrad buffer
+         * handed out and not reduced, or micro-batches counted, would
+         * index the next chain's ring or hold back its callback */
         c->params[i]->chain = NULL;
         c->params[i]->ticket[0] = c->params[i]->ticket[1] = -1;
+        c->params[i]->wgrad_entry = -1;
+        c->params[i]->micro = 0;
     }
     free_slots(c);
     for (int k = 0; k < c->ring_n; k++) {
@@ -144,6 +150,7 @@ etp_status_t etp_chain_destroy(etp_chain_t *c)
     free(c->a2a_counts);
     free(c->a2a_displs);
     free(c->ring);
+    free(c->ring_holder);
     free(c->ring_done);
     free(c->ring_done_recorded);
     free(c->params);
@@ -294,20 +301,22 @@ etp_status_t etp_chain_end_record(etp_chain_t *c)
     ETP__TRY(etp_stream_synchronize(c->ag));
     ETP__TRY(etp_stream_synchronize(c->rs));
     c->ctx->recording = NULL;
-    return plan(c);
+    etp_status_t st = plan(c);
+    if (st != ETP_SUCCESS) {
+        /* plan() freed the recording's slots: the chain stays recording,
+         * without slots, and etp_chain_end_record may be called again
+         * (etp_gather refuses its recorded tickets meanwhile) */
+        for (int t = 0; t < c->ntickets; t++) {
+            c->tickets[t].slot = -1;
+            c->tickets[t].state = ETP__TICKET_IDLE;
+        }
+        c->ctx->recording = c;
+    }
+    return st;
 }
 
-/* A gather during recording: a cold gather into a slot of the recording,
- * reusing one whose tenant was released and that is large enough. */
-etp_status_t etp__chain_record_ticket(etp_chain_t *c, etp_param_t *p, etp_pass_t pass)
+static etp_status_t record_slot(etp_chain_t *c, etp__ticket_t *t)
 {
-    if (!p->chain) ETP__TRY(attach(c, p, "etp_gather"));
-    if (p->ticket[pass] >= 0)
-        return etp__err(ETP_ERR_INVALID_STATE,
-                        "etp_gather: '%s' %s was gathered already while chain '%s' recorded; a "
-                        "(parameter, pass) appears once in a chain", p->name, pass_name(pass), c->name);
-    ETP__TRY(push_ticket(c, p, pass));
-    etp__ticket_t *t = &c->tickets[c->ntickets - 1];
     for (int s = 0; s < c->nslots; s++) {
         int ten = c->slots[s].tenant;
         if (c->slots[s].bytes >= t->bytes && (ten < 0 || c->tickets[ten].state != ETP__TICKET_HELD)) {
@@ -332,7 +341,30 @@ etp_status_t etp__chain_record_ticket(etp_chain_t *c, etp_param_t *p, etp_pass_t
         return st;
     }
     t->slot = c->nslots++;
-    return etp__chain_ensure_workspace(c);
+    return ETP_SUCCESS;
+}
+
+/* A gather during recording: a cold gather into a slot of the recording,
+ * reusing one whose tenant was released and that is large enough. A
+ * failure leaves no ticket behind, so the same gather may be retried. */
+etp_status_t etp__chain_record_ticket(etp_chain_t *c, etp_param_t *p, etp_pass_t pass)
+{
+    if (!p->chain) ETP__TRY(attach(c, p, "etp_gather"));
+    if (p->ticket[pass] >= 0)
+        return etp__err(ETP_ERR_INVALID_STATE,
+                        "etp_gather: '%s' %s was gathered already while chain '%s' recorded; a "
+                        "(parameter, pass) appears once in a chain", p->name, pass_name(pass), c->name);
+    ETP__TRY(push_ticket(c, p, pass));
+    /* the wgrad ring grows here, at the gathers, rather than at a later
+     * etp_wgrad_buffer, where an entry may be handed out to another
+     * parameter */
+    etp_status_t st = record_slot(c, &c->tickets[c->ntickets - 1]);
+    if (st == ETP_SUCCESS) st = etp__chain_ensure_workspace(c);
+    if (st != ETP_SUCCESS) {
+        c->ntickets--;
+        p->ticket[pass] = -1;
+    }
+    return st;
 }
 
 etp_status_t etp_chain_streams(etp_chain_t *c, etp_stream_t **ag, etp_stream_t **rs)
@@ -491,6 +523,10 @@ etp_status_t etp_gather(etp_param_t *p, etp_pass_t pass, etp_stream_t *stream, e
     }
     int t = p->ticket[pass];
     etp__ticket_t *tk = &c->tickets[t];
+    if (tk->slot < 0)
+        return etp__err(ETP_ERR_INVALID_STATE,
+                        "%s: chain '%s' has no gather slots since its etp_chain_end_record failed; "
+                        "call etp_chain_end_record again", fn, c->name);
     c->early_step = 0; /* the step is under way: updates no longer prefetch */
     if (tk->state == ETP__TICKET_HELD)
         return etp__err(ETP_ERR_INVALID_STATE, "%s: '%s' %s is gathered already and not released",

@@ -43,7 +43,14 @@ etp_status_t etp__chain_ensure_workspace(etp_chain_t *c)
         if (bytes > ring) ring = bytes;
     }
     if (ring > c->ring_bytes) {
-        /* Only while recording can a ring entry in use be replaced. */
+        /* Only while recording can the ring grow; an entry handed out
+         * would be freed under its writer. */
+        for (int k = 0; k < c->ring_n; k++)
+            if (c->ring_holder[k])
+                return etp__err(ETP_ERR_INVALID_STATE,
+                                "chain '%s': its wgrad ring must grow to %zu bytes while '%s' "
+                                "holds an entry not yet reduced", c->name, ring,
+                                c->ring_holder[k]->name);
         ETP__TRY(etp_stream_synchronize(c->rs));
         for (int k = 0; k < c->ring_n; k++) {
             if (c->ring[k]) etp_mem_free(c->ctx, c->ring[k]);
@@ -98,12 +105,20 @@ etp_status_t etp_wgrad_buffer(etp_param_t *p, etp_stream_t *stream, etp_weight_v
                         "%s: '%s' already has a wgrad buffer that was not reduced (call "
                         "etp_reduce_grad first)", fn, p->name);
     if (c->state == ETP__CHAIN_RECORDING) ETP__TRY(etp__chain_ensure_workspace(c));
+    /* the next entry in ring order that no parameter holds */
     int k = c->ring_next;
+    for (int i = 0; i < c->ring_n && c->ring_holder[k]; i++) k = (k + 1) % c->ring_n;
+    if (c->ring_holder[k])
+        return etp__err(ETP_ERR_INVALID_STATE,
+                        "%s: '%s': the %d wgrad buffer(s) of chain '%s' are all handed out and not "
+                        "reduced ('%s' holds the next): reduce a gradient first, or raise "
+                        "wgrad_ring", fn, p->name, c->ring_n, c->name, c->ring_holder[k]->name);
     /* Its last reduction must have read the entry before the caller writes. */
     if (c->ring_done_recorded[k] && !(c->skip_edges & ETP__EDGE_RING_REUSE))
         ETP__TRY(etp_stream_wait_event(stream, c->ring_done[k]));
     c->ring_next = (k + 1) % c->ring_n;
     p->wgrad_entry = k;
+    c->ring_holder[k] = p;
     etp_weight_view_t v = ETP_WEIGHT_VIEW_INIT;
     v.data = c->ring[k];
     v.dtype = p->wgrad_dtype;
@@ -166,6 +181,7 @@ etp_status_t etp_reduce_grad(etp_param_t *p, etp_stream_t *stream, float scale)
     p->zero_pending = 0;
     ETP__TRY(etp_event_record(c->ring_done[e], c->rs));
     c->ring_done_recorded[e] = 1;
+    c->ring_holder[e] = NULL;
     p->wgrad_entry = -1;
     if (++p->micro == c->num_micro) {
         p->micro = 0;

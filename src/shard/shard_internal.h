@@ -113,6 +113,7 @@ struct etp_chain {
     size_t lower_bound;
     /* wgrad ring and staging, sized for the largest parameter */
     void **ring;
+    etp_param_t **ring_holder; /* the parameter an entry is handed out to, until its reduction */
     etp_event_t **ring_done;
     int *ring_done_recorded;
     int ring_next;

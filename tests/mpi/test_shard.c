@@ -570,6 +570,18 @@ static void test_errors(void **state)
     etp_weight_view_t w = ETP_WEIGHT_VIEW_INIT;
     ETP_OK(etp_wgrad_buffer(r.p[2], r.main, &w));
     ETP_EXPECT_MSG(etp_wgrad_buffer(r.p[2], r.main, &w), ETP_ERR_INVALID_STATE, "not reduced");
+    /* the ring's 2 entries both handed out: a third is refused, not shared */
+    etp_weight_view_t w0 = ETP_WEIGHT_VIEW_INIT, w1 = ETP_WEIGHT_VIEW_INIT;
+    ETP_OK(etp_wgrad_buffer(r.p[0], r.main, &w0));
+    assert_ptr_not_equal(w0.data, w.data);
+    w1.data = (void *)0x1;
+    ETP_EXPECT_MSG(etp_wgrad_buffer(r.p[1], r.main, &w1), ETP_ERR_INVALID_STATE, "all handed out");
+    assert_ptr_equal(w1.data, (void *)0x1);
+    /* once p[0]'s is reduced, p[1] gets that entry, whatever the ring order */
+    ETP_OK(etp_reduce_grad(r.p[0], r.main, 1.0f));
+    ETP_OK(etp_wgrad_buffer(r.p[1], r.main, &w1));
+    assert_ptr_equal(w1.data, w0.data);
+    ETP_OK(etp_reduce_grad(r.p[1], r.main, 1.0f));
     ETP_EXPECT(etp_reduce_grad(r.p[2], r.main, INFINITY), ETP_ERR_INVALID_ARGUMENT);
     /* quantized modes: the alignment is checked first */
     etp_param_config_t q = pc;
@@ -636,6 +648,114 @@ static void test_errors(void **state)
 }
 
 #ifndef ETP_SHARD_TEST_CUDA
+/* A destroyed chain leaves nothing on its parameters: a wgrad buffer it
+ * handed out (never reduced) and the micro-batches it counted do not carry
+ * over to the next chain, whose ring may be smaller. */
+static void test_destroy_detaches(void **state)
+{
+    (void)state;
+    run_t r;
+    open_run(&r, 2, 2, 1, 4, 0, 0);
+    load_weights(&r, 0);
+    ETP_OK(etp_zero_grad(r.chain, r.main));
+    for (int m = 0; m < 3; m++) produce_grad(&r, 0, 0, m % 2); /* p[0] counts 1 micro-batch of 2 */
+    etp_weight_view_t w = ETP_WEIGHT_VIEW_INIT;
+    ETP_OK(etp_wgrad_buffer(r.p[1], r.main, &w)); /* entry 3, never reduced */
+    close_chain(&r);
+    etp_chain_config_t cc = ETP_CHAIN_CONFIG_INIT;
+    cc.group = r.tp;
+    cc.wgrad_ring = 1;
+    cc.num_microbatches = 2;
+    ETP_OK(etp_chain_create(r.ctx, &cc, &r.chain));
+    for (int i = 0; i < 2; i++) ETP_OK(etp_chain_add(r.chain, r.p[i]));
+    ETP_OK(etp_chain_finalize(r.chain));
+    /* a whole step on the new chain: every gradient, every callback once */
+    assert_int_equal(run_steps(&r, 2), 0);
+    close_run(&r);
+}
+
+/* Gather slots fail to allocate while *user is set. */
+static void *flaky_alloc(void *user, size_t bytes, etp_mem_owner_t owner)
+{
+    if (*(const int *)user && owner == ETP_MEM_GATHER_SLOTS) return NULL;
+    return malloc(bytes ? bytes : 1);
+}
+
+static void flaky_free(void *user, void *ptr, size_t bytes)
+{
+    (void)user;
+    (void)bytes;
+    free(ptr);
+}
+
+/* A recording whose gather slots cannot be allocated, at a gather or at
+ * etp_chain_end_record, is left as it was: the call fails with a status,
+ * can be retried, and the chain then runs correct steps. */
+static void test_record_out_of_memory(void **state)
+{
+    (void)state;
+    int fail = 0;
+    run_t r;
+    memset(&r, 0, sizeof r);
+    etp_context_config_t cfg = ETP_CONTEXT_CONFIG_INIT;
+    cfg.backend = ETP_BACKEND_HOST;
+    cfg.host_stream_mode = ETP_HOST_STREAMS_SHUFFLE;
+    cfg.shuffle_seed = 7;
+    cfg.allocator.alloc = flaky_alloc;
+    cfg.allocator.free = flaky_free;
+    cfg.allocator.user = &fail;
+    ETP_OK(etp_context_create_mpi(MPI_COMM_WORLD, &cfg, &r.ctx));
+    ETP_OK(etp_context_world(r.ctx, &r.world));
+    etp_group_config_t gc = ETP_GROUP_CONFIG_INIT;
+    gc.num_roles = 2;
+    ETP_OK(etp_group_split(r.world, 0, g_rank, &gc, &r.tp));
+    ETP_OK(etp_stream_create(r.ctx, ETP_STREAM_PRIORITY_NORMAL, &r.main));
+    etp_chain_config_t cc = ETP_CHAIN_CONFIG_INIT;
+    cc.group = r.tp;
+    cc.num_microbatches = 2;
+    ETP_OK(etp_chain_create(r.ctx, &cc, &r.chain));
+    r.nparams = 6;
+    for (int i = 0; i < r.nparams; i++) {
+        etp_param_config_t pc = ETP_PARAM_CONFIG_INIT;
+        pc.group = r.tp;
+        pc.experts = specs[i].experts;
+        pc.rows = specs[i].rows;
+        pc.cols = specs[i].cols;
+        pc.alignment = specs[i].alignment;
+        pc.dtype = specs[i].dtype;
+        pc.wgrad_dtype = specs[i].wgrad;
+        pc.upcast_wgrad = specs[i].upcast;
+        ETP_OK(etp_param_create(r.ctx, &pc, &r.p[i]));
+        ETP_OK(etp_param_set_grad_callback(r.p[i], on_grad, &r));
+    }
+    ETP_OK(etp_chain_begin_record(r.chain));
+    etp_weight_view_t v = ETP_WEIGHT_VIEW_INIT;
+    fail = 1;
+    ETP_EXPECT(etp_gather(r.p[0], ETP_PASS_FORWARD, r.main, &v), ETP_ERR_OUT_OF_MEMORY);
+    fail = 0;
+    /* the recording step, its first gather retried, is a correct step */
+    assert_int_equal(run_steps(&r, 1), 0);
+    fail = 1;
+    ETP_EXPECT(etp_chain_end_record(r.chain), ETP_ERR_OUT_OF_MEMORY);
+    /* still recording, without slots: its gathers are refused, not run */
+    ETP_EXPECT_MSG(etp_gather(r.p[0], ETP_PASS_FORWARD, r.main, &v), ETP_ERR_INVALID_STATE,
+                   "end_record failed");
+    etp_chain_t *other = NULL;
+    ETP_OK(etp_chain_create(r.ctx, &cc, &other));
+    ETP_EXPECT_MSG(etp_chain_begin_record(other), ETP_ERR_INVALID_STATE, "recording on this context");
+    ETP_OK(etp_chain_destroy(other));
+    fail = 0;
+    ETP_OK(etp_chain_end_record(r.chain));
+    etp_cache_report_t rep = ETP_CACHE_REPORT_INIT;
+    ETP_OK(etp_chain_cache_report(r.chain, &rep));
+    assert_int_equal(rep.tickets, 12);
+    assert_int_equal(rep.slots, 2);
+    assert_int_equal(run_steps(&r, 2), 0);
+    close_run(&r);
+}
+#endif
+
+#ifndef ETP_SHARD_TEST_CUDA
 int main(int argc, char **argv)
 {
     tu_mpi_init(&argc, &argv, "test_shard");
@@ -656,6 +776,8 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_edge_graphed_fork),
         cmocka_unit_test(test_edge_update_prefetch),
         cmocka_unit_test(test_errors),
+        cmocka_unit_test(test_destroy_detaches),
+        cmocka_unit_test(test_record_out_of_memory),
     };
     return tu_mpi_finish(cmocka_run_group_tests(tests, NULL, NULL));
 }
