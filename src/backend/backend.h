@@ -89,6 +89,9 @@ typedef struct etp__backend_ops {
     void *(*stream_native)(etp__be_t *be, etp__bstream_t *s);
     etp_status_t (*stream_destroy)(etp__be_t *be, etp__bstream_t *s);
     etp_status_t (*stream_sync)(etp__be_t *be, etp__bstream_t *s);
+    /* *capturing: whether s records into a graph capture now (what a
+     * caller about to wait on the host checks before enqueuing anything) */
+    etp_status_t (*stream_capturing)(etp__be_t *be, etp__bstream_t *s, int *capturing);
 
     etp_status_t (*event_create)(etp__be_t *be, etp__bevent_t **e);
     etp_status_t (*event_destroy)(etp__be_t *be, etp__bevent_t *e);

@@ -28,6 +28,7 @@ struct etp_context {
     etp_group_t *world;
     int num_streams, num_events, num_groups, num_graphs; /* live user-visible objects, world excluded */
     int batch_depth;
+    uint64_t stream_ids; /* the last id given to a stream of this context */
     struct etp_chain *recording; /* src/shard: the chain recording its order, if any */
     /* memory accounting: a small open array, searched linearly (allocations
      * are few and long-lived: shards, slots, rings) */
@@ -40,6 +41,10 @@ struct etp_context {
 struct etp_stream {
     etp_context_t *ctx;
     etp__bstream_t *bs;
+    /* unique within the context and never reused, unlike the address of a
+     * destroyed stream's successor: what "the same stream as last time"
+     * compares */
+    uint64_t id;
 };
 
 struct etp_graph {
@@ -66,6 +71,8 @@ struct etp_group {
 
 /* ETP_SUCCESS, or ETP_ERR_ABORTED with the context's first failure. */
 etp_status_t etp__ctx_usable(const etp_context_t *ctx, const char *fn);
+/* *capturing: whether `stream` records into a graph capture now. */
+etp_status_t etp__stream_capturing(etp_stream_t *stream, int *capturing);
 /* Create a context around a backend that a constructor made. */
 etp_status_t etp__ctx_finish(etp_context_t *ctx, etp__bcomm_t *world_comm);
 /* Resolve config + environment into a fresh (zeroed) context. */

@@ -22,6 +22,7 @@ etp_status_t etp_stream_create(etp_context_t *ctx, int priority, etp_stream_t **
         return st;
     }
     s->ctx = ctx;
+    s->id = ++ctx->stream_ids;
     ctx->num_streams++;
     *stream = s;
     return ETP_SUCCESS;
@@ -45,6 +46,11 @@ etp_status_t etp_stream_synchronize(etp_stream_t *stream)
     return stream->ctx->be->ops->stream_sync(stream->ctx->be, stream->bs);
 }
 
+etp_status_t etp__stream_capturing(etp_stream_t *stream, int *capturing)
+{
+    return stream->ctx->be->ops->stream_capturing(stream->ctx->be, stream->bs, capturing);
+}
+
 #if ETP_HAVE_CUDA
 etp_status_t etp_stream_wrap_cuda(etp_context_t *ctx, cudaStream_t native, etp_stream_t **stream)
 {
@@ -65,6 +71,7 @@ etp_status_t etp_stream_wrap_cuda(etp_context_t *ctx, cudaStream_t native, etp_s
         return st;
     }
     s->ctx = ctx;
+    s->id = ++ctx->stream_ids;
     ctx->num_streams++;
     *stream = s;
     return ETP_SUCCESS;

@@ -49,7 +49,7 @@ struct etp_ep_group {
     /* the last call's stream and an event recorded at its end: a call on
      * another stream waits for it (the transport buffers are shared) */
     etp_event_t *last_ev;
-    const etp_stream_t *last_stream;
+    uint64_t last_stream; /* the id of the stream of the group's last call; 0: none */
     int layers, next_layer_id;
     /* the benchmark's phase hook (ep_hook.h), or NULL */
     etp__ep_phase_fn_t hook;
@@ -109,14 +109,14 @@ static etp_status_t check_stream(etp_ep_group_t *ep, etp_stream_t *s, const char
  * another stream (shared transport buffers). */
 static etp_status_t join(etp_ep_group_t *ep, etp_stream_t *s)
 {
-    if (ep->last_stream && ep->last_stream != s) ETP__TRY(etp_stream_wait_event(s, ep->last_ev));
+    if (ep->last_stream && ep->last_stream != s->id) ETP__TRY(etp_stream_wait_event(s, ep->last_ev));
     return ETP_SUCCESS;
 }
 
 static etp_status_t leave(etp_ep_group_t *ep, etp_stream_t *s)
 {
     ETP__TRY(etp_event_record(ep->last_ev, s));
-    ep->last_stream = s;
+    ep->last_stream = s->id;
     return ETP_SUCCESS;
 }
 
@@ -333,6 +333,13 @@ etp_status_t etp_ep_group_create(etp_group_t *group, const etp_ep_group_config_t
                    "%s: name longer than %d characters", fn, EP_NAME_MAX - 1);
     ETP__TRY(etp__ctx_usable(group->ctx, fn));
 
+    /* Positions and row indices are int32 on the device; each factor is
+     * bounded first, so that the products below cannot overflow (and the
+     * buffers' bytes, rows < 2^31 x hidden < 2^31 x 4, fit in size_t). */
+    const int64_t lim = INT32_MAX;
+    ETP__CHECK_ARG(c.max_tokens_per_rank < lim && c.hidden < lim,
+                   "%s: max_tokens_per_rank %lld and hidden %lld must be below 2^31", fn,
+                   (long long)c.max_tokens_per_rank, (long long)c.hidden);
     const int64_t L = c.num_experts / R, T = c.max_tokens_per_rank, K = c.max_topk;
     int64_t slab = 0, tok_cap, send_rows;
     if (c.transport == ETP_EP_TRANSPORT_CAPACITY) {
@@ -348,8 +355,6 @@ etp_status_t etp_ep_group_create(etp_group_t *group, const etp_ep_group_config_t
         tok_cap = c.recv_capacity_per_rank < (int64_t)R * T ? c.recv_capacity_per_rank : (int64_t)R * T;
         send_rows = T * (K < R ? K : R);
     }
-    /* Positions and row indices are int32 on the device. */
-    const int64_t lim = INT32_MAX;
     ETP__CHECK_ARG(T * R < lim && T * K < lim && tok_cap * K < lim && send_rows * K < lim &&
                        c.recv_capacity_per_rank < lim && (int64_t)R * R < lim,
                    "%s: sizes too large for 32-bit row indices (max_tokens_per_rank %lld, ranks %d, "
@@ -478,7 +483,7 @@ etp_status_t etp_ep_layer_create(etp_ep_group_t *ep, const etp_ep_layer_config_t
                        c.alignment, (long long)cap);
     } else {
         slots = c.slots_per_expert ? c.slots_per_expert : cap / L / align * align;
-        ETP__CHECK_ARG(slots > 0 && slots % align == 0 && slots * L <= cap,
+        ETP__CHECK_ARG(slots > 0 && slots % align == 0 && slots <= cap / L,
                        "%s: slots_per_expert %lld: need a positive multiple of the alignment %lld "
                        "with %lld local experts x slots <= recv_capacity_per_rank %lld", fn,
                        (long long)slots, (long long)align, (long long)L, (long long)cap);
@@ -610,6 +615,17 @@ etp_status_t etp_ep_prepare(etp_ep_layer_t *ly, const void *topk_idx, etp_dtype_
     }
     ETP__CHECK_ARG(topk_idx != NULL || (num_tokens == 0 && !num_tokens_dev),
                    "%s: topk_idx is NULL", fn);
+    if (exact) {
+        /* refused before anything is enqueued or the routing dropped: its
+         * host synchronization would fail inside the capture, half done */
+        int capturing = 0;
+        ETP__TRY(etp__stream_capturing(s, &capturing));
+        if (capturing)
+            return etp__err(ETP_ERR_INVALID_STATE,
+                            "%s: EP group '%s' uses the EXACT transport, which brings the exchange "
+                            "sizes to the host: not during a graph capture (use CAPACITY)", fn,
+                            ep->name);
+    }
     const etp__ep_kernels_t *kt = ep->kt;
     etp__be_t *be = ep->be;
     ly->phase = LAYER_EMPTY;

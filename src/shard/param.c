@@ -1,4 +1,5 @@
 /* Sharded parameters: shapes and padding, shards, loads and exports. */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -52,8 +53,11 @@ static etp_status_t check_config(const etp_param_config_t *c, const char *fn)
                    "%s: cache_gathered_scales %d (expected 0 or 1)", fn, c->cache_gathered_scales);
     ETP__CHECK_ARG(!c->cache_gathered_scales || c->quant != ETP_PARAM_QUANT_NONE,
                    "%s: cache_gathered_scales needs a quantized mode", fn);
-    /* Sizes in bytes must fit comfortably in size_t and in the collectives' counts. */
-    double elems = (double)(c->experts > 1 ? c->experts : 1) * (double)c->rows * (double)c->cols;
+    /* Sizes in bytes must fit comfortably in size_t and in the collectives'
+     * counts, padding included (a large alignment pads the rows a lot). */
+    const double unit = (double)c->group->size * (double)(c->alignment > 1 ? c->alignment : 1);
+    double elems = (double)(c->experts > 1 ? c->experts : 1) * (ceil((double)c->rows / unit) * unit) *
+                   (double)c->cols;
     ETP__CHECK_ARG(elems < 9.0e15, "%s: %g elements is too large", fn, elems);
     return ETP_SUCCESS;
 }

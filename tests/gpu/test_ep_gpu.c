@@ -154,6 +154,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_steps),
         cmocka_unit_test(test_mx_steps),
         cmocka_unit_test(test_graph_replay),
+        cmocka_unit_test(test_exact_prepare_in_capture),
     };
     int failed = cmocka_run_group_tests_name("ep_gpu", tests, setup, teardown);
     return tu_mpi_finish(failed);

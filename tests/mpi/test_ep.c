@@ -382,6 +382,14 @@ static void test_bad_input(void **state)
     bad = c;
     bad.hidden = 0;
     ETP_EXPECT_MSG(etp_ep_group_create(f->world, &bad, &ep), ETP_ERR_INVALID_ARGUMENT, "hidden");
+    /* sizes whose products would wrap around int64 (to 0, past every check) */
+    bad = c;
+    bad.max_tokens_per_rank = (int64_t)1 << 62;
+    bad.recv_capacity_per_rank = (int64_t)1 << 62;
+    ETP_EXPECT_MSG(etp_ep_group_create(f->world, &bad, &ep), ETP_ERR_INVALID_ARGUMENT, "below 2^31");
+    bad = c;
+    bad.hidden = (int64_t)1 << 40;
+    ETP_EXPECT_MSG(etp_ep_group_create(f->world, &bad, &ep), ETP_ERR_INVALID_ARGUMENT, "below 2^31");
     assert_null(ep);
 
     g.cap = c.recv_capacity_per_rank;
@@ -396,6 +404,8 @@ static void test_bad_input(void **state)
     lc.alignment = 1;
     lc.layout = ETP_EP_LAYOUT_FIXED_SLOTS;
     lc.slots_per_expert = g.cap;
+    ETP_EXPECT_MSG(etp_ep_layer_create(ep, &lc, &ly), ETP_ERR_INVALID_ARGUMENT, "slots_per_expert");
+    lc.slots_per_expert = (int64_t)1 << 62; /* x local experts wraps to 0 */
     ETP_EXPECT_MSG(etp_ep_layer_create(ep, &lc, &ly), ETP_ERR_INVALID_ARGUMENT, "slots_per_expert");
     lc.layout = ETP_EP_LAYOUT_PACKED;
     ETP_EXPECT_MSG(etp_ep_layer_create(ep, &lc, &ly), ETP_ERR_INVALID_ARGUMENT, "slots_per_expert");

@@ -13,7 +13,8 @@
 int main(int argc, char **argv)
 {
     tu_mpi_init(&argc, &argv, "test_ep_graph");
-    const struct CMUnitTest tests[] = {cmocka_unit_test(test_graph_replay)};
+    const struct CMUnitTest tests[] = {cmocka_unit_test(test_graph_replay),
+                                       cmocka_unit_test(test_exact_prepare_in_capture)};
     int failed = cmocka_run_group_tests_name("eager", tests, ep_host_setup_eager, ep_host_teardown);
     failed += cmocka_run_group_tests_name("shuffle", tests, ep_host_setup_shuffle, ep_host_teardown);
     return tu_mpi_finish(failed);

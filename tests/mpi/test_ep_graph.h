@@ -185,4 +185,45 @@ static void test_graph_replay(void **state)
     }
 }
 
+/* EXACT brings the exchange sizes to the host, so its prepare is refused
+ * during a capture, before it enqueues anything or drops the layer's
+ * routing: the capture ends clean and the last routing still dispatches
+ * the same rows. */
+static void test_exact_prepare_in_capture(void **state)
+{
+    ep_fx_t *f = *state;
+    EP_GRAPH_NEED(f);
+    gcfg_t g = cfg_for(2, 64, ETP_DTYPE_BF16, ETP_EP_TRANSPORT_EXACT);
+    etp_ep_group_t *ep = ep_make_group(f, &g);
+    lcfg_t l = {.k = 2, .align = 1, .weighted = 1, .layout = ETP_EP_LAYOUT_PACKED};
+    etp_ep_layer_t *ly = ep_make_layer(ep, &g, &l, "exact");
+    ep_bufs_t b;
+    ep_bufs_alloc(f, &g, l.rows, l.k, &b);
+    int32_t T = 0;
+    upload(f, &g, &l, &b, 61000, &T);
+    const size_t n = (size_t)(l.rows * g.H) * etp_dtype_size(g.dt);
+    uint8_t *want = malloc(n), *got = malloc(n);
+    ETP_OK(etp_memset_async(f->s0, b.recv, 0xA5, n));
+    ETP_OK(etp_ep_prepare(ly, b.idx, ETP_DTYPE_I64, T, NULL, f->s0));
+    ETP_OK(etp_ep_dispatch(ly, b.tok, g.dt, b.w, ETP_DTYPE_F32, b.recv, b.recv_w, l.rows, f->s0));
+    ep_down(f->s0, want, b.recv, n);
+
+    ETP_OK(etp_stream_begin_capture(f->s0));
+    ETP_EXPECT_MSG(etp_ep_prepare(ly, b.idx, ETP_DTYPE_I64, T, NULL, f->s0), ETP_ERR_INVALID_STATE,
+                   "not during a graph capture");
+    etp_graph_t *graph = NULL;
+    ETP_OK(etp_stream_end_capture(f->s0, &graph));
+    ETP_OK(etp_graph_destroy(graph));
+
+    ETP_OK(etp_memset_async(f->s0, b.recv, 0xA5, n));
+    ETP_OK(etp_ep_dispatch(ly, b.tok, g.dt, b.w, ETP_DTYPE_F32, b.recv, b.recv_w, l.rows, f->s0));
+    ep_down(f->s0, got, b.recv, n);
+    assert_memory_equal(got, want, n);
+    free(want);
+    free(got);
+    ep_bufs_free(f, &b);
+    ETP_OK(etp_ep_layer_destroy(ly));
+    ETP_OK(etp_ep_group_destroy(ep));
+}
+
 #endif

@@ -636,6 +636,11 @@ static void test_errors(void **state)
     pc.dtype = ETP_DTYPE_BF16;
     pc.rows = 0;
     ETP_EXPECT_MSG(etp_param_create(r.ctx, &pc, &bad), ETP_ERR_INVALID_ARGUMENT, "shape");
+    /* a single row padded to 2^30 rows of 2^34 columns: 2^64 elements */
+    pc.rows = 1;
+    pc.cols = (int64_t)1 << 34;
+    pc.alignment = 1 << 30;
+    ETP_EXPECT_MSG(etp_param_create(r.ctx, &pc, &bad), ETP_ERR_INVALID_ARGUMENT, "too large");
     assert_null(bad);
     ETP_OK(etp_param_destroy(loose));
     /* the reduction still goes through and the chain still works */

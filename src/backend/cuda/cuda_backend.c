@@ -613,6 +613,16 @@ static etp_status_t cuda_stream_sync(etp__be_t *be, etp__bstream_t *s)
     return etp__cuda_wait_stream(cb, s->s, "stream", NULL);
 }
 
+static etp_status_t cuda_stream_capturing(etp__be_t *be, etp__bstream_t *s, int *capturing)
+{
+    (void)be;
+    enum cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+    cudaError_t e = cudaStreamIsCapturing(s->s, &cs);
+    if (e != cudaSuccess) return cuda_error("cudaStreamIsCapturing", e);
+    *capturing = cs != cudaStreamCaptureStatusNone;
+    return ETP_SUCCESS;
+}
+
 /* ---- ops: events -------------------------------------------------------- */
 
 static etp_status_t cuda_event_create(etp__be_t *be, etp__bevent_t **out)
@@ -899,6 +909,7 @@ static const etp__backend_ops_t cuda_ops = {
     .stream_native = cuda_stream_native,
     .stream_destroy = cuda_stream_destroy,
     .stream_sync = cuda_stream_sync,
+    .stream_capturing = cuda_stream_capturing,
     .event_create = cuda_event_create,
     .event_destroy = cuda_event_destroy,
     .event_record = cuda_event_record,

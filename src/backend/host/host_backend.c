@@ -93,6 +93,13 @@ static etp_status_t host_stream_sync(etp__be_t *be, etp__bstream_t *s)
     return etp__hsched_run(HOST(be), s, s->last_enqueued, 1);
 }
 
+static etp_status_t host_stream_capturing(etp__be_t *be, etp__bstream_t *s, int *capturing)
+{
+    (void)be;
+    *capturing = s->cap != NULL;
+    return ETP_SUCCESS;
+}
+
 static etp_status_t host_stream_destroy(etp__be_t *be, etp__bstream_t *s)
 {
     etp__host_t *h = HOST(be);
@@ -316,6 +323,7 @@ static const etp__backend_ops_t host_ops = {
     .stream_native = host_stream_native,
     .stream_destroy = host_stream_destroy,
     .stream_sync = host_stream_sync,
+    .stream_capturing = host_stream_capturing,
     .event_create = host_event_create,
     .event_destroy = host_event_destroy,
     .event_record = host_event_record,
