@@ -10,7 +10,9 @@
  *   etp_quant_amax_allreduce()  one all-reduce (max) of the N amaxes over a group
  *   etp_quant_cast_only()       one launch: the N quantized tensors
  *
- * and etp_quant_quantize() chains the three. MXFP8 needs no per-tensor amax
+ * and etp_quant_quantize() chains the three ("one launch": per 256 tensors;
+ * a call over more is split into launches of 256, all enqueued only after
+ * every argument of the call has been checked). MXFP8 needs no per-tensor amax
  * (its scales are per block only): quantize is then the cast alone.
  * etp_quant_swizzle_scales() converts the scale matrices of N tensors
  * between row-major and cuBLASLt's tiled order in one launch (for scales
@@ -178,10 +180,12 @@ typedef enum etp_quant_swizzle_dir {
  * quantizer must therefore be ordered, on one stream or joined by events).
  * `config` NULL gives the defaults (NVFP4,
  * 2D blocks, rowwise and columnwise, row-major scales, round to nearest).
+ * The other format's field (nvfp4_block for MXFP8, mxfp8_elem for NVFP4)
+ * is checked but not used.
  * Errors: ETP_ERR_INVALID_ARGUMENT (NULL ctx or out, an unknown format,
- * element, block or rounding, no direction, 2D blocks or an E5M2 element on
- * the wrong format, stochastic rounding with MXFP8, a config of the wrong
- * size), ETP_ERR_OUT_OF_MEMORY, ETP_ERR_ABORTED. */
+ * element, block or rounding, no direction, stochastic rounding with MXFP8,
+ * a config size that is not sizeof(etp_quantizer_config_t) or the end of
+ * one of its fields), ETP_ERR_OUT_OF_MEMORY, ETP_ERR_ABORTED. */
 ETP_API etp_status_t etp_quantizer_create(etp_context_t *ctx, const etp_quantizer_config_t *config,
                                           etp_quantizer_t **quantizer);
 

@@ -389,8 +389,11 @@ uint64_t plan_tiles_v3(const etp__qbatch_t *batch, int only, uint32_t run, Param
         size_t re, ce;
         const size_t tr = wide ? kWideRows : kTileV3, tc = wide ? kWideCols : kTileV3;
         cast_extent_v3(t, wide, &re, &ce);
-        p->tiles_c[k] = ce / tc ? (uint32_t)(ce / tc) : 1;
+        p->tiles_c[k] = ce / tc ? (uint32_t)(ce / tc) : 1; /* >= 1: the launcher divides by runs */
         p->runs_c[k] = (p->tiles_c[k] + run - 1) / run;
+        /* no columns: nothing to write, not a tile row of empty tiles
+         * ([2^31 - 1, 0] would launch 2^24 of them) */
+        if (ce == 0) return 0;
         return (uint64_t)((re / tr + band - 1) / band) * p->runs_c[k];
     });
 }

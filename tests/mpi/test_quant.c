@@ -390,6 +390,16 @@ static void test_bad_input(void **state)
     BAD(etp_quantizer_create(f->ctx, &c, NULL), "'quantizer'");
     c.size = 3;
     BAD(etp_quantizer_create(f->ctx, &c, &q), "ETP_QUANTIZER_CONFIG_INIT");
+    /* sizes inside a field would take half of it (half a noop_flag pointer) */
+    c.size = offsetof(etp_quantizer_config_t, noop_flag) + 4;
+    BAD(etp_quantizer_create(f->ctx, &c, &q), "ETP_QUANTIZER_CONFIG_INIT");
+    c.size = offsetof(etp_quantizer_config_t, seed) + 4;
+    BAD(etp_quantizer_create(f->ctx, &c, &q), "ETP_QUANTIZER_CONFIG_INIT");
+    /* an older caller's struct ending after `rounding`: accepted */
+    c.size = offsetof(etp_quantizer_config_t, seed);
+    etp_quantizer_t *old = NULL;
+    ETP_OK(etp_quantizer_create(f->ctx, &c, &old));
+    ETP_OK(etp_quantizer_destroy(old));
     c = (etp_quantizer_config_t)ETP_QUANTIZER_CONFIG_INIT;
     c.format = (etp_quant_format_t)9;
     BAD(etp_quantizer_create(f->ctx, &c, &q), "format 9");
