@@ -114,7 +114,7 @@ typedef struct etp_ep_layer etp_ep_layer_t;
 
 typedef enum etp_ep_overflow {
     ETP_EP_OVERFLOW_DROP = 0,  /* drop, count, report; calls succeed */
-    ETP_EP_OVERFLOW_ERROR = 1  /* drop, count, and fail poll/check/later calls */
+    ETP_EP_OVERFLOW_ERROR = 1  /* drop, count, and fail poll and check (never the data calls) */
 } etp_ep_overflow_t;
 
 typedef enum etp_ep_transport {
