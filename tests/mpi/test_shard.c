@@ -493,26 +493,24 @@ static void test_edge_update_prefetch(void **s)
 }
 #endif
 
-/* A chain recorded during one eager step plans the same tickets. */
-static void test_recorded_chain(void **state)
+/* A new, empty chain over 6 parameters (none added), to be recorded, on ctx. */
+static void open_record_run(run_t *r, etp_context_t *ctx)
 {
-    (void)state;
-    run_t r;
-    memset(&r, 0, sizeof r);
-    r.ctx = tu_test_ctx(3);
-    ETP_OK(etp_context_world(r.ctx, &r.world));
+    memset(r, 0, sizeof *r);
+    r->ctx = ctx;
+    ETP_OK(etp_context_world(r->ctx, &r->world));
     etp_group_config_t gc = ETP_GROUP_CONFIG_INIT;
     gc.num_roles = 2;
-    ETP_OK(etp_group_split(r.world, 0, g_rank, &gc, &r.tp));
-    ETP_OK(etp_stream_create(r.ctx, ETP_STREAM_PRIORITY_NORMAL, &r.main));
+    ETP_OK(etp_group_split(r->world, 0, g_rank, &gc, &r->tp));
+    ETP_OK(etp_stream_create(r->ctx, ETP_STREAM_PRIORITY_NORMAL, &r->main));
     etp_chain_config_t cc = ETP_CHAIN_CONFIG_INIT;
-    cc.group = r.tp;
+    cc.group = r->tp;
     cc.num_microbatches = 2;
-    ETP_OK(etp_chain_create(r.ctx, &cc, &r.chain));
-    r.nparams = 6;
-    for (int i = 0; i < r.nparams; i++) {
+    ETP_OK(etp_chain_create(r->ctx, &cc, &r->chain));
+    r->nparams = 6;
+    for (int i = 0; i < r->nparams; i++) {
         etp_param_config_t pc = ETP_PARAM_CONFIG_INIT;
-        pc.group = r.tp;
+        pc.group = r->tp;
         pc.experts = specs[i].experts;
         pc.rows = specs[i].rows;
         pc.cols = specs[i].cols;
@@ -520,9 +518,17 @@ static void test_recorded_chain(void **state)
         pc.dtype = specs[i].dtype;
         pc.wgrad_dtype = specs[i].wgrad;
         pc.upcast_wgrad = specs[i].upcast;
-        ETP_OK(etp_param_create(r.ctx, &pc, &r.p[i]));
-        ETP_OK(etp_param_set_grad_callback(r.p[i], on_grad, &r));
+        ETP_OK(etp_param_create(r->ctx, &pc, &r->p[i]));
+        ETP_OK(etp_param_set_grad_callback(r->p[i], on_grad, r));
     }
+}
+
+/* A chain recorded during one eager step plans the same tickets. */
+static void test_recorded_chain(void **state)
+{
+    (void)state;
+    run_t r;
+    open_record_run(&r, tu_test_ctx(3));
     /* The recording step is a real step: gathers and gradients work. */
     ETP_OK(etp_chain_begin_record(r.chain));
     assert_int_equal(run_steps(&r, 1), 0);
@@ -701,7 +707,6 @@ static void test_record_out_of_memory(void **state)
     (void)state;
     int fail = 0;
     run_t r;
-    memset(&r, 0, sizeof r);
     etp_context_config_t cfg = ETP_CONTEXT_CONFIG_INIT;
     cfg.backend = ETP_BACKEND_HOST;
     cfg.host_stream_mode = ETP_HOST_STREAMS_SHUFFLE;
@@ -709,30 +714,9 @@ static void test_record_out_of_memory(void **state)
     cfg.allocator.alloc = flaky_alloc;
     cfg.allocator.free = flaky_free;
     cfg.allocator.user = &fail;
-    ETP_OK(etp_context_create_mpi(MPI_COMM_WORLD, &cfg, &r.ctx));
-    ETP_OK(etp_context_world(r.ctx, &r.world));
-    etp_group_config_t gc = ETP_GROUP_CONFIG_INIT;
-    gc.num_roles = 2;
-    ETP_OK(etp_group_split(r.world, 0, g_rank, &gc, &r.tp));
-    ETP_OK(etp_stream_create(r.ctx, ETP_STREAM_PRIORITY_NORMAL, &r.main));
-    etp_chain_config_t cc = ETP_CHAIN_CONFIG_INIT;
-    cc.group = r.tp;
-    cc.num_microbatches = 2;
-    ETP_OK(etp_chain_create(r.ctx, &cc, &r.chain));
-    r.nparams = 6;
-    for (int i = 0; i < r.nparams; i++) {
-        etp_param_config_t pc = ETP_PARAM_CONFIG_INIT;
-        pc.group = r.tp;
-        pc.experts = specs[i].experts;
-        pc.rows = specs[i].rows;
-        pc.cols = specs[i].cols;
-        pc.alignment = specs[i].alignment;
-        pc.dtype = specs[i].dtype;
-        pc.wgrad_dtype = specs[i].wgrad;
-        pc.upcast_wgrad = specs[i].upcast;
-        ETP_OK(etp_param_create(r.ctx, &pc, &r.p[i]));
-        ETP_OK(etp_param_set_grad_callback(r.p[i], on_grad, &r));
-    }
+    etp_context_t *ctx = NULL;
+    ETP_OK(etp_context_create_mpi(MPI_COMM_WORLD, &cfg, &ctx));
+    open_record_run(&r, ctx);
     ETP_OK(etp_chain_begin_record(r.chain));
     etp_weight_view_t v = ETP_WEIGHT_VIEW_INIT;
     fail = 1;
@@ -746,6 +730,8 @@ static void test_record_out_of_memory(void **state)
     ETP_EXPECT_MSG(etp_gather(r.p[0], ETP_PASS_FORWARD, r.main, &v), ETP_ERR_INVALID_STATE,
                    "end_record failed");
     etp_chain_t *other = NULL;
+    etp_chain_config_t cc = ETP_CHAIN_CONFIG_INIT;
+    cc.group = r.tp;
     ETP_OK(etp_chain_create(r.ctx, &cc, &other));
     ETP_EXPECT_MSG(etp_chain_begin_record(other), ETP_ERR_INVALID_STATE, "recording on this context");
     ETP_OK(etp_chain_destroy(other));
