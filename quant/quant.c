@@ -51,15 +51,11 @@ etp_status_t etp_quantizer_create(etp_context_t *ctx, const etp_quantizer_config
         /* an older caller's smaller struct, which ends after one of the
          * fields: take what it has, default the rest (a size inside a field
          * would take half of it) */
-#define ETP__QCFG_END(f) (offsetof(etp_quantizer_config_t, f) + sizeof(((etp_quantizer_config_t *)0)->f))
-        static const size_t ends[] = {ETP__QCFG_END(format),         ETP__QCFG_END(mxfp8_elem),
-                                      ETP__QCFG_END(nvfp4_block),    ETP__QCFG_END(directions),
-                                      ETP__QCFG_END(swizzle_scales), ETP__QCFG_END(rounding),
-                                      ETP__QCFG_END(seed),           ETP__QCFG_END(noop_flag)};
-#undef ETP__QCFG_END
-        int known = 0;
-        for (size_t i = 0; i < sizeof ends / sizeof ends[0]; i++) known |= config->size == ends[i];
-        if (!known)
+#define E(f) ETP__END(etp_quantizer_config_t, f)
+        static const size_t ends[] = {E(format),         E(mxfp8_elem), E(nvfp4_block), E(directions),
+                                      E(swizzle_scales), E(rounding),   E(seed),        E(noop_flag)};
+#undef E
+        if (!etp__known_size(config->size, ends, sizeof ends / sizeof ends[0]))
             return etp__err(ETP_ERR_INVALID_ARGUMENT,
                             "%s: config size %zu is not a size this etp knows (expected %zu; "
                             "initialize with ETP_QUANTIZER_CONFIG_INIT)",

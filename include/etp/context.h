@@ -148,7 +148,10 @@ ETP_API etp_status_t etp_context_check(const etp_context_t *ctx);
  * ETP_STREAM_PRIORITY_HIGH (the device's greatest priority). */
 ETP_API etp_status_t etp_stream_create(etp_context_t *ctx, int priority, etp_stream_t **stream);
 /* Destroy a stream; work already enqueued completes first. A wrapped stream's
- * native handle is left to its owner. */
+ * native handle is left to its owner. On an error the stream is as it was
+ * (ETP_ERR_INVALID_STATE while it is being captured) and may be destroyed
+ * again; on an aborted context it is always destroyed (ETP_SUCCESS). Events
+ * recorded on it stay valid. */
 ETP_API etp_status_t etp_stream_destroy(etp_stream_t *stream);
 /* Block the calling thread until all work enqueued on the stream is done.
  * Errors: ETP_ERR_TIMEOUT (the message names the pending collective),

@@ -87,6 +87,8 @@ typedef struct etp__backend_ops {
     /* native is a cudaStream_t on cuda; the host backend has none. */
     etp_status_t (*stream_wrap)(etp__be_t *be, void *native, etp__bstream_t **s);
     void *(*stream_native)(etp__be_t *be, etp__bstream_t *s);
+    /* Frees s, or refuses with s as it was; on an aborted context
+     * (be->failed) always frees it. */
     etp_status_t (*stream_destroy)(etp__be_t *be, etp__bstream_t *s);
     etp_status_t (*stream_sync)(etp__be_t *be, etp__bstream_t *s);
     /* *capturing: whether s records into a graph capture now (what a

@@ -1,4 +1,6 @@
 /* The collectives front end: argument checks, sequence numbers, dispatch. */
+#include <stdint.h>
+
 #include "comm_internal.h"
 
 static etp_status_t check_common(etp_group_t *g, int role, etp_dtype_t dtype, etp_stream_t *s,
@@ -42,7 +44,11 @@ static etp_status_t issue(etp_group_t *g, int role, etp__coll_t *d, etp_stream_t
     ETP__LOG(&g->ctx->log, ETP_LOG_DEBUG, ETP_SUBSYS_COMM, "%s seq %llu group '%s' role %d count %zu %s",
              etp__coll_name(d->kind), (unsigned long long)d->seq, g->name, role, d->count,
              etp_dtype_name(d->dtype));
-    return be->ops->coll(be, g->comms[role], d, s->bs);
+    etp_status_t st = be->ops->coll(be, g->comms[role], d, s->bs);
+    /* refused on this rank before anything reached a peer (the backend
+     * fails the context otherwise): the number is not used */
+    if (st != ETP_SUCCESS && !be->failed) g->seq[role]--;
+    return st;
 }
 
 etp_status_t etp_allgather(etp_group_t *group, int role, const void *send, void *recv, size_t count,
@@ -90,10 +96,13 @@ etp_status_t etp_alltoallv(etp_group_t *group, int role, const void *send, const
     ETP__CHECK_NULL(rdispls, fn);
     size_t sent = 0, received = 0;
     for (int p = 0; p < group->size; p++) {
+        /* sums and ends that wrap around would pass every check below */
+        ETP__CHECK_ARG(sendcounts[p] <= SIZE_MAX - sent && recvcounts[p] <= SIZE_MAX - received &&
+                           sdispls[p] <= SIZE_MAX - sendcounts[p] && rdispls[p] <= SIZE_MAX - recvcounts[p],
+                       "%s: counts or displacements of rank %d overflow", fn, p);
         sent += sendcounts[p];
         received += recvcounts[p];
     }
-    ETP__TRY(check_buffers(send, recv, sent > received ? sent : received, fn));
     ETP__CHECK_ARG(sent == 0 || send != NULL, "%s: send is NULL with %zu elements to send", fn, sent);
     ETP__CHECK_ARG(received == 0 || recv != NULL, "%s: recv is NULL with %zu elements to receive",
                    fn, received);

@@ -32,11 +32,13 @@ etp_status_t etp_stream_destroy(etp_stream_t *stream)
 {
     if (!stream) return ETP_SUCCESS;
     etp_context_t *ctx = stream->ctx;
+    /* the backend refuses with the stream as it was, or frees it (on an
+     * aborted context always: teardown after a failure must go through) */
     etp_status_t st = ctx->be->ops->stream_destroy(ctx->be, stream->bs);
     if (st != ETP_SUCCESS && !ctx->be->failed) return st;
     ctx->num_streams--;
     free(stream);
-    return st == ETP_SUCCESS ? ETP_SUCCESS : st;
+    return ETP_SUCCESS;
 }
 
 etp_status_t etp_stream_synchronize(etp_stream_t *stream)

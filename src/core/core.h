@@ -6,6 +6,7 @@
 #define ETP__CORE_H
 
 #include <stdarg.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include "etp/context.h"
@@ -40,6 +41,17 @@ etp_status_t etp__verr(etp_status_t status, const char *fmt, va_list ap);
         etp_status_t etp__s_ = (expr);       \
         if (etp__s_ != ETP_SUCCESS) return etp__s_; \
     } while (0)
+
+/* Versioned config structs: a caller built against an older header passes
+ * a smaller struct, whose size is where one of its fields ends (ETP__END
+ * of each field, in order). Any other size would cut a field in two. */
+#define ETP__END(type, field) (offsetof(type, field) + sizeof(((type *)0)->field))
+static inline int etp__known_size(size_t size, const size_t *ends, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (size == ends[i]) return 1;
+    return 0;
+}
 
 /* ---- logging ---------------------------------------------------------- */
 

@@ -100,7 +100,8 @@ etp_status_t etp__env_load(etp__env_t *env)
         e.log_subsys = etp__log_subsys_parse(v);
         if (e.log_subsys == 0)
             return etp__err(ETP_ERR_INVALID_ARGUMENT,
-                            "environment ETP_LOG_SUBSYS='%s': no known subsystem named", v);
+                            "environment ETP_LOG_SUBSYS='%s': expected a comma list of core, backend, "
+                            "comm, quant, shard, ep or all (every name known)", v);
     }
     if ((v = get("ETP_TIMEOUT_S"))) {
         char *end;

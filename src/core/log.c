@@ -60,10 +60,14 @@ unsigned etp__log_subsys_parse(const char *s)
     if (s == NULL) return 0;
     while (*s) {
         size_t len = strcspn(s, ",");
-        if (len == 3 && strncasecmp(s, "all", 3) == 0) mask |= ETP_SUBSYS_ALL;
+        unsigned bit = 0;
+        if (len == 3 && strncasecmp(s, "all", 3) == 0) bit = ETP_SUBSYS_ALL;
         for (size_t i = 0; i < sizeof subsys_names / sizeof subsys_names[0]; i++)
             if (strlen(subsys_names[i].name) == len && strncasecmp(s, subsys_names[i].name, len) == 0)
-                mask |= subsys_names[i].bit;
+                bit = subsys_names[i].bit;
+        /* one misspelt name would silently hide the logs it was meant to show */
+        if (bit == 0) return 0;
+        mask |= bit;
         s += len;
         if (*s == ',') s++;
     }

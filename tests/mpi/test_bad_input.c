@@ -45,6 +45,9 @@ static void test_context_creation(void **state)
     BAD(etp_context_create_mpi(MPI_COMM_WORLD, &cfg, &ctx), "ETP_CONTEXT_CONFIG_INIT");
     cfg.size = sizeof cfg + 8;
     BAD(etp_context_create_mpi(MPI_COMM_WORLD, &cfg, &ctx), "size");
+    /* inside a field: half of `device`, half the default's */
+    cfg.size = offsetof(etp_context_config_t, device) + 2;
+    BAD(etp_context_create_mpi(MPI_COMM_WORLD, &cfg, &ctx), "ETP_CONTEXT_CONFIG_INIT");
     etp_context_config_t c2 = ETP_CONTEXT_CONFIG_INIT;
     c2.backend = (etp_backend_t)17;
     BAD(etp_context_create_mpi(MPI_COMM_WORLD, &c2, &ctx), "backend 17");
@@ -203,6 +206,8 @@ static void test_collectives(void **state)
     BAD(etp_alltoallv(f->world, 0, a, c, d, b, NULL, d, ETP_DTYPE_F32, f->s), "'recvcounts'");
     BAD(etp_alltoallv(f->world, 0, a, c, d, b, c, NULL, ETP_DTYPE_F32, f->s), "'rdispls'");
     BAD(etp_alltoallv(f->world, 0, NULL, c, d, b, c, d, ETP_DTYPE_F32, f->s), "NULL");
+    size_t huge[1] = {SIZE_MAX};
+    BAD(etp_alltoallv(f->world, 0, a, huge, c, b, c, d, ETP_DTYPE_F32, f->s), "overflow");
     BAD(etp_batch_begin(NULL), "'ctx'");
     BAD(etp_batch_end(NULL), "'ctx'");
     ETP_EXPECT_MSG(etp_batch_end(f->ctx), ETP_ERR_INVALID_STATE, "no etp_batch_begin");

@@ -268,6 +268,25 @@ static void test_alltoallv(void **state)
     }
 }
 
+/* One way: rank 0 sends to rank 1 and receives nothing (recv NULL), rank 1
+ * receives and sends nothing (send NULL), the others neither. */
+static void test_alltoallv_one_way(void **state)
+{
+    fixture_t *f = *state;
+    if (g_size < 2) skip();
+    size_t sc[64] = {0}, sd[64] = {0}, rc[64] = {0}, rd[64] = {0};
+    float out[5], in[5];
+    for (int i = 0; i < 5; i++) out[i] = (float)input(6000, 0, (size_t)i, ETP_DTYPE_F32);
+    tu_poison(in, sizeof in);
+    if (g_rank == 0) sc[1] = 5;
+    if (g_rank == 1) rc[0] = 5;
+    ETP_OK(etp_alltoallv(f->world, 0, g_rank == 0 ? out : NULL, sc, sd, g_rank == 1 ? in : NULL, rc, rd,
+                         ETP_DTYPE_F32, f->s0));
+    sync_all(f);
+    if (g_rank == 1)
+        for (int i = 0; i < 5; i++) assert_true(in[i] == out[i]);
+}
+
 /* A pipeline over two streams ordered only by events, and a batch: what
  * the shard engine will do (gather on one stream, consume on another). */
 static void test_streams_events_batch(void **state)
@@ -323,6 +342,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_allgather),
         cmocka_unit_test(test_reduce_scatter_and_allreduce),
         cmocka_unit_test(test_alltoallv),
+        cmocka_unit_test(test_alltoallv_one_way),
         cmocka_unit_test(test_streams_events_batch),
     };
     int failed = cmocka_run_group_tests_name("eager", tests, setup_eager, teardown);

@@ -154,6 +154,52 @@ static void test_stream_destroy_drains(void **state)
     ETP_OK(etp_context_destroy(ctx));
 }
 
+/* A stream destroyed while another stream's queued work waits on it: that
+ * work runs first, in order, and events recorded on it stay valid (as
+ * CUDA's outlive their stream). ASan catches a freed operation or stream
+ * read here. */
+static void test_stream_destroy_waiters_and_events(void **state)
+{
+    (void)state;
+    etp_context_t *ctx = tu_host_ctx(MPI_COMM_WORLD, ETP_HOST_STREAMS_SHUFFLE, 0, -1, -1);
+    etp_stream_t *a, *b, *c;
+    etp_event_t *e1, *e2;
+    ETP_OK(etp_stream_create(ctx, ETP_STREAM_PRIORITY_NORMAL, &a));
+    ETP_OK(etp_stream_create(ctx, ETP_STREAM_PRIORITY_NORMAL, &b));
+    ETP_OK(etp_event_create(ctx, &e1));
+    ETP_OK(etp_event_create(ctx, &e2));
+    unsigned char x[16], y[16], z[16];
+    memset(x, 0, sizeof x);
+    ETP_OK(etp_memset_async(b, x, 5, sizeof x));
+    ETP_OK(etp_event_record(e1, b));
+    ETP_OK(etp_memset_async(b, x + 8, 6, 8));
+    ETP_OK(etp_event_record(e2, b));
+    /* two waits on b queued on a, each followed by a copy of what b wrote */
+    ETP_OK(etp_stream_wait_event(a, e1));
+    ETP_OK(etp_memcpy_async(a, y, x, sizeof x));
+    ETP_OK(etp_stream_wait_event(a, e2));
+    ETP_OK(etp_memcpy_async(a, z, x, sizeof x));
+    ETP_OK(etp_stream_destroy(b));
+    ETP_OK(etp_stream_synchronize(a));
+    for (int i = 0; i < 16; i++) {
+        assert_int_equal(z[i], i < 8 ? 5 : 6);
+        assert_true(y[i] == 5 || (i >= 8 && y[i] == 6));
+    }
+    /* the events of the destroyed stream: complete, usable */
+    int done = 0;
+    ETP_OK(etp_event_query(e2, &done));
+    assert_int_equal(done, 1);
+    ETP_OK(etp_event_synchronize(e1));
+    ETP_OK(etp_stream_create(ctx, ETP_STREAM_PRIORITY_NORMAL, &c));
+    ETP_OK(etp_stream_wait_event(c, e2));
+    ETP_OK(etp_stream_synchronize(c));
+    ETP_OK(etp_event_destroy(e1));
+    ETP_OK(etp_event_destroy(e2));
+    ETP_OK(etp_stream_destroy(a));
+    ETP_OK(etp_stream_destroy(c));
+    ETP_OK(etp_context_destroy(ctx));
+}
+
 /* No-color ranks get no group; the others a group of their own. */
 static void test_split_no_color(void **state)
 {
@@ -184,6 +230,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_context_queries),
         cmocka_unit_test(test_destroy_order),
         cmocka_unit_test(test_stream_destroy_drains),
+        cmocka_unit_test(test_stream_destroy_waiters_and_events),
         cmocka_unit_test(test_split_no_color),
     };
     return tu_mpi_finish(cmocka_run_group_tests(tests, NULL, NULL));

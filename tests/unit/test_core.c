@@ -125,6 +125,7 @@ static void test_log_parsing(void **state)
     assert_int_equal(etp__log_subsys_parse("comm,ep"), ETP_SUBSYS_COMM | ETP_SUBSYS_EP);
     assert_int_equal(etp__log_subsys_parse("ALL"), ETP_SUBSYS_ALL);
     assert_int_equal(etp__log_subsys_parse("nothing"), 0);
+    assert_int_equal(etp__log_subsys_parse("comm,shrad"), 0); /* one unknown name: refused */
 }
 
 static void clear_env(void)

@@ -589,7 +589,11 @@ static etp_status_t cuda_stream_destroy(etp__be_t *be, etp__bstream_t *s)
 {
     etp__cuda_t *cb = etp__cuda_of(be);
     if (s == NULL) return ETP_SUCCESS;
+    /* refused with nothing changed (the caller keeps a stream it may
+     * destroy again), except on an aborted context, whose teardown must go
+     * through */
     etp_status_t st = etp__cuda_set_device(cb);
+    if (st != ETP_SUCCESS && !be->failed) return st;
     for (etp__bstream_t **pp = &cb->streams; *pp; pp = &(*pp)->next) {
         if (*pp == s) {
             *pp = s->next;
@@ -597,9 +601,11 @@ static etp_status_t cuda_stream_destroy(etp__be_t *be, etp__bstream_t *s)
         }
     }
     if (!s->borrowed && st == ETP_SUCCESS) {
-        /* Returns at once; CUDA releases the stream once its work is done. */
+        /* Returns at once; CUDA releases the stream once its work is done.
+         * A failure here is the device's sticky error: the handle is gone
+         * and so is the context. */
         cudaError_t e = cudaStreamDestroy(s->s);
-        if (e != cudaSuccess) st = cuda_error("cudaStreamDestroy", e);
+        if (e != cudaSuccess) st = etp__cuda_fail(cb, cuda_error("cudaStreamDestroy", e));
     }
     free(s);
     return st;

@@ -42,9 +42,11 @@ static etp_status_t cuda_quant_run(etp__be_t *be, etp__bstream_t *s, const etp__
     cudaStream_t cs;
     ETP__TRY(etp__cuda_stream_for_launch(be, s, &cs));
     cudaError_t e = etp__cuda_quant_launch(cs, b);
-    if (e != cudaSuccess)
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError(); /* not sticky: the next launch must not report it */
         return etp__err(ETP_ERR_BACKEND, "quant kernel launch (op %u, %u tensors): %s", b->op, b->n,
                         cudaGetErrorString(e));
+    }
     return ETP_SUCCESS;
 }
 
@@ -53,9 +55,11 @@ static etp_status_t cuda_quant_swizzle(etp__be_t *be, etp__bstream_t *s, const e
     cudaStream_t cs;
     ETP__TRY(etp__cuda_stream_for_launch(be, s, &cs));
     cudaError_t e = etp__cuda_swizzle_launch(cs, b);
-    if (e != cudaSuccess)
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError();
         return etp__err(ETP_ERR_BACKEND, "scale %s kernel launch (%u matrices): %s",
                         b->unswizzle ? "unswizzle" : "swizzle", b->n, cudaGetErrorString(e));
+    }
     return ETP_SUCCESS;
 }
 

@@ -5,8 +5,10 @@
 
 static etp_status_t launched(const char *what, cudaError_t e)
 {
-    if (e != cudaSuccess)
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError(); /* not sticky: the next launch must not report it */
         return etp__err(ETP_ERR_BACKEND, "%s kernel launch: %s", what, cudaGetErrorString(e));
+    }
     return ETP_SUCCESS;
 }
 
@@ -51,8 +53,10 @@ static etp_status_t cuda_copy2d(etp__be_t *be, etp__bstream_t *s, void *dst, siz
     cudaStream_t cs;
     ETP__TRY(etp__cuda_stream_for_launch(be, s, &cs));
     cudaError_t e = cudaMemcpy2DAsync(dst, dpitch, src, spitch, width, rows, cudaMemcpyDefault, cs);
-    if (e != cudaSuccess)
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError();
         return etp__err(ETP_ERR_BACKEND, "cudaMemcpy2DAsync: %s", cudaGetErrorString(e));
+    }
     return ETP_SUCCESS;
 }
 

@@ -107,12 +107,19 @@ static etp_status_t host_stream_destroy(etp__be_t *be, etp__bstream_t *s)
         return etp__err(ETP_ERR_INVALID_STATE, "stream destroy: the stream is being captured");
     etp_status_t st = ETP_SUCCESS;
     if (!be->failed) st = host_stream_sync(be, s);
-    /* Waits on other streams may still name this one. */
-    for (etp__bstream_t *o = h->streams; o; o = o->next)
+    /* Waits on other streams may still name this one: run each stream up to
+     * its last such wait (running frees the operations, so find it first) */
+    for (etp__bstream_t *o = h->streams; o && st == ETP_SUCCESS; o = o->next) {
+        uint64_t last = 0;
         for (etp__hop_t *op = o->head; op; op = op->next)
-            if (op->kind == ETP__HOP_WAIT && op->u.wait.stream == s && st == ETP_SUCCESS)
-                st = etp__hsched_run(h, o, op->seq, 1);
+            if (op->kind == ETP__HOP_WAIT && op->u.wait.stream == s) last = op->seq;
+        if (last) st = etp__hsched_run(h, o, last, 1);
+    }
     if (st != ETP_SUCCESS) return st;
+    /* its work is done (or abandoned): events recorded on it are complete,
+     * as a CUDA event outlives its stream */
+    for (etp__bevent_t *e = h->events; e; e = e->next)
+        if (e->stream == s) e->stream = NULL;
     etp__bstream_t **pp = &h->streams;
     while (*pp != s) pp = &(*pp)->next;
     *pp = s->next;
@@ -124,12 +131,20 @@ static etp_status_t host_event_create(etp__be_t *be, etp__bevent_t **out)
 {
     etp__bevent_t *e = calloc(1, sizeof *e);
     if (!e) return etp__err(ETP_ERR_OUT_OF_MEMORY, "event: out of memory");
+    etp__host_t *h = HOST(be);
+    e->next = h->events;
+    if (h->events) h->events->prev = e;
+    h->events = e;
     *out = e;
     return ETP_SUCCESS;
 }
 
 static etp_status_t host_event_destroy(etp__be_t *be, etp__bevent_t *e)
 {
+    etp__host_t *h = HOST(be);
+    if (e->prev) e->prev->next = e->next;
+    else h->events = e->next;
+    if (e->next) e->next->prev = e->prev;
     free(e);
     return ETP_SUCCESS;
 }
@@ -221,13 +236,17 @@ static etp_status_t host_comm_split(etp__be_t *be, etp__bcomm_t *parent, int col
     /* MPI_Comm_split blocks with no timeout; an all-gather of the arguments
      * first proves every rank is there (or times out), and catches ranks
      * that disagree about nothing yet: each brings its own color. */
-    int mine[2] = {color, key};
-    int *all = malloc(2 * (size_t)parent->size * sizeof(int));
-    if (!all) return etp__err(ETP_ERR_OUT_OF_MEMORY, "split: out of memory");
+    /* both buffers on the heap: a request that timed out may still be
+     * completed by a late rank, so they are then left to it (leaked) */
+    int *mine = malloc((2 + 2 * (size_t)parent->size) * sizeof(int));
+    if (!mine) return etp__err(ETP_ERR_OUT_OF_MEMORY, "split: out of memory");
+    int *all = mine + 2;
+    mine[0] = color;
+    mine[1] = key;
     MPI_Request req;
     int rc = MPI_Iallgather(mine, 2, MPI_INT, all, 2, MPI_INT, parent->ctrl, &req);
     etp_status_t st = rc == MPI_SUCCESS ? wait_req(h, &req, "group split") : mpi_err("group split", rc);
-    free(all);
+    if (st == ETP_SUCCESS || rc != MPI_SUCCESS) free(mine);
     if (st != ETP_SUCCESS) return etp__be_fail(be, st);
     MPI_Comm data;
     rc = MPI_Comm_split(parent->data, color < 0 ? MPI_UNDEFINED : color, key, &data);

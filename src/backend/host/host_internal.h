@@ -84,6 +84,7 @@ struct etp__bevent {
      * how many captured operations there */
     uint64_t cap_id;
     int cap_stream, cap_pos;
+    etp__bevent_t *prev, *next; /* the backend's events, so that a destroyed stream can let go of them */
 };
 
 struct etp__bcomm {
@@ -125,6 +126,7 @@ struct etp__host {
     etp__be_t base;
     MPI_Op half_ops[2][2]; /* [f16, bf16][sum, max] */
     etp__bstream_t *streams;
+    etp__bevent_t *events;
     int next_stream_id;
     uint64_t next_seq;
     int policy;            /* 0 latest first, 1 program order, 2 random */
