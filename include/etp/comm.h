@@ -61,8 +61,9 @@ ETP_API etp_status_t etp_group_split(etp_group_t *parent, int color, int key,
                                      const etp_group_config_t *config, etp_group_t **group);
 
 /* Destroy a group made by etp_group_split(). Errors: ETP_ERR_BUSY while groups
- * split from it, or parameters, chains or EP groups built on it, are alive
- * (nothing is destroyed); ETP_ERR_INVALID_ARGUMENT for the world group.
+ * split from it, parameters, chains or EP groups built on it, or graphs that
+ * captured a collective on it, are alive (nothing is destroyed);
+ * ETP_ERR_INVALID_ARGUMENT for the world group.
  * NULL is a no-op. */
 ETP_API etp_status_t etp_group_destroy(etp_group_t *group);
 

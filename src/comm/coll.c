@@ -37,6 +37,7 @@ static etp_status_t check_buffers(const void *send, const void *recv, size_t cou
 
 static etp_status_t issue(etp_group_t *g, int role, etp__coll_t *d, etp_stream_t *s)
 {
+    ETP__TRY(etp__capture_note_group(g, s));
     d->group_name = g->name;
     d->role = role;
     d->seq = ++g->seq[role];

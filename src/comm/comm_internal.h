@@ -29,6 +29,12 @@ struct etp_context {
     int num_streams, num_events, num_groups, num_graphs; /* live user-visible objects, world excluded */
     int batch_depth;
     uint64_t stream_ids; /* the last id given to a stream of this context */
+    /* graph captures in progress, and the groups their collectives used
+     * (shared by captures that overlap: each of their graphs then holds
+     * all of them, which only delays a group's destroy) */
+    int captures;
+    etp_group_t **cap_groups;
+    int n_cap_groups, cap_cap_groups;
     struct etp_chain *recording; /* src/shard: the chain recording its order, if any */
     /* memory accounting: a small open array, searched linearly (allocations
      * are few and long-lived: shards, slots, rings) */
@@ -50,6 +56,8 @@ struct etp_stream {
 struct etp_graph {
     etp_context_t *ctx;
     void *bg; /* the backend's graph */
+    etp_group_t **groups; /* whose communicators its collectives use (each holds a graph_refs) */
+    int ngroups;
 };
 
 struct etp_event {
@@ -67,12 +75,16 @@ struct etp_group {
     uint64_t seq[ETP_GROUP_MAX_ROLES];
     int windows; /* live etp__mem_alloc_window allocations on its communicators */
     int users;   /* live parameters, chains and EP groups built on it */
+    int graph_refs; /* live graphs whose collectives use its communicators */
 };
 
 /* ETP_SUCCESS, or ETP_ERR_ABORTED with the context's first failure. */
 etp_status_t etp__ctx_usable(const etp_context_t *ctx, const char *fn);
 /* *capturing: whether `stream` records into a graph capture now. */
 etp_status_t etp__stream_capturing(etp_stream_t *stream, int *capturing);
+/* A collective on `group` enqueued on `stream`: while it captures, the
+ * graph it becomes will hold the group (etp_group_destroy refuses). */
+etp_status_t etp__capture_note_group(etp_group_t *group, etp_stream_t *stream);
 /* Create a context around a backend that a constructor made. */
 etp_status_t etp__ctx_finish(etp_context_t *ctx, etp__bcomm_t *world_comm);
 /* Resolve config + environment into a fresh (zeroed) context. */

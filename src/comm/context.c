@@ -99,6 +99,7 @@ void etp__ctx_free(etp_context_t *ctx)
 {
     if (!ctx) return;
     free(ctx->allocs);
+    free(ctx->cap_groups);
     free(ctx);
 }
 
@@ -298,16 +299,23 @@ etp_status_t etp_context_destroy(etp_context_t *ctx)
         ETP__LOG(&ctx->log, ETP_LOG_WARN, ETP_SUBSYS_CORE,
                  "destroy: freeing %zu buffer(s) (%zu bytes) the caller did not free",
                  ctx->num_allocs, ctx->total_bytes);
+    /* windows need their communicator (only the world's can be left: other
+     * groups refuse to go first); plain memory goes after it, whose destroy
+     * settles what an abandoned collective may still write (the host
+     * backend's timed-out MPI requests) */
     for (size_t i = 0; i < ctx->num_allocs; i++) {
         etp__alloc_rec_t *r = &ctx->allocs[i];
-        if (r->win_group) /* only the world's can be left: other groups refuse to go first */
-            be->ops->win_free(be, r->win_group->comms[r->win_role], r->ptr, r->win);
-        else if (ctx->allocator.free)
+        if (r->win_group) be->ops->win_free(be, r->win_group->comms[r->win_role], r->ptr, r->win);
+    }
+    be->ops->comm_destroy(be, ctx->world->comms[0]);
+    for (size_t i = 0; i < ctx->num_allocs; i++) {
+        etp__alloc_rec_t *r = &ctx->allocs[i];
+        if (r->win_group) continue;
+        if (ctx->allocator.free)
             ctx->allocator.free(ctx->allocator.user, r->ptr, r->bytes);
         else
             be->ops->mem_free(be, r->ptr);
     }
-    be->ops->comm_destroy(be, ctx->world->comms[0]);
     free(ctx->world);
     be->ops->destroy(be);
     etp__ctx_free(ctx);

@@ -92,6 +92,10 @@ etp_status_t etp_group_destroy(etp_group_t *group)
                         "etp_group_destroy: group '%s' is still used by %d parameter(s), chain(s) "
                         "or EP group(s); destroy them first",
                         group->name, group->users);
+    if (group->graph_refs)
+        return etp__err(ETP_ERR_BUSY,
+                        "etp_group_destroy: group '%s' has collectives in %d graph(s); destroy them "
+                        "first", group->name, group->graph_refs);
     if (group->windows)
         return etp__err(ETP_ERR_BUSY,
                         "etp_group_destroy: group '%s' still has %d registered buffer(s) (gather "

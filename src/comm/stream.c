@@ -183,11 +183,40 @@ etp_status_t etp_memcpy_async(etp_stream_t *stream, void *dst, const void *src, 
     return stream->ctx->be->ops->memcpy_async(stream->ctx->be, stream->bs, dst, src, bytes);
 }
 
+etp_status_t etp__capture_note_group(etp_group_t *group, etp_stream_t *stream)
+{
+    etp_context_t *ctx = group->ctx;
+    if (ctx->captures == 0) return ETP_SUCCESS;
+    int capturing = 0;
+    ETP__TRY(etp__stream_capturing(stream, &capturing));
+    if (!capturing) return ETP_SUCCESS;
+    for (int i = 0; i < ctx->n_cap_groups; i++)
+        if (ctx->cap_groups[i] == group) return ETP_SUCCESS;
+    if (ctx->n_cap_groups == ctx->cap_cap_groups) {
+        int cap = ctx->cap_cap_groups ? 2 * ctx->cap_cap_groups : 8;
+        etp_group_t **a = realloc(ctx->cap_groups, (size_t)cap * sizeof *a);
+        if (!a) return etp__err(ETP_ERR_OUT_OF_MEMORY, "capture: out of host memory");
+        ctx->cap_groups = a;
+        ctx->cap_cap_groups = cap;
+    }
+    ctx->cap_groups[ctx->n_cap_groups++] = group;
+    return ETP_SUCCESS;
+}
+
+/* A capture ended (made a graph or not): the groups noted are forgotten
+ * once no capture is left. */
+static void capture_done(etp_context_t *ctx)
+{
+    if (--ctx->captures == 0) ctx->n_cap_groups = 0;
+}
+
 etp_status_t etp_stream_begin_capture(etp_stream_t *stream)
 {
     ETP__CHECK_NULL(stream, "etp_stream_begin_capture");
     ETP__TRY(etp__ctx_usable(stream->ctx, "etp_stream_begin_capture"));
-    return stream->ctx->be->ops->capture_begin(stream->ctx->be, stream->bs);
+    ETP__TRY(stream->ctx->be->ops->capture_begin(stream->ctx->be, stream->bs));
+    stream->ctx->captures++;
+    return ETP_SUCCESS;
 }
 
 etp_status_t etp_stream_end_capture(etp_stream_t *stream, etp_graph_t **graph)
@@ -196,12 +225,32 @@ etp_status_t etp_stream_end_capture(etp_stream_t *stream, etp_graph_t **graph)
     ETP__CHECK_NULL(graph, "etp_stream_end_capture");
     etp_context_t *ctx = stream->ctx;
     etp_graph_t *g = calloc(1, sizeof *g);
+    if (g && ctx->n_cap_groups) {
+        g->groups = malloc((size_t)ctx->n_cap_groups * sizeof *g->groups);
+        if (!g->groups) {
+            free(g);
+            g = NULL;
+        }
+    }
     if (!g) return etp__err(ETP_ERR_OUT_OF_MEMORY, "etp_stream_end_capture: out of host memory");
+    int was = 0;
+    (void)etp__stream_capturing(stream, &was);
     etp_status_t st = ctx->be->ops->capture_end(ctx->be, stream->bs, &g->bg);
     if (st != ETP_SUCCESS) {
+        /* a capture that failed to end is over all the same where its
+         * stream no longer captures (CUDA ends it either way) */
+        int now = 1;
+        if (was && etp__stream_capturing(stream, &now) == ETP_SUCCESS && !now && ctx->captures)
+            capture_done(ctx);
+        free(g->groups);
         free(g);
         return st;
     }
+    for (int i = 0; i < ctx->n_cap_groups; i++) {
+        g->groups[g->ngroups++] = ctx->cap_groups[i];
+        ctx->cap_groups[i]->graph_refs++;
+    }
+    if (ctx->captures) capture_done(ctx);
     g->ctx = ctx;
     ctx->num_graphs++;
     *graph = g;
@@ -222,6 +271,8 @@ etp_status_t etp_graph_destroy(etp_graph_t *graph)
 {
     if (!graph) return ETP_SUCCESS;
     graph->ctx->be->ops->graph_destroy(graph->ctx->be, graph->bg);
+    for (int i = 0; i < graph->ngroups; i++) graph->groups[i]->graph_refs--;
+    free(graph->groups);
     graph->ctx->num_graphs--;
     free(graph);
     return ETP_SUCCESS;

@@ -112,22 +112,26 @@ static void test_capture_rules(void **state)
     ETP_OK(etp_context_destroy(ctx));
 }
 
-/* A captured all-reduce reduces what the buffers hold at each launch. */
+/* A captured all-reduce reduces what the buffers hold at each launch; its
+ * group cannot be destroyed while the graph lives. */
 static void test_captured_collective(void **state)
 {
     (void)state;
     for (int mode = ETP_HOST_STREAMS_EAGER; mode <= ETP_HOST_STREAMS_SHUFFLE; mode++) {
         etp_context_t *ctx = ctx_for(mode);
-        etp_group_t *world;
+        etp_group_t *world, *grp;
         etp_stream_t *s;
         ETP_OK(etp_context_world(ctx, &world));
+        etp_group_config_t gc = ETP_GROUP_CONFIG_INIT;
+        ETP_OK(etp_group_split(world, 0, g_rank, &gc, &grp));
         ETP_OK(etp_stream_create(ctx, ETP_STREAM_PRIORITY_NORMAL, &s));
         enum { N = 32 };
         int32_t in[N], out[N];
         etp_graph_t *g;
         ETP_OK(etp_stream_begin_capture(s));
-        ETP_OK(etp_allreduce(world, 0, in, out, N, ETP_DTYPE_I32, ETP_REDOP_SUM, s));
+        ETP_OK(etp_allreduce(grp, 0, in, out, N, ETP_DTYPE_I32, ETP_REDOP_SUM, s));
         ETP_OK(etp_stream_end_capture(s, &g));
+        ETP_EXPECT_MSG(etp_group_destroy(grp), ETP_ERR_BUSY, "1 graph(s)");
         for (int it = 0; it < 3; it++) {
             for (int i = 0; i < N; i++) in[i] = (int32_t)(tu_rand(g_seed, (uint64_t)it, (uint64_t)g_rank, (uint64_t)i) % 1000);
             tu_poison(out, sizeof out);
@@ -141,6 +145,7 @@ static void test_captured_collective(void **state)
             }
         }
         ETP_OK(etp_graph_destroy(g));
+        ETP_OK(etp_group_destroy(grp));
         ETP_OK(etp_stream_destroy(s));
         ETP_OK(etp_context_destroy(ctx));
     }
