@@ -153,6 +153,13 @@ static etp_status_t make_fast(etp__cuda_t *cb, etp__bcomm_t *c, const etp_group_
                       ncclGetErrorString(r), ncclGetLastError(c->fast));
     else
         st = etp__cuda_wait_stream(cb, ws, "fast-launch warm-up", NULL);
+    if (st != ETP_SUCCESS && c->fast) {
+        /* c is not among cb->comms yet, so a failure did not abort its
+         * twin, whose kernels may still wait for peers on ws: abort them
+         * before cudaFree, which waits for the whole device */
+        (void)ncclCommAbort(c->fast);
+        c->fast = NULL;
+    }
     cudaFree(buf);
     cudaStreamDestroy(ws);
     return st;
