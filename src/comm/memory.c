@@ -32,6 +32,20 @@ static void record(etp_context_t *ctx, etp__alloc_rec_t r)
     if (ctx->total_bytes > ctx->peak_bytes) ctx->peak_bytes = ctx->total_bytes;
 }
 
+/* Both backends refuse an allocation during a capture alike, and before
+ * anything happens: CUDA's own refusal (thread-local capture mode) would
+ * come back as a backend error, and a window's would fail its rendezvous
+ * with the other ranks (aborting the context). */
+static etp_status_t refuse_in_capture(const etp_context_t *ctx, size_t bytes, etp_mem_owner_t owner)
+{
+    if (ctx->captures)
+        return etp__err(ETP_ERR_INVALID_STATE,
+                        "etp_mem_alloc: %zu bytes for %s while a graph capture is in progress on "
+                        "this context (allocate before the capture)",
+                        bytes, etp_mem_owner_name(owner));
+    return ETP_SUCCESS;
+}
+
 etp_status_t etp_mem_alloc(etp_context_t *ctx, size_t bytes, etp_mem_owner_t owner, void **ptr)
 {
     ETP__CHECK_NULL(ctx, "etp_mem_alloc");
@@ -40,6 +54,7 @@ etp_status_t etp_mem_alloc(etp_context_t *ctx, size_t bytes, etp_mem_owner_t own
     ETP__CHECK_ARG((int)owner >= 0 && owner < ETP_MEM_OWNER_COUNT,
                    "etp_mem_alloc: owner %d is not an etp_mem_owner_t", (int)owner);
     ETP__TRY(etp__ctx_usable(ctx, "etp_mem_alloc"));
+    ETP__TRY(refuse_in_capture(ctx, bytes, owner));
     ETP__TRY(reserve_record(ctx));
     void *p = NULL;
     if (ctx->allocator.alloc) {
@@ -75,6 +90,7 @@ etp_status_t etp__mem_alloc_window(etp_group_t *group, int role, size_t bytes,
     }
     ETP__CHECK_ARG(bytes > 0, "etp_mem_alloc: bytes is 0");
     ETP__TRY(etp__ctx_usable(ctx, "etp_mem_alloc"));
+    ETP__TRY(refuse_in_capture(ctx, bytes, owner));
     ETP__TRY(reserve_record(ctx));
     void *p = NULL, *win = NULL;
     etp_status_t st = ops->win_alloc(ctx->be, group->comms[role], bytes, &p, &win);

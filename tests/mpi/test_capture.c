@@ -112,6 +112,50 @@ static void test_capture_rules(void **state)
     ETP_OK(etp_context_destroy(ctx));
 }
 
+static void *counting_alloc(void *user, size_t bytes, etp_mem_owner_t owner)
+{
+    (void)owner;
+    ++*(int *)user;
+    return malloc(bytes);
+}
+
+static void plain_free(void *user, void *ptr, size_t bytes)
+{
+    (void)user;
+    (void)bytes;
+    free(ptr);
+}
+
+/* With a user allocator too, an allocation during a capture is refused
+ * before the allocator is asked (on CUDA, cudaMalloc would fail inside the
+ * capture). */
+static void test_capture_refuses_user_allocation(void **state)
+{
+    (void)state;
+    int calls = 0;
+    etp_context_config_t cfg = ETP_CONTEXT_CONFIG_INIT;
+    cfg.backend = ETP_BACKEND_HOST;
+    cfg.allocator.alloc = counting_alloc;
+    cfg.allocator.free = plain_free;
+    cfg.allocator.user = &calls;
+    etp_context_t *ctx = NULL;
+    ETP_OK(etp_context_create_mpi(MPI_COMM_WORLD, &cfg, &ctx));
+    etp_stream_t *s;
+    ETP_OK(etp_stream_create(ctx, ETP_STREAM_PRIORITY_NORMAL, &s));
+    void *p = NULL;
+    ETP_OK(etp_stream_begin_capture(s));
+    ETP_EXPECT_MSG(etp_mem_alloc(ctx, 64, ETP_MEM_USER, &p), ETP_ERR_INVALID_STATE, "capture");
+    assert_int_equal(calls, 0);
+    etp_graph_t *g = NULL;
+    ETP_OK(etp_stream_end_capture(s, &g));
+    ETP_OK(etp_graph_destroy(g));
+    ETP_OK(etp_mem_alloc(ctx, 64, ETP_MEM_USER, &p)); /* after it: fine */
+    assert_int_equal(calls, 1);
+    ETP_OK(etp_mem_free(ctx, p));
+    ETP_OK(etp_stream_destroy(s));
+    ETP_OK(etp_context_destroy(ctx));
+}
+
 /* A captured all-reduce reduces what the buffers hold at each launch; its
  * group cannot be destroyed while the graph lives. */
 static void test_captured_collective(void **state)
@@ -158,6 +202,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_capture_records_then_replays),
         cmocka_unit_test(test_capture_rules),
         cmocka_unit_test(test_captured_collective),
+        cmocka_unit_test(test_capture_refuses_user_allocation),
     };
     return tu_mpi_finish(cmocka_run_group_tests(tests, NULL, NULL));
 }
