@@ -267,24 +267,27 @@ ETP__QF_HD uint8_t etp__qf_e2m1_rne_satfinite_fast(float x)
 }
 
 /* etp__qf_e2m1_sr_satfinite without the search and the division, equal to
- * it for every input and every r (tests/unit/test_quant_formats.c): k, the
- * code of lo, counts the grid magnitudes at or below |x| (7 from 6 up),
- * and the spacing's inverse (2, 1, 1/2; 0 at 7, where nothing rounds up)
- * multiplies |x| - lo exactly, as the definition's division by the
- * spacing, a power of two, does. */
+ * it for every input and every r (tests/unit/test_quant_formats.c), mostly
+ * in integers. With n = r >> 8 the draw's 24 bits, "draw < frac" is
+ * n < frac * 2^24, and frac * 2^24 is an integer read off |x|'s bits in the
+ * normal binades: from 1 up, where one mantissa bit is kept (lo truncates
+ * the other 22, spacing 2^(e-1)), frac * 2^24 = 4 * (those 22 bits), so
+ * n < it iff (n >> 2) < them, and the code of lo is (bits >> 22) - 252;
+ * in [0.5, 1) (lo 0.5, spacing 0.5) frac * 2^24 = 2 * (the 23 mantissa
+ * bits). Below 0.5 (lo 0) frac * 2^24 = |x| * 2^25, an exact float
+ * (subnormals included) that the exact float of n is compared with. */
 ETP__QF_HD uint8_t etp__qf_e2m1_sr_satfinite_fast(float x, uint32_t r)
 {
     const uint32_t u = etp__qf_bits(x), s = (u >> 28) & 0x8u, a = u & 0x7fffffffu;
     if (a > 0x7f800000u) return 0x7u;
-    const float v = etp__qf_float(a);
-    const uint32_t k = (uint32_t)(v >= 0.5f) + (uint32_t)(v >= 1.0f) + (uint32_t)(v >= 1.5f) +
-                       (uint32_t)(v >= 2.0f) + (uint32_t)(v >= 3.0f) + (uint32_t)(v >= 4.0f) +
-                       (uint32_t)(v >= 6.0f);
-    const float lo = k < 4u ? (float)k * 0.5f : (float)(k - 2u);
-    const float inv = k < 4u ? 2.0f : k < 6u ? 1.0f : k == 6u ? 0.5f : 0.0f;
-    const float frac = (v - lo) * inv;
-    const float draw = (float)(r >> 8) * 5.9604644775390625e-08f; /* 2^-24 */
-    return (uint8_t)(s | (k + (uint32_t)(draw < frac)));
+    if (a >= 0x40c00000u) return (uint8_t)(s | 0x7u); /* |x| >= 6: nothing above to round to */
+    const uint32_t n = r >> 8;
+    const int ge1 = a >= 0x3f800000u, ge_half = a >= 0x3f000000u;
+    const uint32_t k = ge1 ? (a >> 22) - 252u : (uint32_t)ge_half;
+    const int up = ge1 ? (n >> 2) < (a & 0x3fffffu)
+                        : ge_half ? (n >> 1) < (a & 0x7fffffu)
+                                  : (float)n < etp__qf_float(a) * 33554432.0f; /* 2^25 */
+    return (uint8_t)(s | (k + (uint32_t)up));
 }
 
 /* ---- magic-number conversions (the v3 cast kernel's hot loops) ----------- */
