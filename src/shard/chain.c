@@ -202,7 +202,7 @@ static etp_status_t push_ticket(etp_chain_t *c, etp_param_t *p, etp_pass_t pass)
         c->tickets = a;
         c->cap_tickets = cap;
     }
-    etp__ticket_t t = {p, pass, etp__param_gather_bytes(p, pass), -1, ETP__TICKET_IDLE};
+    etp__ticket_t t = {p, pass, etp__param_gather_bytes(p, pass), -1, ETP__TICKET_IDLE, 0};
     p->ticket[pass] = c->ntickets;
     c->tickets[c->ntickets++] = t;
     return ETP_SUCCESS;
@@ -416,6 +416,9 @@ static etp_status_t issue(etp_chain_t *c, int u, etp_stream_t *caller)
      * order) is evicted: its gather will issue it again. */
     if (s->tenant >= 0 && s->tenant != u && c->tickets[s->tenant].state == ETP__TICKET_ISSUED)
         c->tickets[s->tenant].state = ETP__TICKET_IDLE;
+    /* issued again into its own slot (its weight updated since): its last
+     * gather there may still be running */
+    const int again = s->tenant == u && t->state == ETP__TICKET_ISSUED;
     if (c->graphed) {
         /* A graphed chain forks the AG stream from the caller's stream: under
          * a capture that puts the AG work into the graph, and it orders the
@@ -454,6 +457,7 @@ static etp_status_t issue(etp_chain_t *c, int u, etp_stream_t *caller)
         if (etp__shard_diag(16)) on_caller = 0;
 #endif
         if (on_caller) {
+            if (again) ETP__TRY(etp_stream_wait_event(caller, s->ready));
             if (s->release_recorded) ETP__TRY(etp_stream_wait_event(caller, s->released));
             if (p->updated_recorded) ETP__TRY(etp_stream_wait_event(caller, p->updated));
             ETP__TRY(etp__slot_allgather_copy_on(c->group, c->ag_role, p->shard, shard_elems * es, s->ptr,
@@ -471,6 +475,7 @@ static etp_status_t issue(etp_chain_t *c, int u, etp_stream_t *caller)
     s->tenant = u;
     s->release_recorded = 0;
     t->state = ETP__TICKET_ISSUED;
+    t->version = p->version;
     return ETP_SUCCESS;
 }
 
@@ -570,7 +575,10 @@ etp_status_t etp_gather(etp_param_t *p, etp_pass_t pass, etp_stream_t *stream, e
                             c->tickets[u].slot, c->tickets[ten].param->name,
                             pass_name(c->tickets[ten].pass));
     }
-    if (tk->state == ETP__TICKET_IDLE) ETP__TRY(issue(c, t, stream)); /* a cold start */
+    /* a cold start, or a prefetch of a weight updated since it was issued
+     * (its gather read the old shard, or raced its writer) */
+    if (tk->state == ETP__TICKET_IDLE || (tk->state == ETP__TICKET_ISSUED && tk->version != p->version))
+        ETP__TRY(issue(c, t, stream));
     etp__slot_t *s = &c->slots[tk->slot];
     if (!(c->skip_edges & ETP__EDGE_GATHER_READY)) ETP__TRY(etp_stream_wait_event(stream, s->ready));
     tk->state = ETP__TICKET_HELD;

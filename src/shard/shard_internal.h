@@ -82,6 +82,7 @@ typedef struct etp__ticket {
     size_t bytes;
     int slot;
     int state;
+    uint64_t version; /* the parameter's version its last issue gathered */
 } etp__ticket_t;
 
 typedef struct etp__slot {

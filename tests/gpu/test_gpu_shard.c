@@ -33,6 +33,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_defer_zero_grad),
         cmocka_unit_test(test_recorded_chain),
         cmocka_unit_test(test_errors),
+        cmocka_unit_test(test_update_after_prefetch),
     };
     return tu_mpi_finish(cmocka_run_group_tests(tests, NULL, NULL));
 }

@@ -105,13 +105,18 @@ static void on_grad(void *user, etp_param_t *param, etp_stream_t *final_stream)
 }
 
 
-enum { RUN_GRAPHED = 1, RUN_PREFETCH_ON_UPDATE = 2, RUN_DEFER_ZERO = 4 };
+enum { RUN_GRAPHED = 1, RUN_PREFETCH_ON_UPDATE = 2, RUN_DEFER_ZERO = 4, RUN_EAGER = 8 };
 
 static void open_run(run_t *r, int64_t seed, int nparams, int depth, int ring, unsigned skip,
                      int mode)
 {
     memset(r, 0, sizeof *r);
+#ifdef ETP_SHARD_TEST_CUDA
     r->ctx = tu_test_ctx(seed);
+#else
+    r->ctx = (mode & RUN_EAGER) ? tu_host_ctx(MPI_COMM_WORLD, ETP_HOST_STREAMS_EAGER, seed, -1, -1)
+                                : tu_test_ctx(seed);
+#endif
     ETP_OK(etp_context_world(r->ctx, &r->world));
     etp_group_config_t gc = ETP_GROUP_CONFIG_INIT;
     gc.name = "etp";
@@ -658,6 +663,30 @@ static void test_errors(void **state)
     close_run(&r);
 }
 
+/* A weight updated after its prefetch was issued (within a step) is
+ * gathered again: the view holds the update, in eager and shuffle modes. */
+static void test_update_after_prefetch(void **state)
+{
+    (void)state;
+    for (int mode = 0; mode < 2; mode++) {
+        run_t r;
+        /* eager: each gather runs when issued, so a stale one shows */
+        open_run(&r, 5, 3, 1, 2, 0, mode ? 0 : RUN_EAGER);
+        load_weights(&r, 0);
+        void *w0 = gather_copy(&r, 0, ETP_PASS_FORWARD); /* prefetches w1 at step 0's weights */
+        load_weights(&r, 1);                             /* every weight updated after that */
+        void *w1 = gather_copy(&r, 1, ETP_PASS_FORWARD);
+        void *w2 = gather_copy(&r, 2, ETP_PASS_FORWARD);
+        ETP_OK(etp_stream_synchronize(r.main));
+        assert_int_equal(count_weight_errors(0, 0, w0), 0);
+        assert_int_equal(count_weight_errors(1, 1, w1), 0);
+        assert_int_equal(count_weight_errors(2, 1, w2), 0);
+        for (int i = 2; i >= 0; i--) (void)gather_copy(&r, i, ETP_PASS_BACKWARD);
+        ETP_OK(etp_stream_synchronize(r.main));
+        close_run(&r);
+    }
+}
+
 #ifndef ETP_SHARD_TEST_CUDA
 /* A destroyed chain leaves nothing on its parameters: a wgrad buffer it
  * handed out (never reduced) and the micro-batches it counted do not carry
@@ -767,6 +796,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_edge_graphed_fork),
         cmocka_unit_test(test_edge_update_prefetch),
         cmocka_unit_test(test_errors),
+        cmocka_unit_test(test_update_after_prefetch),
         cmocka_unit_test(test_destroy_detaches),
         cmocka_unit_test(test_record_out_of_memory),
     };
