@@ -146,7 +146,12 @@ ETP_API etp_status_t etp_param_load_shard(etp_param_t *param, const void *src, e
 ETP_API etp_status_t etp_param_export_full(etp_param_t *param, void *dst, etp_stream_t *stream);
 
 /* Tell etp that the shard was written on `stream` (after an optimizer step):
- * later gathers wait for it. */
+ * later gathers wait for it, and a prefetched gather of it issued before
+ * this call is issued again at its etp_gather. Every rank of the group must
+ * mark the same parameters updated between the same gathers, even one whose
+ * shard did not change (only padding, say): a quantized parameter's next
+ * gather re-quantizes after it, with a collective (NVFP4's amax all-reduce,
+ * the scales of cache_gathered_scales) that all ranks must issue alike. */
 ETP_API etp_status_t etp_param_mark_updated(etp_param_t *param, etp_stream_t *stream);
 
 /* Called on the calling thread as soon as a step's final reduce-scatter of

@@ -186,22 +186,27 @@ static etp_status_t load_rows(etp_param_t *p, const char *src, int64_t src_row0,
                               etp_stream_t *s)
 {
     size_t es = esize(p->dtype), row = (size_t)p->cols * es;
-    for (int64_t e = 0; e < p->experts; e++) {
+    etp_status_t st = ETP_SUCCESS;
+    for (int64_t e = 0; e < p->experts && st == ETP_SUCCESS; e++) {
         char *dst = (char *)p->shard + (size_t)(e * p->shard_rows) * row;
-        ETP__TRY(etp_memcpy_async(s, dst, src + (size_t)((e * src_stride + src_row0) * p->cols) * es,
-                                  (size_t)p->valid_rows * row));
-        ETP__TRY(etp_memset_async(s, dst + (size_t)p->valid_rows * row, 0,
-                                  (size_t)(p->shard_rows - p->valid_rows) * row));
+        st = etp_memcpy_async(s, dst, src + (size_t)((e * src_stride + src_row0) * p->cols) * es,
+                              (size_t)p->valid_rows * row);
+        if (st == ETP_SUCCESS)
+            st = etp_memset_async(s, dst + (size_t)p->valid_rows * row, 0,
+                                  (size_t)(p->shard_rows - p->valid_rows) * row);
     }
-    if (p->master) {
+    if (p->master && st == ETP_SUCCESS) {
         etp__be_t *be = p->ctx->be;
         etp__shard_geom_t g = {p->experts, p->shard_rows, p->cols, p->shard_rows,
                                p->shard_rows * p->cols};
-        ETP__TRY(be->ops->kernels->shard->convert_rows(be, s->bs, p->master, ETP_DTYPE_F32,
-                                                        g.stride, p->shard, p->dtype, g.stride,
-                                                        p->cols, g));
+        st = be->ops->kernels->shard->convert_rows(be, s->bs, p->master, ETP_DTYPE_F32, g.stride,
+                                                   p->shard, p->dtype, g.stride, p->cols, g);
     }
-    return etp_param_mark_updated(p, s);
+    /* a load that failed part way has still changed the shard: it is
+     * marked updated all the same (no stale quantized copy, and later
+     * gathers wait for the copies enqueued), and its error returned */
+    const etp_status_t mu = etp_param_mark_updated(p, s);
+    return st != ETP_SUCCESS ? st : mu;
 }
 
 etp_status_t etp_param_load_full(etp_param_t *p, const void *src, etp_stream_t *s)

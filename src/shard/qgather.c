@@ -101,10 +101,12 @@ etp_status_t etp__param_quant_init(etp_param_t *p)
             off = up(off + E * b);
             p->sc_swz[d] = off;
             if (p->swizzle) off = up(off + E * b);
+            /* the amaxes per direction too: a refresh of one direction's
+             * waits for that direction's readers only */
+            p->sc_amax[d] = off;
+            off = up(off + E * sizeof(float));
             p->sc_version[d] = (uint64_t)-1;
         }
-        p->sc_amax = off;
-        off = up(off + E * sizeof(float));
         ETP__TRY(etp_mem_alloc(p->ctx, off, ETP_MEM_SHARDS, (void **)&p->sc));
     }
     return ETP_SUCCESS;
@@ -200,7 +202,7 @@ static void scales_at(const etp_param_t *p, const qlayout_t *L, uint8_t *slot, u
         int d = L->row ? 0 : 1;
         *scales = p->sc + p->sc_scales[d];
         *swz = p->sc + p->sc_swz[d];
-        *amax = (float *)(p->sc + p->sc_amax);
+        *amax = (float *)(p->sc + p->sc_amax[d]);
     } else {
         *scales = slot + L->scales;
         *swz = slot + L->swz;
@@ -221,7 +223,7 @@ static etp_status_t cache_scales(etp_chain_t *c, etp_param_t *p, const qlayout_t
     ETP__TRY(etp_memcpy_async(c->ag, p->sc + p->sc_scales[d], s + L->scales, E * L->scales_e));
     if (p->swizzle) ETP__TRY(etp_memcpy_async(c->ag, p->sc + p->sc_swz[d], s + L->swz, E * L->scales_e));
     if (p->quant == ETP_PARAM_QUANT_NVFP4)
-        ETP__TRY(etp_memcpy_async(c->ag, p->sc + p->sc_amax, s + L->amax, E * sizeof(float)));
+        ETP__TRY(etp_memcpy_async(c->ag, p->sc + p->sc_amax[d], s + L->amax, E * sizeof(float)));
     p->sc_version[d] = p->q_version;
     return ETP_SUCCESS;
 }

@@ -72,7 +72,7 @@ struct etp_param {
      * direction holds */
     int cache_scales;
     uint8_t *sc;
-    size_t sc_scales[2], sc_swz[2], sc_amax;
+    size_t sc_scales[2], sc_swz[2], sc_amax[2]; /* per direction: each has its own readers */
     uint64_t sc_version[2];
 };
 
