@@ -144,7 +144,7 @@ typedef struct etp_ep_group_config {
     size_t size;                   /* sizeof(etp_ep_group_config_t) */
     const char *name;              /* copied; in messages ("ep"); NULL: the group's name */
     int role;                      /* the group role whose communicator EP uses */
-    int64_t num_experts;           /* E, a multiple of the group size R */
+    int64_t num_experts;           /* E, a multiple of the group size R; E / R <= 65536 */
     int64_t hidden;                /* H, elements per token row */
     etp_dtype_t token_dtype;       /* ETP_DTYPE_BF16, ETP_DTYPE_F32, or ETP_EP_TOKEN_MXFP8
                                     * (BF16 in, MXFP8 out of dispatch; BF16 elsewhere) */

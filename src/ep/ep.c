@@ -31,6 +31,9 @@
 #include "ep/ep_hook.h"
 #include "etp/ep.h"
 
+/* Local experts a rank: the host reference counts them on its stack. */
+#define ETP__EP_MAX_LOCAL_EXPERTS 65536
+
 enum { EP_NAME_MAX = 64 };
 
 struct etp_ep_group {
@@ -340,6 +343,11 @@ etp_status_t etp_ep_group_create(etp_group_t *group, const etp_ep_group_config_t
     ETP__CHECK_ARG(c.max_tokens_per_rank < lim && c.hidden < lim,
                    "%s: max_tokens_per_rank %lld and hidden %lld must be below 2^31", fn,
                    (long long)c.max_tokens_per_rank, (long long)c.hidden);
+    /* expert ids are int32 on the device; per-expert counters of a rank's
+     * layout live on the host reference's stack */
+    ETP__CHECK_ARG(c.num_experts < lim && c.num_experts / R <= ETP__EP_MAX_LOCAL_EXPERTS,
+                   "%s: num_experts %lld over %d ranks: at most %d local experts a rank", fn,
+                   (long long)c.num_experts, R, ETP__EP_MAX_LOCAL_EXPERTS);
     const int64_t L = c.num_experts / R, T = c.max_tokens_per_rank, K = c.max_topk;
     int64_t slab = 0, tok_cap, send_rows;
     if (c.transport == ETP_EP_TRANSPORT_CAPACITY) {

@@ -390,6 +390,9 @@ static void test_bad_input(void **state)
     bad = c;
     bad.hidden = (int64_t)1 << 40;
     ETP_EXPECT_MSG(etp_ep_group_create(f->world, &bad, &ep), ETP_ERR_INVALID_ARGUMENT, "below 2^31");
+    bad = c;
+    bad.num_experts = (int64_t)g_size * 65537;
+    ETP_EXPECT_MSG(etp_ep_group_create(f->world, &bad, &ep), ETP_ERR_INVALID_ARGUMENT, "local experts");
     assert_null(ep);
 
     g.cap = c.recv_capacity_per_rank;
