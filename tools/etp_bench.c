@@ -9,6 +9,8 @@
  * median time over the iterations (the slowest rank's), bandwidth, the
  * baseline's bandwidth and the ratio.
  */
+#include <errno.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -114,7 +116,16 @@ double bench_max_over_ranks(double x)
 bench_row_t *bench_add(bench_t *b, const char *name, const char *shape, double bytes, double us,
                        double base_gbps)
 {
-    if (b->nrows == BENCH_MAX_ROWS) return &b->rows[BENCH_MAX_ROWS - 1];
+    if (b->nrows == b->cap_rows) {
+        int cap = b->cap_rows ? 2 * b->cap_rows : 64;
+        bench_row_t *a = realloc(b->rows, (size_t)cap * sizeof *a);
+        if (!a) {
+            fprintf(stderr, "etp-bench rank %d: out of host memory for rows\n", b->rank);
+            MPI_Abort(MPI_COMM_WORLD, 1);
+        }
+        b->rows = a;
+        b->cap_rows = cap;
+    }
     bench_row_t *r = &b->rows[b->nrows++];
     snprintf(r->name, sizeof r->name, "%s", name);
     snprintf(r->shape, sizeof r->shape, "%s", shape);
@@ -124,6 +135,32 @@ bench_row_t *bench_add(bench_t *b, const char *name, const char *shape, double b
     r->base_gbps = base_gbps;
     r->ratio = base_gbps > 0 ? r->gbps / base_gbps : 0;
     return r;
+}
+
+int bench_long(const bench_t *b, const char *opt, const char *s, long lo, long hi, long *out)
+{
+    char *end = NULL;
+    errno = 0;
+    const long v = strtol(s, &end, 10);
+    if (end == s || *end != '\0' || errno || v < lo || v > hi) {
+        if (b->rank == 0) fprintf(stderr, "etp-bench: %s '%s': expected a whole number in [%ld, %ld]\n", opt, s, lo, hi);
+        return -1;
+    }
+    *out = v;
+    return 0;
+}
+
+int bench_double(const bench_t *b, const char *opt, const char *s, double lo, double hi, double *out)
+{
+    char *end = NULL;
+    errno = 0;
+    const double v = strtod(s, &end);
+    if (end == s || *end != '\0' || errno || !isfinite(v) || v < lo || v > hi) {
+        if (b->rank == 0) fprintf(stderr, "etp-bench: %s '%s': expected a number in [%g, %g]\n", opt, s, lo, hi);
+        return -1;
+    }
+    *out = v;
+    return 0;
 }
 
 static void print_table(const bench_t *b)
@@ -137,23 +174,32 @@ static void print_table(const bench_t *b)
     }
 }
 
-static void write_csv(const bench_t *b, const char *path)
+/* 0, or -1 after a message: a run whose file was asked for and not written
+ * must not look like a success */
+static int write_failed(const char *path)
+{
+    fprintf(stderr, "etp-bench: cannot write %s\n", path);
+    return -1;
+}
+
+static int write_csv(const bench_t *b, const char *path)
 {
     FILE *f = fopen(path, "w");
-    if (!f) return;
+    if (!f) return write_failed(path);
     fprintf(f, "benchmark,shape,bytes,time_us,gbps,base_gbps,ratio\n");
     for (int i = 0; i < b->nrows; i++) {
         const bench_row_t *r = &b->rows[i];
-        fprintf(f, "%s,\"%s\",%.0f,%.3f,%.3f,%.3f,%.4f\n", r->name, r->shape, r->bytes, r->us,
+        /* names hold commas ("cast mxfp8, 64 launches"): quoted like the shapes */
+        fprintf(f, "\"%s\",\"%s\",%.0f,%.3f,%.3f,%.3f,%.4f\n", r->name, r->shape, r->bytes, r->us,
                 r->gbps, r->base_gbps, r->ratio);
     }
-    fclose(f);
+    return fclose(f) == 0 ? 0 : write_failed(path);
 }
 
-static void write_json(const bench_t *b, const char *path)
+static int write_json(const bench_t *b, const char *path)
 {
     FILE *f = fopen(path, "w");
-    if (!f) return;
+    if (!f) return write_failed(path);
     fprintf(f, "{\"ranks\": %d, \"backend\": \"%s\", \"iters\": %d, \"rows\": [\n", b->size,
             b->backend == ETP_BACKEND_CUDA ? "cuda" : "host", b->iters);
     for (int i = 0; i < b->nrows; i++) {
@@ -164,7 +210,7 @@ static void write_json(const bench_t *b, const char *path)
                 i + 1 < b->nrows ? "," : "");
     }
     fprintf(f, "]}\n");
-    fclose(f);
+    return fclose(f) == 0 ? 0 : write_failed(path);
 }
 
 static int usage(void)
@@ -198,14 +244,24 @@ int main(int argc, char **argv)
     /* common options first; the rest go to the subcommand */
     char **rest = calloc((size_t)argc, sizeof *rest);
     int nrest = 0;
+    int bad = 0;
     for (int i = 2; i < argc; i++) {
-        if (strcmp(argv[i], "--iters") == 0 && i + 1 < argc) b.iters = atoi(argv[++i]);
-        else if (strcmp(argv[i], "--warmup") == 0 && i + 1 < argc) b.warmup = atoi(argv[++i]);
-        else if (strcmp(argv[i], "--csv") == 0 && i + 1 < argc) csv = argv[++i];
+        long v = 0;
+        if (strcmp(argv[i], "--iters") == 0 && i + 1 < argc) {
+            bad |= bench_long(&b, "--iters", argv[++i], 1, 1000000, &v) != 0;
+            b.iters = (int)v;
+        } else if (strcmp(argv[i], "--warmup") == 0 && i + 1 < argc) {
+            bad |= bench_long(&b, "--warmup", argv[++i], 0, 1000000, &v) != 0;
+            b.warmup = (int)v;
+        } else if (strcmp(argv[i], "--csv") == 0 && i + 1 < argc) csv = argv[++i];
         else if (strcmp(argv[i], "--json") == 0 && i + 1 < argc) json = argv[++i];
         else rest[nrest++] = argv[i];
     }
-    if (b.iters < 1) b.iters = 1;
+    if (bad) {
+        free(rest);
+        MPI_Finalize();
+        return 2;
+    }
     BENCH_CHECK(&b, etp_context_create_mpi(MPI_COMM_WORLD, NULL, &b.ctx));
     BENCH_CHECK(&b, etp_context_backend(b.ctx, &b.backend));
     int rc = fn(&b, nrest, rest);
@@ -213,10 +269,12 @@ int main(int argc, char **argv)
         printf("etp-bench %s: %d ranks, backend %s, median of %d iterations after %d warm-up\n", cmd,
                b.size, b.backend == ETP_BACKEND_CUDA ? "cuda" : "host", b.iters, b.warmup);
         print_table(&b);
-        if (csv) write_csv(&b, csv);
-        if (json) write_json(&b, json);
+        if (csv && write_csv(&b, csv) != 0) rc = 1;
+        if (json && write_json(&b, json) != 0) rc = 1;
     }
     BENCH_CHECK(&b, etp_context_destroy(b.ctx));
+    MPI_Allreduce(MPI_IN_PLACE, &rc, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD); /* every rank exits alike */
+    free(b.rows);
     free(rest);
     MPI_Finalize();
     return rc;

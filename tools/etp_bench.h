@@ -8,8 +8,6 @@
 #include "etp/etp.h"
 #include "etp/mpi.h"
 
-#define BENCH_MAX_ROWS 256
-
 typedef struct bench_row {
     char name[64];    /* what was timed */
     char shape[96];   /* sizes, free text */
@@ -25,8 +23,8 @@ typedef struct bench {
     etp_context_t *ctx;
     etp_backend_t backend;
     int warmup, iters;
-    bench_row_t rows[BENCH_MAX_ROWS];
-    int nrows;
+    bench_row_t *rows; /* grown as rows are added */
+    int nrows, cap_rows;
 } bench_t;
 
 #define BENCH_CHECK(b, expr)                                                                \
@@ -55,6 +53,12 @@ double bench_max_over_ranks(double x);
 
 bench_row_t *bench_add(bench_t *b, const char *name, const char *shape, double bytes, double us,
                        double base_gbps);
+
+/* Option values, whole or refused: s must be a number in [lo, hi] with
+ * nothing after it. 0 with *out set, or -1 after a message naming opt (on
+ * rank 0). */
+int bench_long(const bench_t *b, const char *opt, const char *s, long lo, long hi, long *out);
+int bench_double(const bench_t *b, const char *opt, const char *s, double lo, double hi, double *out);
 
 /* Subcommands: each in its own file; a missing one is reported, not linked. */
 int etp_bench_gather(bench_t *b, int argc, char **argv);

@@ -244,13 +244,29 @@ int etp_bench_chain(bench_t *b, int argc, char **argv)
     model_t m = {.L = 16, .depth = 1, .d = 8192, .M = 4096};
     int max_ctas = -1, gemm_sms = 0, loop = 1, pou = 0, defer = 0, main_high = 0, stalls = 0;
     for (int i = 0; i < argc; i++) {
-        if (strcmp(argv[i], "--layers") == 0 && i + 1 < argc) m.L = atoi(argv[++i]);
-        else if (strcmp(argv[i], "--d") == 0 && i + 1 < argc) m.d = atol(argv[++i]);
-        else if (strcmp(argv[i], "--m") == 0 && i + 1 < argc) m.M = atol(argv[++i]);
-        else if (strcmp(argv[i], "--depth") == 0 && i + 1 < argc) m.depth = atoi(argv[++i]);
-        else if (strcmp(argv[i], "--max-ctas") == 0 && i + 1 < argc) max_ctas = atoi(argv[++i]);
-        else if (strcmp(argv[i], "--gemm-sms") == 0 && i + 1 < argc) gemm_sms = atoi(argv[++i]);
-        else if (strcmp(argv[i], "--loop") == 0 && i + 1 < argc) loop = atoi(argv[++i]);
+        long v = 0;
+        if (strcmp(argv[i], "--layers") == 0 && i + 1 < argc) {
+            if (bench_long(b, "--layers", argv[++i], 1, 4096, &v)) return 2;
+            m.L = (int)v;
+        } else if (strcmp(argv[i], "--d") == 0 && i + 1 < argc) {
+            if (bench_long(b, "--d", argv[++i], 1, 1L << 20, &v)) return 2;
+            m.d = v;
+        } else if (strcmp(argv[i], "--m") == 0 && i + 1 < argc) {
+            if (bench_long(b, "--m", argv[++i], 1, 1L << 24, &v)) return 2;
+            m.M = v;
+        } else if (strcmp(argv[i], "--depth") == 0 && i + 1 < argc) {
+            if (bench_long(b, "--depth", argv[++i], 0, 64, &v)) return 2;
+            m.depth = (int)v;
+        } else if (strcmp(argv[i], "--max-ctas") == 0 && i + 1 < argc) {
+            if (bench_long(b, "--max-ctas", argv[++i], -1, 1 << 20, &v)) return 2;
+            max_ctas = (int)v;
+        } else if (strcmp(argv[i], "--gemm-sms") == 0 && i + 1 < argc) {
+            if (bench_long(b, "--gemm-sms", argv[++i], 0, 1 << 16, &v)) return 2;
+            gemm_sms = (int)v;
+        } else if (strcmp(argv[i], "--loop") == 0 && i + 1 < argc) {
+            if (bench_long(b, "--loop", argv[++i], 1, 1 << 16, &v)) return 2;
+            loop = (int)v;
+        }
         else if (strcmp(argv[i], "--update") == 0) m.update = 1;
         else if (strcmp(argv[i], "--prefetch-on-update") == 0) pou = 1;
         else if (strcmp(argv[i], "--defer-zero") == 0) defer = 1;

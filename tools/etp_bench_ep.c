@@ -45,7 +45,10 @@
  *   the metric DeepEP reports, over the whole call.
  * - expand and pre-sum: the expanded rows (one per kept (token, expert)),
  *   times H x dtype: what expand writes and pre-sum reads; the copy row
- *   copies the same bytes, so ratio = copy time / kernel time.
+ *   copies the same bytes, so ratio = copy time / kernel time. With MXFP8
+ *   dispatch the expand row counts its wire rows' bytes (H + H/32 + padding
+ *   a row) against a copy of BF16 rows: that ratio compares bandwidths
+ *   (GB/s over GB/s), not times.
  * - pack: the rows it writes (all destinations); token sum: the FP32
  *   partials it reads. Their ratios are against the copy's GB/s.
  */

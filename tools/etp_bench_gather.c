@@ -113,9 +113,19 @@ int etp_bench_gather(bench_t *b, int argc, char **argv)
     long cols = 4096;
     int max_ctas = -1, quant = 1;
     for (int i = 0; i < argc; i++) {
-        if (strcmp(argv[i], "--mib") == 0 && i + 1 < argc) snprintf(mibs, sizeof mibs, "%s", argv[++i]);
-        else if (strcmp(argv[i], "--cols") == 0 && i + 1 < argc) cols = atol(argv[++i]);
-        else if (strcmp(argv[i], "--max-ctas") == 0 && i + 1 < argc) max_ctas = atoi(argv[++i]);
+        long v = 0;
+        if (strcmp(argv[i], "--mib") == 0 && i + 1 < argc) {
+            if (strlen(argv[i + 1]) >= sizeof mibs) {
+                if (b->rank == 0) fprintf(stderr, "etp-bench gather: --mib list too long\n");
+                return 2;
+            }
+            snprintf(mibs, sizeof mibs, "%s", argv[++i]);
+        } else if (strcmp(argv[i], "--cols") == 0 && i + 1 < argc) {
+            if (bench_long(b, "--cols", argv[++i], 1, 1L << 30, &cols)) return 2;
+        } else if (strcmp(argv[i], "--max-ctas") == 0 && i + 1 < argc) {
+            if (bench_long(b, "--max-ctas", argv[++i], -1, 1 << 20, &v)) return 2;
+            max_ctas = (int)v;
+        }
         else if (strcmp(argv[i], "--no-quant") == 0) quant = 0;
         else {
             if (b->rank == 0) fprintf(stderr, "etp-bench gather: unknown option %s\n", argv[i]);
@@ -150,7 +160,8 @@ int etp_bench_gather(bench_t *b, int argc, char **argv)
 #endif
     bench_timer_t *tm = bench_timer_create(b, main_s);
     for (char *tok = strtok(mibs, ","); tok; tok = strtok(NULL, ",")) {
-        double mib = atof(tok);
+        double mib = 0;
+        if (bench_double(b, "--mib", tok, 1e-3, 1e7, &mib)) return 2;
         int64_t rows = (int64_t)(mib * 1048576.0 / 2.0 / (double)cols);
         rows = (rows + b->size - 1) / b->size * b->size;
         etp_param_config_t pc = ETP_PARAM_CONFIG_INIT;

@@ -327,18 +327,22 @@ static double case_max_moved(const qcase_t *c, size_t es)
     return mx > nv ? mx : nv;
 }
 
+/* NxRxK cases: positive decimals, nothing else in a token */
 static int parse_cases(const char *s, qcase_t *cases, int *ncases)
 {
     char buf[256];
+    if (strlen(s) >= sizeof buf) return -1;
     snprintf(buf, sizeof buf, "%s", s);
     *ncases = 0;
     for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
         unsigned long long n, r, k;
-        if (sscanf(tok, "%llux%llux%llu", &n, &r, &k) != 3 || n == 0 || *ncases == QB_MAX_CASES)
+        int used = 0;
+        if (strchr(tok, '-') || sscanf(tok, "%llux%llux%llu%n", &n, &r, &k, &used) != 3 || tok[used] != '\0' ||
+            n == 0 || r == 0 || k == 0 || *ncases == QB_MAX_CASES)
             return -1;
         cases[(*ncases)++] = (qcase_t){(size_t)n, (size_t)r, (size_t)k};
     }
-    return 0;
+    return *ncases > 0 ? 0 : -1;
 }
 
 int etp_bench_quant(bench_t *b, int argc, char **argv)
@@ -352,8 +356,11 @@ int etp_bench_quant(bench_t *b, int argc, char **argv)
     int nvfp4_1d = 0, swizzle = 0, separate = 1, flush_read = 0, stochastic = 0;
     for (int i = 0; i < argc; i++) {
         if (strcmp(argv[i], "--cases") == 0 && i + 1 < argc) cases_s = argv[++i];
-        else if (strcmp(argv[i], "--big-mib") == 0 && i + 1 < argc) big_mib = atof(argv[++i]);
-        else if (strcmp(argv[i], "--flush-mib") == 0 && i + 1 < argc) flush_mib = atof(argv[++i]);
+        else if (strcmp(argv[i], "--big-mib") == 0 && i + 1 < argc) {
+            if (bench_double(b, "--big-mib", argv[++i], 0, 1e6, &big_mib)) return 2;
+        } else if (strcmp(argv[i], "--flush-mib") == 0 && i + 1 < argc) {
+            if (bench_double(b, "--flush-mib", argv[++i], 0, 1e6, &flush_mib)) return 2;
+        }
         else if (strcmp(argv[i], "--formats") == 0 && i + 1 < argc) formats = argv[++i];
         else if (strcmp(argv[i], "--flush") == 0 && i + 1 < argc) {
             const char *f = argv[++i];

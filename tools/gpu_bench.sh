@@ -11,6 +11,7 @@ cmake --build build-bench -j"$(nproc)" --target etp-bench >/dev/null || exit 1
 nvidia-smi -L | tee "$out/machine.txt"
 [ $# -gt 0 ] || set -- "gather --mib 64,256,1024" "chain"
 i=0
+failed=0
 # An argument may start with VAR=VALUE settings for that run only:
 #   "ETP_NCCL_FAST_LAUNCH=1 gather --mib 64"
 for sub in "$@"; do
@@ -23,5 +24,6 @@ for sub in "$@"; do
     name="${sub%% *}-$i"
     echo "== etp-bench $sub ${envs[*]}"
     mpirun -np 2 --allow-run-as-root --bind-to none "${envs[@]}" build-bench/tools/etp-bench $sub \
-        --csv "$out/bench-$name.csv" 2>&1 | tee "$out/bench-$name.log"
+        --csv "$out/bench-$name.csv" 2>&1 | tee "$out/bench-$name.log" || { echo "FAILED: etp-bench $sub"; failed=1; }
 done
+exit $failed
