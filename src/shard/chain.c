@@ -56,6 +56,7 @@ etp_status_t etp_chain_create(etp_context_t *ctx, const etp_chain_config_t *cfg,
     c->ag_role = cfg->ag_role;
     c->rs_role = cfg->rs_role;
     c->ring_n = cfg->wgrad_ring;
+    c->grads_joined = 1; /* nothing reduced yet */
     c->num_micro = cfg->num_microbatches;
     c->prefetch_on_update = cfg->prefetch_on_update;
     c->defer_zero = cfg->defer_zero_grad;
@@ -416,9 +417,11 @@ static etp_status_t issue(etp_chain_t *c, int u, etp_stream_t *caller)
      * order) is evicted: its gather will issue it again. */
     if (s->tenant >= 0 && s->tenant != u && c->tickets[s->tenant].state == ETP__TICKET_ISSUED)
         c->tickets[s->tenant].state = ETP__TICKET_IDLE;
-    /* issued again into its own slot (its weight updated since): its last
-     * gather there may still be running */
-    const int again = s->tenant == u && t->state == ETP__TICKET_ISSUED;
+    /* the slot's last gather may still be running where no release of it
+     * was recorded since: issued again into its own slot (its weight
+     * updated since), or a tenant issued and never gathered (evicted, or
+     * left from a step that stopped early, e.g. forward only) */
+    const int unreleased = s->tenant >= 0 && !s->release_recorded;
     if (c->graphed) {
         /* A graphed chain forks the AG stream from the caller's stream: under
          * a capture that puts the AG work into the graph, and it orders the
@@ -457,7 +460,7 @@ static etp_status_t issue(etp_chain_t *c, int u, etp_stream_t *caller)
         if (etp__shard_diag(16)) on_caller = 0;
 #endif
         if (on_caller) {
-            if (again) ETP__TRY(etp_stream_wait_event(caller, s->ready));
+            if (unreleased) ETP__TRY(etp_stream_wait_event(caller, s->ready));
             if (s->release_recorded) ETP__TRY(etp_stream_wait_event(caller, s->released));
             if (p->updated_recorded) ETP__TRY(etp_stream_wait_event(caller, p->updated));
             ETP__TRY(etp__slot_allgather_copy_on(c->group, c->ag_role, p->shard, shard_elems * es, s->ptr,
@@ -546,11 +549,14 @@ etp_status_t etp_gather(etp_param_t *p, etp_pass_t pass, etp_stream_t *stream, e
                                 c->tickets[i].param->name, pass_name(c->tickets[i].pass));
         for (int i = 0; i < c->ntickets; i++) c->tickets[i].state = ETP__TICKET_IDLE;
         if (c->graphed) {
-            /* The last step ended with etp_wait_grads on the caller's stream
+            /* The last step ended with its releases on the caller's stream
              * (a graphed chain's contract), so the events of that step are
              * behind us: waiting on them again would reach outside a capture
-             * that starts here. */
-            for (int k = 0; k < c->ring_n; k++) c->ring_done_recorded[k] = 0;
+             * that starts here. The ring's reductions are behind us only
+             * after an etp_wait_grads: between micro-batches (one per
+             * gather-cache step) they are not, and their edges stay. */
+            if (c->grads_joined)
+                for (int k = 0; k < c->ring_n; k++) c->ring_done_recorded[k] = 0;
             for (int i = 0; i < c->nslots; i++) c->slots[i].release_recorded = 0;
         }
     }
@@ -582,8 +588,14 @@ etp_status_t etp_gather(etp_param_t *p, etp_pass_t pass, etp_stream_t *stream, e
     etp__slot_t *s = &c->slots[tk->slot];
     if (!(c->skip_edges & ETP__EDGE_GATHER_READY)) ETP__TRY(etp_stream_wait_event(stream, s->ready));
     tk->state = ETP__TICKET_HELD;
-    for (int u = t + 1; u <= last; u++)
-        if (c->tickets[u].state == ETP__TICKET_IDLE) ETP__TRY(issue(c, u, stream));
+    for (int u = t + 1; u <= last; u++) {
+        if (c->tickets[u].state != ETP__TICKET_IDLE) continue;
+        const etp_status_t st = issue(c, u, stream);
+        if (st != ETP_SUCCESS) {
+            tk->state = ETP__TICKET_ISSUED; /* no view was handed out: nothing to release */
+            return st;
+        }
+    }
     if (p->quant != ETP_PARAM_QUANT_NONE) {
         etp__qgather_view(p, pass, s->ptr, view);
         return ETP_SUCCESS;

@@ -181,6 +181,7 @@ etp_status_t etp_reduce_grad(etp_param_t *p, etp_stream_t *stream, float scale)
     p->zero_pending = 0;
     ETP__TRY(etp_event_record(c->ring_done[e], c->rs));
     c->ring_done_recorded[e] = 1;
+    c->grads_joined = 0;
     c->ring_holder[e] = NULL;
     p->wgrad_entry = -1;
     if (++p->micro == c->num_micro) {
@@ -233,7 +234,9 @@ etp_status_t etp_wait_grads(etp_chain_t *c, etp_stream_t *stream)
     ETP__TRY(etp__chain_zero_pending(c));
     if (c->skip_edges & ETP__EDGE_GRADS_JOIN) return ETP_SUCCESS;
     ETP__TRY(etp_event_record(c->scratch, c->rs));
-    return etp_stream_wait_event(stream, c->scratch);
+    ETP__TRY(etp_stream_wait_event(stream, c->scratch));
+    c->grads_joined = 1;
+    return ETP_SUCCESS;
 }
 
 etp_status_t etp_chain_grad_stats(etp_chain_t *c, double *sum_squares, int64_t *nonfinite)

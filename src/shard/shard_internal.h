@@ -117,6 +117,7 @@ struct etp_chain {
     etp_param_t **ring_holder; /* the parameter an entry is handed out to, until its reduction */
     etp_event_t **ring_done;
     int *ring_done_recorded;
+    int grads_joined; /* no reduction since the last etp_wait_grads (a graphed step's end) */
     int ring_next;
     size_t ring_bytes, rs_bytes;
     /* rs_stage receives the ranks' chunks of a wgrad (an all-to-all), which
