@@ -302,6 +302,7 @@ etp_status_t etp_chain_end_record(etp_chain_t *c)
     ETP__TRY(etp_stream_synchronize(c->ag));
     ETP__TRY(etp_stream_synchronize(c->rs));
     c->ctx->recording = NULL;
+    c->zero_on_join = 0;
     etp_status_t st = plan(c);
     if (st != ETP_SUCCESS) {
         /* plan() freed the recording's slots: the chain stays recording,
@@ -350,7 +351,11 @@ static etp_status_t record_slot(etp_chain_t *c, etp__ticket_t *t)
  * failure leaves no ticket behind, so the same gather may be retried. */
 etp_status_t etp__chain_record_ticket(etp_chain_t *c, etp_param_t *p, etp_pass_t pass)
 {
-    if (!p->chain) ETP__TRY(attach(c, p, "etp_gather"));
+    if (!p->chain) {
+        ETP__TRY(attach(c, p, "etp_gather"));
+        /* the step's etp_zero_grad came before it joined */
+        if (c->zero_on_join) ETP__TRY(etp__chain_zero_one(c, p));
+    }
     if (p->ticket[pass] >= 0)
         return etp__err(ETP_ERR_INVALID_STATE,
                         "etp_gather: '%s' %s was gathered already while chain '%s' recorded; a "

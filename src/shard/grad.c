@@ -201,15 +201,21 @@ etp_status_t etp_zero_grad(etp_chain_t *c, etp_stream_t *stream)
      * `stream` did before (an optimizer reading main_grad) */
     ETP__TRY(etp_event_record(c->scratch, stream));
     ETP__TRY(etp_stream_wait_event(c->rs, c->scratch));
-    for (int i = 0; i < c->nparams; i++) {
-        etp_param_t *p = c->params[i];
-        if (c->defer_zero)
-            p->zero_pending = 1;
-        else
-            ETP__TRY(etp_memset_async(c->rs, p->main_grad, 0,
-                                      (size_t)(p->experts * p->shard_rows * p->cols) * sizeof(float)));
-        p->micro = 0;
-    }
+    for (int i = 0; i < c->nparams; i++) ETP__TRY(etp__chain_zero_one(c, c->params[i]));
+    /* a recording chain's parameters join at their first gather, after this
+     * call: each is zeroed then (etp__chain_record_ticket) */
+    if (c->state == ETP__CHAIN_RECORDING) c->zero_on_join = 1;
+    return ETP_SUCCESS;
+}
+
+etp_status_t etp__chain_zero_one(etp_chain_t *c, etp_param_t *p)
+{
+    if (c->defer_zero)
+        p->zero_pending = 1;
+    else
+        ETP__TRY(etp_memset_async(c->rs, p->main_grad, 0,
+                                  (size_t)(p->experts * p->shard_rows * p->cols) * sizeof(float)));
+    p->micro = 0;
     return ETP_SUCCESS;
 }
 

@@ -118,6 +118,7 @@ struct etp_chain {
     etp_event_t **ring_done;
     int *ring_done_recorded;
     int grads_joined; /* no reduction since the last etp_wait_grads (a graphed step's end) */
+    int zero_on_join; /* recording: etp_zero_grad came before some parameters joined */
     int ring_next;
     size_t ring_bytes, rs_bytes;
     /* rs_stage receives the ranks' chunks of a wgrad (an all-to-all), which
@@ -137,6 +138,8 @@ int etp__plan_tickets(const size_t *bytes, int n, int depth, int *slot, size_t *
 
 size_t etp__param_gather_bytes(const etp_param_t *p, etp_pass_t pass);
 etp_status_t etp__chain_record_ticket(etp_chain_t *c, etp_param_t *p, etp_pass_t pass);
+/* etp_zero_grad of one parameter of c (on c's RS stream, or deferred). */
+etp_status_t etp__chain_zero_one(etp_chain_t *c, etp_param_t *p);
 etp_status_t etp__chain_ensure_workspace(etp_chain_t *c);
 /* defer_zero_grad: zero, on the RS stream, every main_grad still waiting
  * for its first reduction since etp_zero_grad. */

@@ -710,6 +710,30 @@ static void test_forward_only_step(void **state)
     }
 }
 
+/* Parameters of a finished chain (their main_grad holding its last step)
+ * recorded into a new chain: the recording step's etp_zero_grad, called
+ * before they join at their first gathers, zeroes them all the same. */
+static void test_record_reused_params(void **state)
+{
+    (void)state;
+    for (int defer = 0; defer < 2; defer++) {
+        run_t r;
+        open_run(&r, 1, 3, 1, 2, 0, defer ? RUN_DEFER_ZERO : 0);
+        assert_int_equal(run_steps(&r, 1), 0);
+        close_chain(&r);
+        etp_chain_config_t cc = ETP_CHAIN_CONFIG_INIT;
+        cc.group = r.tp;
+        cc.num_microbatches = 2;
+        cc.defer_zero_grad = defer;
+        ETP_OK(etp_chain_create(r.ctx, &cc, &r.chain));
+        ETP_OK(etp_chain_begin_record(r.chain));
+        assert_int_equal(run_steps(&r, 1), 0);
+        ETP_OK(etp_chain_end_record(r.chain));
+        assert_int_equal(run_steps(&r, 1), 0);
+        close_run(&r);
+    }
+}
+
 #ifndef ETP_SHARD_TEST_CUDA
 /* A destroyed chain leaves nothing on its parameters: a wgrad buffer it
  * handed out (never reduced) and the micro-batches it counted do not carry
@@ -821,6 +845,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_errors),
         cmocka_unit_test(test_update_after_prefetch),
         cmocka_unit_test(test_forward_only_step),
+        cmocka_unit_test(test_record_reused_params),
         cmocka_unit_test(test_destroy_detaches),
         cmocka_unit_test(test_record_out_of_memory),
     };
