@@ -173,11 +173,15 @@ static etp_status_t comm_attach(etp__cuda_t *cb, etp__bcomm_t *c, const etp_grou
     if (r != ncclSuccess)
         return etp__err(ETP_ERR_BACKEND, "group '%s': querying the new NCCL communicator: %s (%s)",
                         c->name, ncclGetErrorString(r), ncclGetLastError(c->nccl));
+    /* the fingerprint scratch now, not at the first checked collective,
+     * which may come while another stream of the thread captures */
+    if (cb->base.cfg.check_collectives) ETP__TRY(etp__cuda_fp_alloc(c));
     if (cb->base.cfg.nccl_fast_launch) {
         etp_status_t st = make_fast(cb, c, g);
         if (st != ETP_SUCCESS) {
             if (c->fast) (void)ncclCommAbort(c->fast);
             c->fast = NULL;
+            etp__cuda_comm_free_scratch(c);
             return st;
         }
     }

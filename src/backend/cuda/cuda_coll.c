@@ -127,6 +127,23 @@ void etp__cuda_comm_free_scratch(etp__bcomm_t *c)
 
 /* ---- fingerprints -------------------------------------------------------- */
 
+etp_status_t etp__cuda_fp_alloc(etp__bcomm_t *c)
+{
+    if (c->fp_dev != NULL) return ETP_SUCCESS;
+    const size_t bytes = (size_t)c->size * ETP__CUDA_FP_WORDS * sizeof(int64_t);
+    cudaError_t e = cudaMalloc((void **)&c->fp_dev, 2 * bytes);
+    if (e == cudaSuccess) e = cudaMallocHost((void **)&c->fp_host, 2 * bytes);
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        if (c->fp_dev != NULL) (void)cudaFree(c->fp_dev);
+        c->fp_dev = NULL;
+        c->fp_host = NULL;
+        return etp__err(ETP_ERR_OUT_OF_MEMORY, "group '%s': fingerprint buffers (2 x %zu bytes): %s",
+                        c->name, bytes, cudaGetErrorString(e));
+    }
+    return ETP_SUCCESS;
+}
+
 /* The count this rank tells peer p: what an all-to-all-v sends to p, or the
  * collective's count. */
 static uint64_t fp_count_to(const etp__coll_t *op, int p)
@@ -219,16 +236,10 @@ static etp_status_t fp_check(etp__cuda_t *cb, etp__bcomm_t *c, const etp__coll_t
     char desc[192];
     coll_desc(c, op, desc, sizeof desc);
     cudaError_t e;
-    if (c->fp_dev == NULL) {
-        e = cudaMalloc((void **)&c->fp_dev, 2 * bytes);
-        if (e == cudaSuccess) e = cudaMallocHost((void **)&c->fp_host, 2 * bytes);
-        if (e != cudaSuccess) {
-            (void)cudaGetLastError();
-            etp__err(ETP_ERR_OUT_OF_MEMORY, "fingerprint buffers (2 x %zu bytes) for %s: %s", bytes,
-                     desc, cudaGetErrorString(e));
-            return etp__cuda_fail(cb, ETP_ERR_OUT_OF_MEMORY);
-        }
-    }
+    /* made with the communicator (comm_attach), not here, where another
+     * stream of this thread may be capturing (no cudaMalloc then) */
+    if (c->fp_dev == NULL && etp__cuda_fp_alloc(c) != ETP_SUCCESS)
+        return etp__cuda_fail(cb, ETP_ERR_OUT_OF_MEMORY);
     int64_t *hs = c->fp_host, *hr = c->fp_host + words;
     int64_t *ds = c->fp_dev, *dr = c->fp_dev + words;
     for (int p = 0; p < c->size; p++) {

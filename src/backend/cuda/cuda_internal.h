@@ -205,6 +205,8 @@ etp_status_t etp__cuda_batch_end(etp__be_t *be);
 void etp__cuda_describe_pending(etp__cuda_t *cb, char *buf, size_t n);
 
 /* Free a communicator's scratch and ring events (not the NCCL comm). */
+/* The fingerprint scratch of c (ETP_CHECK_COLLECTIVES), when it is made. */
+etp_status_t etp__cuda_fp_alloc(etp__bcomm_t *c);
 void etp__cuda_comm_free_scratch(etp__bcomm_t *c);
 
 /* Short strings for messages. */
