@@ -443,6 +443,8 @@ etp_status_t etp_quant_quantize(etp_quantizer_t *quantizer, size_t n,
             if (role < 0 || role >= group->num_roles)
                 return etp__err(ETP_ERR_INVALID_ARGUMENT, "%s: role %d not in [0, %d) of group '%s'",
                                 fn, role, group->num_roles, group->name);
+            /* the cast reads the all-reduce's result */
+            ETP__TRY(etp__ctx_no_batch(group->ctx, fn));
         }
         ETP__TRY(multi_amax(quantizer, n, inputs, amax, NULL, stream));
         /* every rank issues the collective, even with n = 0, so that the

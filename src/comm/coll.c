@@ -113,6 +113,15 @@ etp_status_t etp_alltoallv(etp_group_t *group, int role, const void *send, const
     return issue(group, role, &d, stream);
 }
 
+etp_status_t etp__ctx_no_batch(const etp_context_t *ctx, const char *fn)
+{
+    if (ctx->batch_depth > 0)
+        return etp__err(ETP_ERR_INVALID_STATE,
+                        "%s: not inside etp_batch_begin/end (its own work reads collectives' "
+                        "results, which a batch launches only at its end)", fn);
+    return ETP_SUCCESS;
+}
+
 etp_status_t etp_batch_begin(etp_context_t *ctx)
 {
     ETP__CHECK_NULL(ctx, "etp_batch_begin");

@@ -80,6 +80,10 @@ struct etp_group {
 
 /* ETP_SUCCESS, or ETP_ERR_ABORTED with the context's first failure. */
 etp_status_t etp__ctx_usable(const etp_context_t *ctx, const char *fn);
+/* ETP_ERR_INVALID_STATE inside an etp_batch_begin/end: for calls that
+ * enqueue work reading a collective's result (on CUDA a batch's collectives
+ * launch only at its end, after that work). */
+etp_status_t etp__ctx_no_batch(const etp_context_t *ctx, const char *fn);
 /* *capturing: whether `stream` records into a graph capture now. */
 etp_status_t etp__stream_capturing(etp_stream_t *stream, int *capturing);
 /* A collective on `group` enqueued on `stream`: while it captures, the

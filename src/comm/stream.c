@@ -214,6 +214,11 @@ etp_status_t etp_stream_begin_capture(etp_stream_t *stream)
 {
     ETP__CHECK_NULL(stream, "etp_stream_begin_capture");
     ETP__TRY(etp__ctx_usable(stream->ctx, "etp_stream_begin_capture"));
+    /* both backends alike (CUDA itself would allow a second) */
+    if (stream->ctx->captures)
+        return etp__err(ETP_ERR_INVALID_STATE,
+                        "etp_stream_begin_capture: a capture is in progress on this context already "
+                        "(one at a time)");
     ETP__TRY(stream->ctx->be->ops->capture_begin(stream->ctx->be, stream->bs));
     stream->ctx->captures++;
     return ETP_SUCCESS;

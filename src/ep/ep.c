@@ -232,7 +232,8 @@ static etp_status_t report_status(const etp_ep_layer_t *ly, const etp_ep_report_
 static etp_status_t entry(etp_ep_layer_t *ly, etp_stream_t *s, const char *fn)
 {
     if (!ly) return etp__err(ETP_ERR_INVALID_ARGUMENT, "%s: argument 'layer' is NULL", fn);
-    return check_stream(ly->ep, s, fn);
+    ETP__TRY(check_stream(ly->ep, s, fn));
+    return etp__ctx_no_batch(ly->ep->ctx, fn);
 }
 
 /* ---- exchanges ---------------------------------------------------------- */

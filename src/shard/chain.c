@@ -515,6 +515,7 @@ static etp_status_t check_use(const etp_param_t *p, etp_pass_t pass, const etp_s
                    fn, (int)pass);
     ETP__CHECK_ARG(s->ctx == p->ctx, "%s: the stream belongs to another context than '%s'", fn,
                    p->name);
+    ETP__TRY(etp__ctx_no_batch(p->ctx, fn));
     return etp__ctx_usable(p->ctx, fn);
 }
 

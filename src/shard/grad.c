@@ -84,6 +84,7 @@ static etp_status_t chain_of(const etp_param_t *p, const etp_stream_t *s, const 
     ETP__CHECK_ARG(s->ctx == p->ctx, "%s: the stream belongs to another context than '%s'", fn,
                    p->name);
     ETP__TRY(etp__ctx_usable(p->ctx, fn));
+    ETP__TRY(etp__ctx_no_batch(p->ctx, fn));
     etp_chain_t *c = p->chain;
     if (!c || c->state == ETP__CHAIN_BUILDING)
         return etp__err(ETP_ERR_INVALID_STATE, "%s: '%s' is not in a finalized or recording chain",
@@ -252,6 +253,7 @@ etp_status_t etp_chain_grad_stats(etp_chain_t *c, double *sum_squares, int64_t *
     ETP__CHECK_NULL(sum_squares, fn);
     ETP__CHECK_NULL(nonfinite, fn);
     ETP__TRY(etp__ctx_usable(c->ctx, fn));
+    ETP__TRY(etp__ctx_no_batch(c->ctx, fn));
     if (!c->stats)
         return etp__err(ETP_ERR_INVALID_STATE, "%s: chain '%s' is not finalized", fn, c->name);
     etp__be_t *be = c->ctx->be;

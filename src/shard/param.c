@@ -226,6 +226,7 @@ etp_status_t etp_param_load_shard(etp_param_t *p, const void *src, etp_stream_t 
 etp_status_t etp_param_mark_updated(etp_param_t *p, etp_stream_t *s)
 {
     ETP__TRY(check_stream(p, s, "etp_param_mark_updated"));
+    ETP__TRY(etp__ctx_no_batch(p->ctx, "etp_param_mark_updated")); /* it may issue a gather */
     ETP__TRY(etp_event_record(p->updated, s));
     p->updated_recorded = 1;
     p->version++; /* the quantized shard is stale */
@@ -236,6 +237,7 @@ etp_status_t etp_param_export_full(etp_param_t *p, void *dst, etp_stream_t *s)
 {
     const char *fn = "etp_param_export_full";
     ETP__TRY(check_stream(p, s, fn));
+    ETP__TRY(etp__ctx_no_batch(p->ctx, fn));
     ETP__CHECK_NULL(dst, fn);
     size_t es = esize(p->dtype), row = (size_t)p->cols * es;
     size_t shard_elems = (size_t)(p->shard_rows * p->cols);

@@ -569,6 +569,11 @@ static void test_errors(void **state)
     /* the group outlives its parameters and chains: refused while used */
     ETP_EXPECT_MSG(etp_group_destroy(r.tp), ETP_ERR_BUSY, "parameter(s), chain(s)");
     ETP_EXPECT(etp_gather(r.p[0], (etp_pass_t)5, r.main, &v), ETP_ERR_INVALID_ARGUMENT);
+    /* inside a batch, whose collectives launch only at its end: refused */
+    ETP_OK(etp_batch_begin(r.ctx));
+    ETP_EXPECT_MSG(etp_gather(r.p[0], ETP_PASS_FORWARD, r.main, &v), ETP_ERR_INVALID_STATE, "etp_batch_begin");
+    ETP_EXPECT_MSG(etp_reduce_grad(r.p[0], r.main, 1.0f), ETP_ERR_INVALID_STATE, "etp_batch_begin");
+    ETP_OK(etp_batch_end(r.ctx));
     /* holding a weight: a prefetch into its slot, or destroy, is refused */
     load_weights(&r, 0);
     ETP_OK(etp_gather(r.p[0], ETP_PASS_FORWARD, r.main, &v));
