@@ -19,6 +19,9 @@
  * ETP_CHECK_COLLECTIVES=1 every collective first exchanges a fingerprint
  * (group, role, sequence, operation, count, dtype, reduction) and a difference
  * between ranks is reported as ETP_ERR_COLLECTIVE_MISMATCH instead of a hang.
+ * That check waits on the host for the exchange (so calls documented as never
+ * blocking then block), and is skipped for collectives captured into a graph
+ * or issued inside a batch: a debugging aid, off by default.
  *
  * Thread safety: as the context (one thread at a time).
  */
@@ -64,7 +67,8 @@ ETP_API etp_status_t etp_group_split(etp_group_t *parent, int color, int key,
  * split from it, parameters, chains or EP groups built on it, or graphs that
  * captured a collective on it, are alive (nothing is destroyed);
  * ETP_ERR_INVALID_ARGUMENT for the world group.
- * NULL is a no-op. */
+ * Collective over the group (its communicators are finalized together) and
+ * blocks the host, bounded by the timeout. NULL is a no-op. */
 ETP_API etp_status_t etp_group_destroy(etp_group_t *group);
 
 ETP_API etp_status_t etp_group_rank(const etp_group_t *group, int *rank);
@@ -105,7 +109,11 @@ ETP_API etp_status_t etp_alltoallv(etp_group_t *group, int role, const void *sen
 
 /* Fuse the collectives issued between begin and end into one launch (an NCCL
  * group). Batches nest; the outermost end launches. Collectives of a batch may
- * be on any groups and streams of the context. */
+ * be on any groups and streams of the context. Only collectives belong in a
+ * batch: on CUDA other work enqueued on their streams inside it runs before
+ * them (they launch at the end), so etp's calls whose own work reads a
+ * collective's result (etp_gather, etp_reduce_grad, EP calls, quantize with a
+ * group) refuse inside one (ETP_ERR_INVALID_STATE). */
 ETP_API etp_status_t etp_batch_begin(etp_context_t *ctx);
 ETP_API etp_status_t etp_batch_end(etp_context_t *ctx);
 

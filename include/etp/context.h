@@ -86,8 +86,8 @@ typedef struct etp_context_config {
     int64_t shuffle_seed;         /* shuffle-mode seed; -1: ETP_HOST_SHUFFLE_SEED */
     double timeout_s;             /* collective/wait timeout; <0: ETP_TIMEOUT_S; 0: none */
     int check_collectives;        /* -1: ETP_CHECK_COLLECTIVES; 0 off; 1 on */
-    etp_allocator_t allocator;
-    etp_log_fn_t log_fn;
+    etp_allocator_t allocator;    /* its functions and user pointer are kept: valid for the context's life */
+    etp_log_fn_t log_fn;          /* kept, with log_user, for the context's life */
     void *log_user;
 } etp_context_config_t;
 
@@ -121,10 +121,13 @@ ETP_API etp_status_t etp_context_create(const etp_unique_id_t *id, int rank, int
                                         const etp_context_config_t *config,
                                         etp_context_t **ctx);
 
-/* Destroy a context. Streams, events and groups made from it must be
- * destroyed first (ETP_ERR_BUSY names what is left); buffers still allocated
- * are freed and reported in the log. Waits for the context's outstanding
- * work (bounded by the timeout) before releasing communicators. NULL is a
+/* Destroy a context. Streams, events, groups and graphs made from it must be
+ * destroyed first (ETP_ERR_BUSY names what is left), and so must its
+ * quantizers, parameters, chains and EP groups (they are not counted: their
+ * destroy after this one would touch a freed context); buffers still
+ * allocated are freed and reported in the log. Waits for the context's
+ * outstanding work (bounded by the timeout) before releasing communicators,
+ * which every rank does together: collective, blocks the host. NULL is a
  * no-op. */
 ETP_API etp_status_t etp_context_destroy(etp_context_t *ctx);
 
@@ -190,7 +193,9 @@ ETP_API etp_status_t etp_stream_begin_capture(etp_stream_t *stream);
  * destroyed with etp_graph_destroy). Every joined stream's work must have
  * been joined back into `stream` (it waited on an event recorded after that
  * work). Errors: ETP_ERR_INVALID_STATE (not the capturing stream, unjoined
- * work, a capture invalidated by an earlier error, which is named). */
+ * work, a capture invalidated by an earlier error, which is named) on the
+ * host backend; on CUDA the same cases come back as ETP_ERR_BACKEND with
+ * CUDA's message. */
 ETP_API etp_status_t etp_stream_end_capture(etp_stream_t *stream, etp_graph_t **graph);
 /* Enqueue the graph's work on `stream` (ordered after what is there). The
  * buffers it was captured with must still be allocated. */
@@ -206,11 +211,14 @@ ETP_API etp_status_t etp_graph_destroy(etp_graph_t *graph);
 ETP_API etp_status_t etp_mem_alloc(etp_context_t *ctx, size_t bytes, etp_mem_owner_t owner,
                                    void **ptr);
 /* Free a buffer from etp_mem_alloc() of the same context. Like cudaFree, it
- * first waits for the context's enqueued work. Errors:
- * ETP_ERR_INVALID_ARGUMENT for a pointer this context did not allocate. */
+ * first waits for the context's enqueued work: blocks the host. Errors:
+ * ETP_ERR_INVALID_ARGUMENT for a pointer this context did not allocate;
+ * ETP_ERR_INVALID_STATE during a capture; ETP_ERR_TIMEOUT, ETP_ERR_BACKEND
+ * from the wait (the buffer then stays allocated). */
 ETP_API etp_status_t etp_mem_free(etp_context_t *ctx, void *ptr);
 /* Enqueue a byte fill / a copy of `bytes` on `stream`. Pointers may be device
- * or host memory the backend can reach; ranges must not overlap for copies. */
+ * or host memory the backend can reach; ranges must not overlap for copies.
+ * value is the byte, 0..255 (-1 is refused: pass 255). */
 ETP_API etp_status_t etp_memset_async(etp_stream_t *stream, void *ptr, int value, size_t bytes);
 ETP_API etp_status_t etp_memcpy_async(etp_stream_t *stream, void *dst, const void *src,
                                       size_t bytes);

@@ -28,7 +28,8 @@ ETP_API etp_status_t etp_context_create_nccl(ncclComm_t comm, const etp_context_
 /* Wrap a cudaStream_t the caller owns (NULL or cudaStreamPerThread are
  * refused: etp needs a real stream to order against). etp_stream_destroy()
  * releases the wrapper only. Work etp enqueues on it orders with the caller's
- * own kernels (cuBLASLt GEMMs) on that stream. */
+ * own kernels (cuBLASLt GEMMs) on that stream. The native stream must
+ * outlive the wrapper: the context's waits query it. */
 ETP_API etp_status_t etp_stream_wrap_cuda(etp_context_t *ctx, cudaStream_t native,
                                           etp_stream_t **stream);
 

@@ -351,8 +351,9 @@ ETP_API etp_status_t etp_ep_combine(etp_ep_layer_t *layer, const void *expert_ou
  *   grad_tokens: [T, H] of dtype: the sum of the rows of each token (the
  *     order and rounding of an unweighted combine).
  *   grad_topk_weights: [T, k] FP32: slot (t, j) gets grad_row_weights of the
- *     row that carried it, 0 for slots without a row; NULL skips it (it must
- *     be NULL when grad_row_weights is).
+ *     row that carried it, 0 for slots without a row. grad_row_weights and
+ *     grad_topk_weights are both given or both NULL (ETP_ERR_INVALID_ARGUMENT
+ *     otherwise).
  * Errors: as dispatch. */
 ETP_API etp_status_t etp_ep_dispatch_bwd(etp_ep_layer_t *layer, const void *grad_rows,
                                          etp_dtype_t dtype, const float *grad_row_weights,

@@ -33,6 +33,15 @@
  * on the chain's reduce-scatter stream and accumulates scale * result into
  * main_grad (padding stripped). etp_wait_grads joins that stream back.
  *
+ * Collectives: every rank of the group makes the same calls that touch a
+ * chain's communication, in the same order: etp_chain_finalize,
+ * etp_chain_end_record and etp_chain_destroy (which register and free the
+ * gather slots, possibly as windows of the group: they block the host),
+ * etp_gather (a gather of a (parameter, pass), or its prefetches), etp_reduce_grad,
+ * etp_chain_grad_stats, and etp_param_mark_updated / etp_param_load_* where
+ * they issue a gather (prefetch_on_update) or for quantized parameters. None
+ * of them may be called inside etp_batch_begin/end (ETP_ERR_INVALID_STATE).
+ *
  * Thread safety: a parameter and a chain are used by one thread at a time,
  * the thread that uses their context.
  */
@@ -141,8 +150,9 @@ ETP_API etp_status_t etp_param_load_full(etp_param_t *param, const void *src, et
 ETP_API etp_status_t etp_param_load_shard(etp_param_t *param, const void *src, etp_stream_t *stream);
 
 /* Gather the full tensor into dst [experts][rows][cols] (no padding), on
- * `stream`. Collective over the parameter's group. Allocates a staging
- * buffer for the call (not for use under capture). */
+ * `stream`. Collective over the parameter's group (its role 0). Allocates a
+ * staging buffer for the call and frees it at the end, which waits for the
+ * context's enqueued work: blocks the host (not for use under capture). */
 ETP_API etp_status_t etp_param_export_full(etp_param_t *param, void *dst, etp_stream_t *stream);
 
 /* Tell etp that the shard was written on `stream` (after an optimizer step):
@@ -204,22 +214,30 @@ typedef struct etp_chain_config {
 
 #define ETP_CHAIN_CONFIG_INIT {sizeof(etp_chain_config_t), NULL, NULL, 1, 0, 0, 1, 2, 1, 0, 0}
 
-/* Create a chain with its own all-gather and reduce-scatter streams. */
+/* Create a chain with its own all-gather and reduce-scatter streams. Its
+ * group needs two roles (ag_role != rs_role; the default group config has
+ * one): ETP_ERR_INVALID_ARGUMENT otherwise. */
 ETP_API etp_status_t etp_chain_create(etp_context_t *ctx, const etp_chain_config_t *config,
                                       etp_chain_t **chain);
 /* Errors: ETP_ERR_BUSY while its communication is in flight (call
  * etp_wait_grads and synchronize first) or a gathered weight is not
- * released. Parameters are detached, not destroyed. */
+ * released. Parameters are detached, not destroyed. Collective (the slots'
+ * windows are freed together): every rank must get here with nothing in
+ * flight, or a rank refused with BUSY leaves the others waiting. Blocks the
+ * host. */
 ETP_API etp_status_t etp_chain_destroy(etp_chain_t *chain);
 
 /* Append a parameter (forward order). A parameter belongs to one chain. */
 ETP_API etp_status_t etp_chain_add(etp_chain_t *chain, etp_param_t *param);
 /* Plan the tickets over the explicit order (forward, then backward in
- * reverse) and allocate the gather slots and wgrad ring. */
+ * reverse) and allocate the gather slots and wgrad ring. Collective over
+ * the chain's group; blocks the host. */
 ETP_API etp_status_t etp_chain_finalize(etp_chain_t *chain);
 /* Or record the order during one eager step: between begin and end, gathers
  * of parameters not in any chain add them, in call order (each (parameter,
- * pass) once); end plans and finalizes. */
+ * pass) once); end plans and finalizes (collective; it synchronizes the
+ * chain's streams and blocks the host). A failed end leaves the chain
+ * recording without slots: call it again. */
 ETP_API etp_status_t etp_chain_begin_record(etp_chain_t *chain);
 ETP_API etp_status_t etp_chain_end_record(etp_chain_t *chain);
 
@@ -274,7 +292,11 @@ typedef struct etp_weight_view {
  * (ETP_COPY_ENGINE), the copy of this rank's own shard into its place: it
  * runs on `stream` (about 40 us of SMs for 64 MiB on an H200, ahead of the
  * caller's next kernel), which also waits for that slot's previous reader
- * and for the shard's last etp_param_mark_updated. */
+ * and for the shard's last etp_param_mark_updated. Collective (see the top).
+ * Errors: ETP_ERR_INVALID_STATE (not in a finalized or recording chain; the
+ * (parameter, pass) gathered and not released; a prefetch that would
+ * overwrite a weight not released; inside a batch), ETP_ERR_INVALID_ARGUMENT.
+ * A refused call leaves the chain as it was. */
 ETP_API etp_status_t etp_gather(etp_param_t *param, etp_pass_t pass, etp_stream_t *stream,
                                 etp_weight_view_t *view);
 /* The reader on `stream` is done with the gathered weight. */
@@ -295,7 +317,8 @@ ETP_API etp_status_t etp_wgrad_buffer(etp_param_t *param, etp_stream_t *stream,
  * in rank order, then main_grad = fmaf(scale, sum, main_grad), the same
  * bits on every backend, rank count and run (the exchange is an all-to-all,
  * on the copy engines where possible: ETP_COPY_ENGINE; its staging takes
- * one full wgrad of the chain's largest parameter). */
+ * one full wgrad of the chain's largest parameter). Collective over the
+ * chain's group (an all-to-all on its RS role). */
 ETP_API etp_status_t etp_reduce_grad(etp_param_t *param, etp_stream_t *stream, float scale);
 /* Zero every main_grad of the chain, ordered after `stream` and before later
  * reductions (with defer_zero_grad, by the first reductions: see there).

@@ -100,7 +100,8 @@ typedef struct etp_quantizer_config {
     /* Device int32: when non-NULL and non-zero at run time, multi-amax,
      * cast-only, dequantize and scale-swizzle launches do nothing (so a
      * captured quantize can be skipped on replay). Read by the device, never
-     * by the host. */
+     * by the host; it must stay allocated as long as launches (and graphs
+     * that captured them) may run. */
     const int32_t *noop_flag;
 } etp_quantizer_config_t;
 
@@ -185,7 +186,7 @@ typedef enum etp_quant_swizzle_dir {
  * Errors: ETP_ERR_INVALID_ARGUMENT (NULL ctx or out, an unknown format,
  * element, block or rounding, no direction, stochastic rounding with MXFP8,
  * a config size that is not sizeof(etp_quantizer_config_t) or the end of
- * one of its fields), ETP_ERR_OUT_OF_MEMORY, ETP_ERR_ABORTED. */
+ * one of its fields), ETP_ERR_OUT_OF_MEMORY, ETP_ERR_INVALID_STATE (during a capture: it allocates), ETP_ERR_BACKEND, ETP_ERR_ABORTED. */
 ETP_API etp_status_t etp_quantizer_create(etp_context_t *ctx, const etp_quantizer_config_t *config,
                                           etp_quantizer_t **quantizer);
 
