@@ -45,6 +45,46 @@ static inline etp_context_t *tu_host_ctx(MPI_Comm comm, int mode, int64_t seed, 
     return ctx;
 }
 
+/* A host allocator for tests: malloc and free, counting calls and live
+ * bytes; an allocation for an owner in fail_mask (bit 1u << owner) fails. */
+typedef struct {
+    int allocs, frees;
+    size_t live;
+    unsigned fail_mask;
+} tu_allocator_t;
+
+static inline void *tu_alloc(void *user, size_t bytes, etp_mem_owner_t owner)
+{
+    tu_allocator_t *a = user;
+    if (a->fail_mask & (1u << owner)) return NULL;
+    a->allocs++;
+    a->live += bytes;
+    return malloc(bytes ? bytes : 1);
+}
+
+static inline void tu_free(void *user, void *ptr, size_t bytes)
+{
+    tu_allocator_t *a = user;
+    a->frees++;
+    a->live -= bytes;
+    free(ptr);
+}
+
+/* A host context (ETP_HOST_STREAMS_* mode, shuffle seed) allocating through a. */
+static inline etp_context_t *tu_alloc_ctx(tu_allocator_t *a, int mode, int64_t seed)
+{
+    etp_context_config_t cfg = ETP_CONTEXT_CONFIG_INIT;
+    cfg.backend = ETP_BACKEND_HOST;
+    cfg.host_stream_mode = (etp_host_stream_mode_t)mode;
+    cfg.shuffle_seed = seed;
+    cfg.allocator.alloc = tu_alloc;
+    cfg.allocator.free = tu_free;
+    cfg.allocator.user = a;
+    etp_context_t *ctx = NULL;
+    ETP_OK(etp_context_create_mpi(MPI_COMM_WORLD, &cfg, &ctx));
+    return ctx;
+}
+
 /* The backend a test file runs on: the host backend in shuffle mode, or,
  * when the file is built for the GPU with ETP_SHARD_TEST_CUDA defined, the
  * CUDA backend (where the seed does not matter). */

@@ -9,22 +9,10 @@
 #include "../mpi/test_shard.c"
 #include "gpu_util.h"
 
-static int have_gpu(void **state)
-{
-    (void)state;
-    int n = 0;
-    if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
-        print_message("no GPU present: skipping GPU shard tests\n");
-        return -1;
-    }
-    return 0;
-}
-
 int main(int argc, char **argv)
 {
     tu_mpi_init(&argc, &argv, "test_gpu_shard");
     if (tu_gpu_short("test_gpu_shard")) return tu_gpu_skip();
-    (void)have_gpu;
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_chain_every_seed),
         cmocka_unit_test(test_grad_stats),

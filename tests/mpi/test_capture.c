@@ -112,45 +112,25 @@ static void test_capture_rules(void **state)
     ETP_OK(etp_context_destroy(ctx));
 }
 
-static void *counting_alloc(void *user, size_t bytes, etp_mem_owner_t owner)
-{
-    (void)owner;
-    ++*(int *)user;
-    return malloc(bytes);
-}
-
-static void plain_free(void *user, void *ptr, size_t bytes)
-{
-    (void)user;
-    (void)bytes;
-    free(ptr);
-}
-
 /* With a user allocator too, an allocation during a capture is refused
  * before the allocator is asked (on CUDA, cudaMalloc would fail inside the
  * capture). */
 static void test_capture_refuses_user_allocation(void **state)
 {
     (void)state;
-    int calls = 0;
-    etp_context_config_t cfg = ETP_CONTEXT_CONFIG_INIT;
-    cfg.backend = ETP_BACKEND_HOST;
-    cfg.allocator.alloc = counting_alloc;
-    cfg.allocator.free = plain_free;
-    cfg.allocator.user = &calls;
-    etp_context_t *ctx = NULL;
-    ETP_OK(etp_context_create_mpi(MPI_COMM_WORLD, &cfg, &ctx));
+    tu_allocator_t a = {0};
+    etp_context_t *ctx = tu_alloc_ctx(&a, ETP_HOST_STREAMS_EAGER, 0);
     etp_stream_t *s;
     ETP_OK(etp_stream_create(ctx, ETP_STREAM_PRIORITY_NORMAL, &s));
     void *p = NULL;
     ETP_OK(etp_stream_begin_capture(s));
     ETP_EXPECT_MSG(etp_mem_alloc(ctx, 64, ETP_MEM_USER, &p), ETP_ERR_INVALID_STATE, "capture");
-    assert_int_equal(calls, 0);
+    assert_int_equal(a.allocs, 0);
     etp_graph_t *g = NULL;
     ETP_OK(etp_stream_end_capture(s, &g));
     ETP_OK(etp_graph_destroy(g));
     ETP_OK(etp_mem_alloc(ctx, 64, ETP_MEM_USER, &p)); /* after it: fine */
-    assert_int_equal(calls, 1);
+    assert_int_equal(a.allocs, 1);
     ETP_OK(etp_mem_free(ctx, p));
     ETP_OK(etp_stream_destroy(s));
     ETP_OK(etp_context_destroy(ctx));

@@ -4,39 +4,11 @@
  */
 #include "mpi_util.h"
 
-typedef struct {
-    int allocs, frees;
-    size_t live;
-} counting_t;
-
-static void *count_alloc(void *user, size_t bytes, etp_mem_owner_t owner)
-{
-    counting_t *c = user;
-    c->allocs++;
-    c->live += bytes;
-    (void)owner;
-    return malloc(bytes);
-}
-
-static void count_free(void *user, void *ptr, size_t bytes)
-{
-    counting_t *c = user;
-    c->frees++;
-    c->live -= bytes;
-    free(ptr);
-}
-
 static void test_memory_report_and_allocator(void **state)
 {
     (void)state;
-    counting_t cnt = {0};
-    etp_context_config_t cfg = ETP_CONTEXT_CONFIG_INIT;
-    cfg.backend = ETP_BACKEND_HOST;
-    cfg.allocator.alloc = count_alloc;
-    cfg.allocator.free = count_free;
-    cfg.allocator.user = &cnt;
-    etp_context_t *ctx = NULL;
-    ETP_OK(etp_context_create_mpi(MPI_COMM_WORLD, &cfg, &ctx));
+    tu_allocator_t cnt = {0};
+    etp_context_t *ctx = tu_alloc_ctx(&cnt, ETP_HOST_STREAMS_EAGER, 0);
     size_t sizes[ETP_MEM_OWNER_COUNT];
     void *ptrs[ETP_MEM_OWNER_COUNT];
     size_t total = 0;
@@ -66,21 +38,11 @@ static void test_memory_report_and_allocator(void **state)
     assert_int_equal(cnt.live, 0);
 }
 
-static void *failing_alloc(void *user, size_t bytes, etp_mem_owner_t owner)
-{
-    (void)user; (void)bytes; (void)owner;
-    return NULL;
-}
-
 static void test_allocator_failure_is_reported(void **state)
 {
     (void)state;
-    etp_context_config_t cfg = ETP_CONTEXT_CONFIG_INIT;
-    cfg.backend = ETP_BACKEND_HOST;
-    cfg.allocator.alloc = failing_alloc;
-    cfg.allocator.free = count_free;
-    etp_context_t *ctx = NULL;
-    ETP_OK(etp_context_create_mpi(MPI_COMM_WORLD, &cfg, &ctx));
+    tu_allocator_t none = {.fail_mask = ~0u};
+    etp_context_t *ctx = tu_alloc_ctx(&none, ETP_HOST_STREAMS_EAGER, 0);
     void *p = (void *)0x1;
     ETP_EXPECT_MSG(etp_mem_alloc(ctx, 64, ETP_MEM_SHARDS, &p), ETP_ERR_OUT_OF_MEMORY, "shards");
     assert_true(p == (void *)0x1); /* outputs only on success */

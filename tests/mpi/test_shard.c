@@ -766,46 +766,25 @@ static void test_destroy_detaches(void **state)
     close_run(&r);
 }
 
-/* Gather slots fail to allocate while *user is set. */
-static void *flaky_alloc(void *user, size_t bytes, etp_mem_owner_t owner)
-{
-    if (*(const int *)user && owner == ETP_MEM_GATHER_SLOTS) return NULL;
-    return malloc(bytes ? bytes : 1);
-}
-
-static void flaky_free(void *user, void *ptr, size_t bytes)
-{
-    (void)user;
-    (void)bytes;
-    free(ptr);
-}
-
 /* A recording whose gather slots cannot be allocated, at a gather or at
  * etp_chain_end_record, is left as it was: the call fails with a status,
  * can be retried, and the chain then runs correct steps. */
 static void test_record_out_of_memory(void **state)
 {
     (void)state;
-    int fail = 0;
+    /* gather slots fail to allocate while fail is set */
+    tu_allocator_t a = {0};
+    const unsigned fail = 1u << ETP_MEM_GATHER_SLOTS;
     run_t r;
-    etp_context_config_t cfg = ETP_CONTEXT_CONFIG_INIT;
-    cfg.backend = ETP_BACKEND_HOST;
-    cfg.host_stream_mode = ETP_HOST_STREAMS_SHUFFLE;
-    cfg.shuffle_seed = 7;
-    cfg.allocator.alloc = flaky_alloc;
-    cfg.allocator.free = flaky_free;
-    cfg.allocator.user = &fail;
-    etp_context_t *ctx = NULL;
-    ETP_OK(etp_context_create_mpi(MPI_COMM_WORLD, &cfg, &ctx));
-    open_record_run(&r, ctx);
+    open_record_run(&r, tu_alloc_ctx(&a, ETP_HOST_STREAMS_SHUFFLE, 7));
     ETP_OK(etp_chain_begin_record(r.chain));
     etp_weight_view_t v = ETP_WEIGHT_VIEW_INIT;
-    fail = 1;
+    a.fail_mask = fail;
     ETP_EXPECT(etp_gather(r.p[0], ETP_PASS_FORWARD, r.main, &v), ETP_ERR_OUT_OF_MEMORY);
-    fail = 0;
+    a.fail_mask = 0;
     /* the recording step, its first gather retried, is a correct step */
     assert_int_equal(run_steps(&r, 1), 0);
-    fail = 1;
+    a.fail_mask = fail;
     ETP_EXPECT(etp_chain_end_record(r.chain), ETP_ERR_OUT_OF_MEMORY);
     /* still recording, without slots: its gathers are refused, not run */
     ETP_EXPECT_MSG(etp_gather(r.p[0], ETP_PASS_FORWARD, r.main, &v), ETP_ERR_INVALID_STATE,
@@ -816,7 +795,7 @@ static void test_record_out_of_memory(void **state)
     ETP_OK(etp_chain_create(r.ctx, &cc, &other));
     ETP_EXPECT_MSG(etp_chain_begin_record(other), ETP_ERR_INVALID_STATE, "recording on this context");
     ETP_OK(etp_chain_destroy(other));
-    fail = 0;
+    a.fail_mask = 0;
     ETP_OK(etp_chain_end_record(r.chain));
     etp_cache_report_t rep = ETP_CACHE_REPORT_INIT;
     ETP_OK(etp_chain_cache_report(r.chain, &rep));
