@@ -422,11 +422,6 @@ static etp_status_t issue(etp_chain_t *c, int u, etp_stream_t *caller)
      * order) is evicted: its gather will issue it again. */
     if (s->tenant >= 0 && s->tenant != u && c->tickets[s->tenant].state == ETP__TICKET_ISSUED)
         c->tickets[s->tenant].state = ETP__TICKET_IDLE;
-    /* the slot's last gather may still be running where no release of it
-     * was recorded since: issued again into its own slot (its weight
-     * updated since), or a tenant issued and never gathered (evicted, or
-     * left from a step that stopped early, e.g. forward only) */
-    const int unreleased = s->tenant >= 0 && !s->release_recorded;
     if (c->graphed) {
         /* A graphed chain forks the AG stream from the caller's stream: under
          * a capture that puts the AG work into the graph, and it orders the
@@ -465,8 +460,12 @@ static etp_status_t issue(etp_chain_t *c, int u, etp_stream_t *caller)
         if (etp__shard_diag(16)) on_caller = 0;
 #endif
         if (on_caller) {
-            if (unreleased) ETP__TRY(etp_stream_wait_event(caller, s->ready));
+            /* after the slot's last reader's release, which followed its
+             * gather; with no release since that gather (issued again into
+             * its own slot, or a tenant never gathered: evicted, or left
+             * by a forward-only step), after the gather itself */
             if (s->release_recorded) ETP__TRY(etp_stream_wait_event(caller, s->released));
+            else if (s->tenant >= 0) ETP__TRY(etp_stream_wait_event(caller, s->ready));
             if (p->updated_recorded) ETP__TRY(etp_stream_wait_event(caller, p->updated));
             ETP__TRY(etp__slot_allgather_copy_on(c->group, c->ag_role, p->shard, shard_elems * es, s->ptr,
                                                  (size_t)(p->padded_rows * p->cols) * es, shard_elems,
