@@ -52,6 +52,7 @@
  * - pack: the rows it writes (all destinations); token sum: the FP32
  *   partials it reads. Their ratios are against the copy's GB/s.
  */
+#include <limits.h>
 #include <math.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -754,12 +755,8 @@ static int parse_list(bench_t *b, const char *opt, const char *arg, opts_t *o)
 
 static int parse_int(bench_t *b, const char *opt, const char *arg, int64_t lo, int64_t *v)
 {
-    char *end = NULL;
-    long long x = strtoll(arg, &end, 10);
-    if (*end || x < lo) {
-        if (b->rank == 0) fprintf(stderr, "etp-bench ep: %s: bad value '%s'\n", opt, arg);
-        return 0;
-    }
+    long x = 0;
+    if (bench_long(b, opt, arg, (long)lo, LONG_MAX, &x)) return 0;
     *v = x;
     return 1;
 }
@@ -819,9 +816,7 @@ int etp_bench_ep(bench_t *b, int argc, char **argv)
             ok = parse_int(b, opt, argv[++i], 0, &v);
             o.seed = (uint64_t)v;
         } else if (strcmp(opt, "--capacity-factor") == 0) {
-            char *end = NULL;
-            o.default_cf = strtod(argv[++i], &end);
-            ok = !*end && o.default_cf > 0;
+            ok = bench_double(b, opt, argv[++i], 1e-6, 1e6, &o.default_cf) == 0;
         } else if (strcmp(opt, "--dtype") == 0) {
             const char *d = argv[++i];
             if (strcmp(d, "bf16") == 0) o.dtype = ETP_DTYPE_BF16;

@@ -29,9 +29,8 @@ struct etp_context {
     int num_streams, num_events, num_groups, num_graphs; /* live user-visible objects, world excluded */
     int batch_depth;
     uint64_t stream_ids; /* the last id given to a stream of this context */
-    /* graph captures in progress, and the groups their collectives used
-     * (shared by captures that overlap: each of their graphs then holds
-     * all of them, which only delays a group's destroy) */
+    /* a graph capture in progress (0 or 1: one at a time), and the groups
+     * its collectives used, which its graph will hold */
     int captures;
     etp_group_t **cap_groups;
     int n_cap_groups, cap_cap_groups;
