@@ -31,12 +31,16 @@ struct bench_timer {
 bench_timer_t *bench_timer_create(bench_t *b, etp_stream_t *s)
 {
     bench_timer_t *t = calloc(1, sizeof *t);
+    if (!t) {
+        fprintf(stderr, "etp-bench rank %d: out of host memory for a timer\n", b->rank);
+        MPI_Abort(MPI_COMM_WORLD, 1);
+    }
     t->b = b;
     t->s = s;
 #if ETP_HAVE_CUDA
     if (b->backend == ETP_BACKEND_CUDA) {
-        cudaEventCreate(&t->e0);
-        cudaEventCreate(&t->e1);
+        BENCH_CUDA(b, cudaEventCreate(&t->e0));
+        BENCH_CUDA(b, cudaEventCreate(&t->e1));
     }
 #endif
     return t;
@@ -48,7 +52,7 @@ void bench_timer_start(bench_timer_t *t)
     if (t->b->backend == ETP_BACKEND_CUDA) {
         cudaStream_t cs;
         BENCH_CHECK(t->b, etp_stream_get_cuda(t->s, &cs));
-        cudaEventRecord(t->e0, cs);
+        BENCH_CUDA(t->b, cudaEventRecord(t->e0, cs));
         return;
     }
 #endif
@@ -62,7 +66,7 @@ void bench_timer_stop(bench_timer_t *t)
     if (t->b->backend == ETP_BACKEND_CUDA) {
         cudaStream_t cs;
         BENCH_CHECK(t->b, etp_stream_get_cuda(t->s, &cs));
-        cudaEventRecord(t->e1, cs);
+        BENCH_CUDA(t->b, cudaEventRecord(t->e1, cs));
         return;
     }
 #endif
@@ -76,7 +80,7 @@ double bench_timer_us(bench_timer_t *t)
     if (t->b->backend == ETP_BACKEND_CUDA) {
         BENCH_CHECK(t->b, etp_stream_synchronize(t->s));
         float ms = 0;
-        cudaEventElapsedTime(&ms, t->e0, t->e1);
+        BENCH_CUDA(t->b, cudaEventElapsedTime(&ms, t->e0, t->e1));
         return 1000.0 * ms;
     }
 #endif
@@ -87,8 +91,8 @@ void bench_timer_destroy(bench_timer_t *t)
 {
 #if ETP_HAVE_CUDA
     if (t->b->backend == ETP_BACKEND_CUDA) {
-        cudaEventDestroy(t->e0);
-        cudaEventDestroy(t->e1);
+        BENCH_CUDA(t->b, cudaEventDestroy(t->e0));
+        BENCH_CUDA(t->b, cudaEventDestroy(t->e1));
     }
 #endif
     free(t);

@@ -37,6 +37,17 @@ typedef struct bench {
         }                                                                                   \
     } while (0)
 
+/* A CUDA runtime or NCCL call (both return 0 on success) that must not
+ * fail: a bench whose events or launches failed would print wrong times. */
+#define BENCH_CUDA(b, expr)                                                                 \
+    do {                                                                                    \
+        int e_ = (int)(expr);                                                               \
+        if (e_ != 0) {                                                                      \
+            fprintf(stderr, "etp-bench rank %d: %s failed (error %d)\n", (b)->rank, #expr, e_); \
+            MPI_Abort(MPI_COMM_WORLD, 1);                                                   \
+        }                                                                                   \
+    } while (0)
+
 /* A timer over an etp stream: CUDA events on the CUDA backend, the wall
  * clock around a synchronized region on the host backend. */
 typedef struct bench_timer bench_timer_t;

@@ -69,18 +69,20 @@ static void gemm(gemm_t *g, int ta, int tb, int64_t m, int64_t n, int64_t k, con
     cublasLtMatrixLayout_t la, lb, ld;
     cublasOperation_t opa = ta ? CUBLAS_OP_T : CUBLAS_OP_N, opb = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
     lt_check(g->b, cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F), "MatmulDescCreate");
-    cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof opa);
-    cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof opb);
+    lt_check(g->b, cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof opa), "cublasLtMatmulDescSetAttribute");
+    lt_check(g->b, cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof opb), "cublasLtMatmulDescSetAttribute");
     /* Leave SMs to the collectives running beside the GEMM (an SM margin). */
     if (g->sms > 0)
-        cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET, &g->sms, sizeof g->sms);
+        lt_check(g->b, cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET, &g->sms, sizeof g->sms), "cublasLtMatmulDescSetAttribute");
     lt_check(g->b, cublasLtMatrixLayoutCreate(&la, CUDA_R_16BF, ta ? k : m, ta ? m : k, lda), "layout A");
     lt_check(g->b, cublasLtMatrixLayoutCreate(&lb, CUDA_R_16BF, tb ? n : k, tb ? k : n, ldb), "layout B");
     lt_check(g->b, cublasLtMatrixLayoutCreate(&ld, d32 ? CUDA_R_32F : CUDA_R_16BF, m, n, ldd), "layout D");
     cublasLtMatmulPreference_t pref;
-    cublasLtMatmulPreferenceCreate(&pref);
-    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &g->ws_bytes,
-                                         sizeof g->ws_bytes);
+    lt_check(g->b, cublasLtMatmulPreferenceCreate(&pref), "cublasLtMatmulPreferenceCreate");
+    lt_check(g->b,
+             cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &g->ws_bytes,
+                                                  sizeof g->ws_bytes),
+             "cublasLtMatmulPreferenceSetAttribute");
     cublasLtMatmulHeuristicResult_t h;
     int found = 0;
     lt_check(g->b, cublasLtMatmulAlgoGetHeuristic(g->lt, op, la, lb, ld, ld, pref, 1, &h, &found),
@@ -89,11 +91,11 @@ static void gemm(gemm_t *g, int ta, int tb, int64_t m, int64_t n, int64_t k, con
     float one = 1.0f;
     lt_check(g->b, cublasLtMatmul(g->lt, op, &one, A, la, B, lb, &beta, D, ld, D, ld, &h.algo, g->ws,
                                   g->ws_bytes, g->cs), "Matmul");
-    cublasLtMatmulPreferenceDestroy(pref);
-    cublasLtMatrixLayoutDestroy(la);
-    cublasLtMatrixLayoutDestroy(lb);
-    cublasLtMatrixLayoutDestroy(ld);
-    cublasLtMatmulDescDestroy(op);
+    lt_check(g->b, cublasLtMatmulPreferenceDestroy(pref), "cublasLtMatmulPreferenceDestroy");
+    lt_check(g->b, cublasLtMatrixLayoutDestroy(la), "cublasLtMatrixLayoutDestroy");
+    lt_check(g->b, cublasLtMatrixLayoutDestroy(lb), "cublasLtMatrixLayoutDestroy");
+    lt_check(g->b, cublasLtMatrixLayoutDestroy(ld), "cublasLtMatrixLayoutDestroy");
+    lt_check(g->b, cublasLtMatmulDescDestroy(op), "cublasLtMatmulDescDestroy");
 }
 
 /* Row-major helpers over column-major GEMMs (see the header comment). */
@@ -126,6 +128,7 @@ enum { MODE_ETP, MODE_LOCAL, MODE_COMM, MODE_LOCAL_ACC, NMODES };
  * few extra steps after the timed ones. */
 enum { PR_GATHER_F, PR_GATHER_B, PR_WBUF, PR_JOIN, PR_GEMM_F, PR_GEMM_D, PR_GEMM_W, PR_N };
 typedef struct {
+    bench_t *b;
     cudaStream_t cs;
     int n, cap;
     cudaEvent_t *ev; /* pairs */
@@ -135,7 +138,7 @@ typedef struct {
 static void pr_mark(probe_t *pr, int kind, int end)
 {
     if (!pr || pr->n >= pr->cap) return;
-    cudaEventRecord(pr->ev[2 * pr->n + end], pr->cs);
+    BENCH_CUDA(pr->b, cudaEventRecord(pr->ev[2 * pr->n + end], pr->cs));
     if (end) pr->kind[pr->n++] = kind;
 }
 
@@ -208,15 +211,20 @@ static void step(bench_t *b, gemm_t *g, model_t *m, int mode)
 }
 
 /* Per step and kind: the mean time between the events around the calls of
- * that kind, over `steps` steps of `mode` run back to back. */
+ * that kind, over `steps` steps of `mode` run back to back; the slowest
+ * rank's mean (a stall on one rank holds up the step's collectives on all). */
 static void probe_steps(bench_t *b, gemm_t *g, model_t *m, int mode, int steps)
 {
     static const char *names[PR_N] = {"gather fwd wait", "gather bwd wait", "wgrad buffer wait",
                                       "join (wait_grads)", "GEMM fwd", "GEMM dgrad", "GEMM wgrad"};
-    probe_t pr = {.cs = g->cs, .cap = steps * (6 * m->L + 2)};
+    probe_t pr = {.b = b, .cs = g->cs, .cap = steps * (6 * m->L + 2)};
     pr.ev = calloc((size_t)pr.cap * 2, sizeof *pr.ev);
     pr.kind = calloc((size_t)pr.cap, sizeof *pr.kind);
-    for (int i = 0; i < 2 * pr.cap; i++) cudaEventCreate(&pr.ev[i]);
+    if (!pr.ev || !pr.kind) {
+        fprintf(stderr, "etp-bench rank %d: out of host memory for --stalls\n", b->rank);
+        MPI_Abort(MPI_COMM_WORLD, 1);
+    }
+    for (int i = 0; i < 2 * pr.cap; i++) BENCH_CUDA(b, cudaEventCreate(&pr.ev[i]));
     BENCH_CHECK(b, etp_stream_synchronize(m->main));
     MPI_Barrier(MPI_COMM_WORLD);
     m->pr = &pr;
@@ -226,15 +234,16 @@ static void probe_steps(bench_t *b, gemm_t *g, model_t *m, int mode, int steps)
     double sum[PR_N] = {0};
     for (int i = 0; i < pr.n; i++) {
         float ms = 0;
-        cudaEventElapsedTime(&ms, pr.ev[2 * i], pr.ev[2 * i + 1]);
+        BENCH_CUDA(b, cudaEventElapsedTime(&ms, pr.ev[2 * i], pr.ev[2 * i + 1]));
         sum[pr.kind[i]] += 1e3 * ms;
     }
+    MPI_Allreduce(MPI_IN_PLACE, sum, PR_N, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
     if (b->rank == 0)
         for (int k = 0; k < PR_N; k++)
             if (sum[k] > 0)
                 printf("stalls %-5s %-20s %10.1f us a step\n", mode == MODE_ETP ? "etp" : "local", names[k],
                        sum[k] / steps);
-    for (int i = 0; i < 2 * pr.cap; i++) cudaEventDestroy(pr.ev[i]);
+    for (int i = 0; i < 2 * pr.cap; i++) BENCH_CUDA(b, cudaEventDestroy(pr.ev[i]));
     free(pr.ev);
     free(pr.kind);
 }
@@ -391,7 +400,7 @@ int etp_bench_chain(bench_t *b, int argc, char **argv)
     BENCH_CHECK(b, etp_mem_free(b->ctx, m.gbuf));
     BENCH_CHECK(b, etp_mem_free(b->ctx, m.gacc));
     BENCH_CHECK(b, etp_mem_free(b->ctx, g.ws));
-    cublasLtDestroy(g.lt);
+    lt_check(b, cublasLtDestroy(g.lt), "cublasLtDestroy");
     free(m.p);
     free(m.full);
     free(m.act);

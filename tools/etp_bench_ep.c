@@ -99,15 +99,6 @@ typedef struct {
     char shape[96];
 } case_t;
 
-#define BENCH_CUDA(b, expr)                                                                 \
-    do {                                                                                    \
-        int e_ = (int)(expr);                                                               \
-        if (e_ != 0) {                                                                      \
-            fprintf(stderr, "etp-bench rank %d: %s failed (error %d)\n", (b)->rank, #expr, e_); \
-            MPI_Abort(MPI_COMM_WORLD, 1);                                                   \
-        }                                                                                   \
-    } while (0)
-
 static void die(bench_t *b, const char *what)
 {
     fprintf(stderr, "etp-bench rank %d: %s\n", b->rank, what);

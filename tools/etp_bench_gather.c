@@ -147,11 +147,11 @@ int etp_bench_gather(bench_t *b, int argc, char **argv)
 #if ETP_HAVE_CUDA
     if (b->backend == ETP_BACKEND_CUDA) {
         ncclUniqueId id;
-        if (b->rank == 0) ncclGetUniqueId(&id);
+        if (b->rank == 0) BENCH_CUDA(b, ncclGetUniqueId(&id));
         MPI_Bcast(&id, sizeof id, MPI_BYTE, 0, MPI_COMM_WORLD);
         int dev = 0;
         BENCH_CHECK(b, etp_context_cuda_device(b->ctx, &dev));
-        cudaSetDevice(dev);
+        BENCH_CUDA(b, cudaSetDevice(dev));
         if (ncclCommInitRank(&base.nccl, b->size, id, b->rank) != ncclSuccess) {
             fprintf(stderr, "etp-bench: ncclCommInitRank failed\n");
             MPI_Abort(MPI_COMM_WORLD, 1);
@@ -259,7 +259,7 @@ int etp_bench_gather(bench_t *b, int argc, char **argv)
     }
     bench_timer_destroy(tm);
 #if ETP_HAVE_CUDA
-    if (b->backend == ETP_BACKEND_CUDA) ncclCommDestroy(base.nccl);
+    if (b->backend == ETP_BACKEND_CUDA) BENCH_CUDA(b, ncclCommDestroy(base.nccl));
 #endif
     MPI_Comm_free(&base.mpi);
     BENCH_CHECK(b, etp_stream_destroy(main_s));
