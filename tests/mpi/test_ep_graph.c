@@ -7,7 +7,6 @@
 #define ETP_TEST_EP_MXFP8 1
 #include "test_ep_steps.h"
 
-#define EP_GRAPH_NEED(f) ((void)(f))
 #include "test_ep_graph.h"
 
 int main(int argc, char **argv)

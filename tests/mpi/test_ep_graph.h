@@ -3,8 +3,7 @@
  * host capture with CUDA's rules) and the GPU test (CUDA graphs): a forward
  * + backward step in CAPACITY mode with T on the device, captured once and
  * replayed with new routing each time, equal bit for bit to the same step
- * run eagerly, the memory report unchanged by the capture. The includer
- * defines EP_GRAPH_NEED(f) (skip when the backend is not there).
+ * run eagerly, the memory report unchanged by the capture.
  */
 #ifndef ETP_TEST_EP_GRAPH_H
 #define ETP_TEST_EP_GRAPH_H
@@ -127,7 +126,6 @@ static void poison_outputs(ep_fx_t *f, const gcfg_t *g, const lcfg_t *l, ep_bufs
 static void test_graph_replay(void **state)
 {
     ep_fx_t *f = *state;
-    EP_GRAPH_NEED(f);
     for (int v = 0; v < 4; v++) {
         const int layout = v % 2;
         gcfg_t g = cfg_for(8, 1024, ETP_DTYPE_BF16, ETP_EP_TRANSPORT_CAPACITY);
@@ -192,7 +190,6 @@ static void test_graph_replay(void **state)
 static void test_exact_prepare_in_capture(void **state)
 {
     ep_fx_t *f = *state;
-    EP_GRAPH_NEED(f);
     gcfg_t g = cfg_for(2, 64, ETP_DTYPE_BF16, ETP_EP_TRANSPORT_EXACT);
     etp_ep_group_t *ep = ep_make_group(f, &g);
     lcfg_t l = {.k = 2, .align = 1, .weighted = 1, .layout = ETP_EP_LAYOUT_PACKED};
