@@ -209,19 +209,39 @@ static etp_status_t host_memcpy_async(etp__be_t *be, etp__bstream_t *s, void *ds
 
 /* ---- communicators ---------------------------------------------------- */
 
+/* Wraps `data`, which every rank of it has just made; the wrapper owns it
+ * from here. The wrapper's memory comes first: a rank out of memory fails
+ * before the one step that needs the others (the control communicator's
+ * dup), and the others then time out in that dup instead of hanging in a
+ * blocking MPI_Comm_dup. After a timeout the request may still complete
+ * into c->ctrl, so c and data are left to it (leaked); the caller aborts
+ * the context. */
 static etp_status_t comm_wrap(etp__host_t *h, MPI_Comm data, etp__bcomm_t **out)
 {
     etp__bcomm_t *c = calloc(1, sizeof *c);
-    if (!c) return etp__err(ETP_ERR_OUT_OF_MEMORY, "communicator: out of memory");
+    if (!c) {
+        MPI_Comm_free(&data);
+        return etp__err(ETP_ERR_OUT_OF_MEMORY, "communicator: out of memory");
+    }
     c->host = h;
     c->data = data;
+    c->ctrl = MPI_COMM_NULL;
+    MPI_Request req = MPI_REQUEST_NULL;
     int rc = MPI_Comm_set_errhandler(data, MPI_ERRORS_RETURN);
     if (rc == MPI_SUCCESS) rc = MPI_Comm_rank(data, &c->rank);
     if (rc == MPI_SUCCESS) rc = MPI_Comm_size(data, &c->size);
-    /* Every rank of `data` got here together, so this dup cannot hang. */
-    if (rc == MPI_SUCCESS) rc = MPI_Comm_dup(data, &c->ctrl);
-    if (rc == MPI_SUCCESS) rc = MPI_Comm_set_errhandler(c->ctrl, MPI_ERRORS_RETURN);
+    if (rc == MPI_SUCCESS) rc = MPI_Comm_idup(data, &c->ctrl, &req);
     if (rc != MPI_SUCCESS) {
+        MPI_Comm_free(&c->data);
+        free(c);
+        return mpi_err("creating a communicator", rc);
+    }
+    etp_status_t st = wait_req(h, &req, "creating a communicator (MPI_Comm_idup)");
+    if (st != ETP_SUCCESS) return st;
+    rc = MPI_Comm_set_errhandler(c->ctrl, MPI_ERRORS_RETURN);
+    if (rc != MPI_SUCCESS) {
+        MPI_Comm_free(&c->ctrl);
+        MPI_Comm_free(&c->data);
         free(c);
         return mpi_err("creating a communicator", rc);
     }
@@ -255,7 +275,11 @@ static etp_status_t host_comm_split(etp__be_t *be, etp__bcomm_t *parent, int col
         *out = NULL;
         return ETP_SUCCESS;
     }
-    return comm_wrap(h, data, out);
+    /* a rank that fails here leaves its peers with a group it is not in:
+     * their next collective on it would time out, so every rank that
+     * fails aborts (the others time out in comm_wrap's dup, and abort) */
+    st = comm_wrap(h, data, out);
+    return st == ETP_SUCCESS ? st : etp__be_fail(be, st);
 }
 
 static void host_comm_destroy(etp__be_t *be, etp__bcomm_t *c)
