@@ -40,8 +40,9 @@ struct etp__cuda_win {
 #if ETP__CUDA_HAVE_WINDOWS
 
 /* MIN over the ranks of `ok`, on the non-blocking communicator and bounded
- * by the timeout: when it returns, every rank of c is here. */
-static etp_status_t agree(etp__cuda_t *cb, etp__bcomm_t *c, int *ok)
+ * by the timeout (at least min_s): when it returns, every rank of c is
+ * here. */
+static etp_status_t agree(etp__cuda_t *cb, etp__bcomm_t *c, int *ok, double min_s)
 {
     int32_t *buf = NULL;
     cudaStream_t ws = NULL;
@@ -59,7 +60,7 @@ static etp_status_t agree(etp__cuda_t *cb, etp__bcomm_t *c, int *ok)
             st = etp__err(ETP_ERR_BACKEND, "group '%s': window rendezvous: %s (%s)", c->name,
                           ncclGetErrorString(r), ncclGetLastError(c->nccl));
         if (st == ETP_SUCCESS)
-            st = etp__cuda_nccl_wait(cb, &c->nccl, 1, "window rendezvous", ETP__CUDA_SETUP_MIN_S);
+            st = etp__cuda_nccl_wait(cb, &c->nccl, 1, "window rendezvous", min_s);
         if (st == ETP_SUCCESS) st = etp__cuda_wait_stream(cb, ws, "window rendezvous", NULL);
         if (st == ETP_SUCCESS && cudaMemcpy(&v, buf, sizeof v, cudaMemcpyDeviceToHost) != cudaSuccess)
             st = etp__err(ETP_ERR_BACKEND, "group '%s': window rendezvous: reading the result", c->name);
@@ -100,7 +101,7 @@ etp_status_t etp__cuda_win_alloc(etp__be_t *be, etp__bcomm_t *c, size_t bytes, v
     struct etp__cuda_win *w = calloc(1, sizeof *w);
     void *p = NULL;
     int ok = w != NULL && ncclMemAlloc(&p, bytes) == ncclSuccess;
-    etp_status_t st = agree(cb, c, &ok);
+    etp_status_t st = agree(cb, c, &ok, ETP__CUDA_SETUP_MIN_S);
     if (st != ETP_SUCCESS || !ok) {
         if (p) (void)ncclMemFree(p);
         free(w);
@@ -143,10 +144,18 @@ void etp__cuda_win_free(etp__be_t *be, etp__bcomm_t *c, void *ptr, void *win)
             break;
         }
     }
-    /* Deregistration is collective, like the registration: frees happen at
-     * chain destruction, on every rank. After an abort there is nothing
-     * left to deregister with. */
+    /* Deregistration is collective and blocking, like the registration:
+     * frees happen at chain destruction, on every rank. A rank whose
+     * context has aborted never comes (the abort released its windows with
+     * its communicators), so the others first meet under the timeout; one
+     * that times out aborts too instead of waiting in the deregistration
+     * forever. */
+    int here = 1;
     if (c->zero && !cb->base.failed) {
+        etp_status_t st = agree(cb, c, &here, 0.0);
+        if (st != ETP_SUCCESS) (void)etp__cuda_fail(cb, st);
+    }
+    if (c->zero && !cb->base.failed && here) {
         ncclResult_t r = ncclCommWindowDeregister(c->zero, w->win);
         if (r != ncclSuccess)
             ETP__LOG(cb->base.log, ETP_LOG_WARN, ETP_SUBSYS_BACKEND,
