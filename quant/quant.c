@@ -126,11 +126,12 @@ etp_status_t etp_quantizer_create(etp_context_t *ctx, const etp_quantizer_config
 etp_status_t etp_quantizer_destroy(etp_quantizer_t *quantizer)
 {
     if (!quantizer) return ETP_SUCCESS;
-    etp_status_t st = ETP_SUCCESS;
-    /* waits for the context's enqueued work, which may still use it */
-    if (quantizer->workspace) st = etp_mem_free(quantizer->ctx, quantizer->workspace);
+    ETP__TRY(etp__ctx_no_capture(quantizer->ctx, "etp_quantizer_destroy"));
+    /* waits for the context's enqueued work, which may still use it; a
+     * failed free keeps the quantizer, so the call can be retried */
+    if (quantizer->workspace) ETP__TRY(etp_mem_free(quantizer->ctx, quantizer->workspace));
     free(quantizer);
-    return st;
+    return ETP_SUCCESS;
 }
 
 etp_status_t etp_quantizer_set_seed(etp_quantizer_t *quantizer, uint64_t seed)

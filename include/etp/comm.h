@@ -66,7 +66,8 @@ ETP_API etp_status_t etp_group_split(etp_group_t *parent, int color, int key,
 /* Destroy a group made by etp_group_split(). Errors: ETP_ERR_BUSY while groups
  * split from it, parameters, chains or EP groups built on it, or graphs that
  * captured a collective on it, are alive (nothing is destroyed);
- * ETP_ERR_INVALID_ARGUMENT for the world group.
+ * ETP_ERR_INVALID_ARGUMENT for the world group; ETP_ERR_INVALID_STATE while
+ * a graph capture is in progress on the context (nothing is destroyed).
  * Collective over the group (its communicators are finalized together) and
  * blocks the host, bounded by the timeout. NULL is a no-op. */
 ETP_API etp_status_t etp_group_destroy(etp_group_t *group);

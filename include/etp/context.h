@@ -127,8 +127,9 @@ ETP_API etp_status_t etp_context_create(const etp_unique_id_t *id, int rank, int
  * destroy after this one would touch a freed context); buffers still
  * allocated are freed and reported in the log. Waits for the context's
  * outstanding work (bounded by the timeout) before releasing communicators,
- * which every rank does together: collective, blocks the host. NULL is a
- * no-op. */
+ * which every rank does together: collective, blocks the host.
+ * ETP_ERR_INVALID_STATE while a graph capture is in progress on it (nothing
+ * is destroyed; an aborted context is always destroyed). NULL is a no-op. */
 ETP_API etp_status_t etp_context_destroy(etp_context_t *ctx);
 
 ETP_API etp_status_t etp_context_rank(const etp_context_t *ctx, int *rank);
@@ -152,8 +153,8 @@ ETP_API etp_status_t etp_context_check(const etp_context_t *ctx);
 ETP_API etp_status_t etp_stream_create(etp_context_t *ctx, int priority, etp_stream_t **stream);
 /* Destroy a stream; work already enqueued completes first. A wrapped stream's
  * native handle is left to its owner. On an error the stream is as it was
- * (ETP_ERR_INVALID_STATE while it is being captured) and may be destroyed
- * again; on an aborted context it is always destroyed (ETP_SUCCESS). Events
+ * (ETP_ERR_INVALID_STATE while any graph capture is in progress on the
+ * context) and may be destroyed again; on an aborted context it is always destroyed (ETP_SUCCESS). Events
  * recorded on it stay valid. */
 ETP_API etp_status_t etp_stream_destroy(etp_stream_t *stream);
 /* Block the calling thread until all work enqueued on the stream is done.
@@ -213,7 +214,8 @@ ETP_API etp_status_t etp_mem_alloc(etp_context_t *ctx, size_t bytes, etp_mem_own
 /* Free a buffer from etp_mem_alloc() of the same context. Like cudaFree, it
  * first waits for the context's enqueued work: blocks the host. Errors:
  * ETP_ERR_INVALID_ARGUMENT for a pointer this context did not allocate;
- * ETP_ERR_INVALID_STATE during a capture; ETP_ERR_TIMEOUT, ETP_ERR_BACKEND
+ * ETP_ERR_INVALID_STATE while a graph capture is in progress on the context
+ * (on an aborted context it always frees); ETP_ERR_TIMEOUT, ETP_ERR_BACKEND
  * from the wait (the buffer then stays allocated). */
 ETP_API etp_status_t etp_mem_free(etp_context_t *ctx, void *ptr);
 /* Enqueue a byte fill / a copy of `bytes` on `stream`. Pointers may be device

@@ -120,7 +120,9 @@ typedef struct etp_param_config {
  * etp_param_mark_updated, and need cols a multiple of the block. */
 ETP_API etp_status_t etp_param_create(etp_context_t *ctx, const etp_param_config_t *config,
                                       etp_param_t **param);
-/* Errors: ETP_ERR_BUSY while the parameter is in a chain. NULL is a no-op. */
+/* Errors: ETP_ERR_BUSY while the parameter is in a chain;
+ * ETP_ERR_INVALID_STATE while a graph capture is in progress on the context
+ * (nothing is destroyed either way). NULL is a no-op. */
 ETP_API etp_status_t etp_param_destroy(etp_param_t *param);
 
 typedef struct etp_param_info {
@@ -221,7 +223,8 @@ ETP_API etp_status_t etp_chain_create(etp_context_t *ctx, const etp_chain_config
                                       etp_chain_t **chain);
 /* Errors: ETP_ERR_BUSY while its communication is in flight (call
  * etp_wait_grads and synchronize first) or a gathered weight is not
- * released. Parameters are detached, not destroyed. Collective (the slots'
+ * released; ETP_ERR_INVALID_STATE while a graph capture is in progress on
+ * the context (nothing is destroyed either way). Parameters are detached, not destroyed. Collective (the slots'
  * windows are freed together): every rank must get here with nothing in
  * flight, or a rank refused with BUSY leaves the others waiting. Blocks the
  * host. */

@@ -191,9 +191,11 @@ ETP_API etp_status_t etp_quantizer_create(etp_context_t *ctx, const etp_quantize
                                           etp_quantizer_t **quantizer);
 
 /* Destroy a quantizer. Waits for the context's enqueued work first (its
- * launches use the quantizer's small device scratch). NULL is a no-op. The
- * quantizer is gone even when that wait fails (the error is returned; the
- * scratch is then freed with the context). */
+ * launches use the quantizer's small device scratch). NULL is a no-op.
+ * Errors: ETP_ERR_INVALID_STATE while a graph capture is in progress on the
+ * context; ETP_ERR_TIMEOUT, ETP_ERR_BACKEND from the wait. On an error the
+ * quantizer is as it was and may be destroyed again (on an aborted context
+ * it is always destroyed). */
 ETP_API etp_status_t etp_quantizer_destroy(etp_quantizer_t *quantizer);
 
 /* Later launches use `seed` for stochastic rounding (a captured launch keeps

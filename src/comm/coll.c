@@ -122,6 +122,15 @@ etp_status_t etp__ctx_no_batch(const etp_context_t *ctx, const char *fn)
     return ETP_SUCCESS;
 }
 
+etp_status_t etp__ctx_no_capture(const etp_context_t *ctx, const char *fn)
+{
+    if (ctx->captures > 0 && !ctx->be->failed)
+        return etp__err(ETP_ERR_INVALID_STATE,
+                        "%s: a graph capture is in progress on this context (call it after "
+                        "etp_stream_end_capture)", fn);
+    return ETP_SUCCESS;
+}
+
 etp_status_t etp_batch_begin(etp_context_t *ctx)
 {
     ETP__CHECK_NULL(ctx, "etp_batch_begin");

@@ -83,6 +83,12 @@ etp_status_t etp__ctx_usable(const etp_context_t *ctx, const char *fn);
  * enqueue work reading a collective's result (on CUDA a batch's collectives
  * launch only at its end, after that work). */
 etp_status_t etp__ctx_no_batch(const etp_context_t *ctx, const char *fn);
+/* ETP_ERR_INVALID_STATE while a graph capture is in progress on a context
+ * that has not aborted: for calls that free memory, a stream or a
+ * communicator (on CUDA each is an unsafe call inside a capture, and the
+ * host backend would free what the graph may use). Checked before anything
+ * changes. */
+etp_status_t etp__ctx_no_capture(const etp_context_t *ctx, const char *fn);
 /* *capturing: whether `stream` records into a graph capture now. */
 etp_status_t etp__stream_capturing(etp_stream_t *stream, int *capturing);
 /* A collective on `group` enqueued on `stream`: while it captures, the

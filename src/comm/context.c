@@ -287,6 +287,7 @@ etp_status_t etp_context_cuda_device(const etp_context_t *ctx, int *device)
 etp_status_t etp_context_destroy(etp_context_t *ctx)
 {
     if (!ctx) return ETP_SUCCESS;
+    ETP__TRY(etp__ctx_no_capture(ctx, "etp_context_destroy"));
     if (ctx->num_streams || ctx->num_events || ctx->num_groups || ctx->num_graphs)
         return etp__err(ETP_ERR_BUSY,
                         "etp_context_destroy: still in use by %d stream(s), %d event(s), %d "

@@ -80,6 +80,7 @@ etp_status_t etp_group_destroy(etp_group_t *group)
 {
     if (!group) return ETP_SUCCESS;
     etp_context_t *ctx = group->ctx;
+    ETP__TRY(etp__ctx_no_capture(ctx, "etp_group_destroy"));
     if (group == ctx->world)
         return etp__err(ETP_ERR_INVALID_ARGUMENT,
                         "etp_group_destroy: the world group belongs to the context");

@@ -110,6 +110,7 @@ etp_status_t etp_mem_free(etp_context_t *ctx, void *ptr)
 {
     ETP__CHECK_NULL(ctx, "etp_mem_free");
     if (!ptr) return ETP_SUCCESS;
+    ETP__TRY(etp__ctx_no_capture(ctx, "etp_mem_free"));
     size_t i = 0;
     while (i < ctx->num_allocs && ctx->allocs[i].ptr != ptr) i++;
     if (i == ctx->num_allocs)

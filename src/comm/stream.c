@@ -32,6 +32,7 @@ etp_status_t etp_stream_destroy(etp_stream_t *stream)
 {
     if (!stream) return ETP_SUCCESS;
     etp_context_t *ctx = stream->ctx;
+    ETP__TRY(etp__ctx_no_capture(ctx, "etp_stream_destroy"));
     /* the backend refuses with the stream as it was, or frees it (on an
      * aborted context always: teardown after a failure must go through) */
     etp_status_t st = ctx->be->ops->stream_destroy(ctx->be, stream->bs);

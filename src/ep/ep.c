@@ -416,6 +416,7 @@ etp_status_t etp_ep_group_create(etp_group_t *group, const etp_ep_group_config_t
 etp_status_t etp_ep_group_destroy(etp_ep_group_t *ep)
 {
     if (!ep) return ETP_SUCCESS;
+    ETP__TRY(etp__ctx_no_capture(ep->ctx, "etp_ep_group_destroy"));
     if (ep->layers > 0)
         return etp__err(ETP_ERR_BUSY, "etp_ep_group_destroy: EP group '%s' still has %d layer(s)",
                         ep->name, ep->layers);
@@ -568,6 +569,7 @@ etp_status_t etp_ep_layer_create(etp_ep_group_t *ep, const etp_ep_layer_config_t
 etp_status_t etp_ep_layer_destroy(etp_ep_layer_t *ly)
 {
     if (!ly) return ETP_SUCCESS;
+    ETP__TRY(etp__ctx_no_capture(ly->ep->ctx, "etp_ep_layer_destroy"));
     ly->ep->layers--;
     layer_free(ly);
     return ETP_SUCCESS;

@@ -107,6 +107,7 @@ static int work_pending(etp_chain_t *c)
 etp_status_t etp_chain_destroy(etp_chain_t *c)
 {
     if (!c) return ETP_SUCCESS;
+    ETP__TRY(etp__ctx_no_capture(c->ctx, "etp_chain_destroy"));
     if (!c->ctx->be->failed) {
         for (int t = 0; t < c->ntickets; t++)
             if (c->tickets[t].state == ETP__TICKET_HELD)

@@ -148,6 +148,7 @@ etp_status_t etp_param_create(etp_context_t *ctx, const etp_param_config_t *cfg,
 etp_status_t etp_param_destroy(etp_param_t *p)
 {
     if (!p) return ETP_SUCCESS;
+    ETP__TRY(etp__ctx_no_capture(p->ctx, "etp_param_destroy"));
     if (p->chain)
         return etp__err(ETP_ERR_BUSY, "etp_param_destroy: '%s' is in chain '%s'; destroy the chain first",
                         p->name, p->chain->name);

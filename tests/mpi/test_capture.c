@@ -136,6 +136,105 @@ static void test_capture_refuses_user_allocation(void **state)
     ETP_OK(etp_context_destroy(ctx));
 }
 
+/* Nothing that frees memory, a communicator or a stream goes during a
+ * capture (on CUDA each would be an unsafe call inside it, and the host
+ * backend would free what the graph may use): each destroy is refused
+ * before it changes anything, and everything works after the capture. */
+static void test_capture_refuses_destroy(void **state)
+{
+    (void)state;
+    etp_context_t *ctx = ctx_for(ETP_HOST_STREAMS_SHUFFLE);
+    etp_group_t *world, *grp;
+    etp_stream_t *s, *s2;
+    ETP_OK(etp_context_world(ctx, &world));
+    etp_group_config_t gc = ETP_GROUP_CONFIG_INIT;
+    gc.num_roles = 2;
+    ETP_OK(etp_group_split(world, 0, g_rank, &gc, &grp));
+    ETP_OK(etp_stream_create(ctx, ETP_STREAM_PRIORITY_NORMAL, &s));
+    ETP_OK(etp_stream_create(ctx, ETP_STREAM_PRIORITY_NORMAL, &s2));
+    void *mem = NULL;
+    ETP_OK(etp_mem_alloc(ctx, 256, ETP_MEM_USER, &mem));
+    etp_chain_config_t cc = ETP_CHAIN_CONFIG_INIT;
+    cc.name = "c";
+    cc.group = grp;
+    etp_chain_t *chain;
+    ETP_OK(etp_chain_create(ctx, &cc, &chain));
+    etp_param_config_t pc = ETP_PARAM_CONFIG_INIT;
+    pc.name = "w";
+    pc.group = grp;
+    pc.rows = 4 * g_size;
+    pc.cols = 8;
+    pc.dtype = ETP_DTYPE_F32;
+    etp_param_t *prm, *loose;
+    ETP_OK(etp_param_create(ctx, &pc, &prm));
+    ETP_OK(etp_chain_add(chain, prm));
+    ETP_OK(etp_chain_finalize(chain));
+    pc.name = "loose";
+    ETP_OK(etp_param_create(ctx, &pc, &loose));
+    etp_quantizer_config_t qc = ETP_QUANTIZER_CONFIG_INIT;
+    etp_quantizer_t *q;
+    ETP_OK(etp_quantizer_create(ctx, &qc, &q));
+    etp_ep_group_config_t ec = ETP_EP_GROUP_CONFIG_INIT;
+    ec.num_experts = 2 * g_size;
+    ec.hidden = 16;
+    ec.max_tokens_per_rank = 8;
+    ec.max_topk = 1;
+    ec.recv_capacity_per_rank = 8 * g_size;
+    etp_ep_group_t *ep;
+    ETP_OK(etp_ep_group_create(world, &ec, &ep));
+    etp_ep_layer_config_t lc = ETP_EP_LAYER_CONFIG_INIT;
+    etp_ep_layer_t *ly;
+    ETP_OK(etp_ep_layer_create(ep, &lc, &ly));
+    etp_memory_report_t before = ETP_MEMORY_REPORT_INIT, after = ETP_MEMORY_REPORT_INIT;
+    ETP_OK(etp_memory_report(ctx, &before));
+
+    ETP_OK(etp_stream_begin_capture(s));
+    ETP_EXPECT_MSG(etp_mem_free(ctx, mem), ETP_ERR_INVALID_STATE, "capture");
+    ETP_EXPECT_MSG(etp_stream_destroy(s2), ETP_ERR_INVALID_STATE, "capture");
+    ETP_EXPECT_MSG(etp_stream_destroy(s), ETP_ERR_INVALID_STATE, "capture");
+    ETP_EXPECT_MSG(etp_chain_destroy(chain), ETP_ERR_INVALID_STATE, "capture");
+    ETP_EXPECT_MSG(etp_param_destroy(loose), ETP_ERR_INVALID_STATE, "capture");
+    ETP_EXPECT_MSG(etp_quantizer_destroy(q), ETP_ERR_INVALID_STATE, "capture");
+    ETP_EXPECT_MSG(etp_ep_layer_destroy(ly), ETP_ERR_INVALID_STATE, "capture");
+    ETP_EXPECT_MSG(etp_ep_group_destroy(ep), ETP_ERR_INVALID_STATE, "capture");
+    ETP_EXPECT_MSG(etp_group_destroy(grp), ETP_ERR_INVALID_STATE, "capture");
+    ETP_EXPECT_MSG(etp_context_destroy(ctx), ETP_ERR_INVALID_STATE, "capture");
+    etp_graph_t *g = NULL;
+    ETP_OK(etp_stream_end_capture(s, &g));
+    ETP_OK(etp_graph_destroy(g));
+
+    /* nothing was freed, and the objects still work */
+    ETP_OK(etp_memory_report(ctx, &after));
+    assert_int_equal(after.total_bytes, before.total_bytes);
+    assert_int_equal(after.live_allocations, before.live_allocations);
+    ETP_OK(etp_memset_async(s2, mem, 5, 256));
+    ETP_OK(etp_stream_synchronize(s2));
+    assert_int_equal(((unsigned char *)mem)[255], 5);
+    float full[4 * 8 * 64];
+    assert_true(g_size <= 64);
+    for (int i = 0; i < 4 * 8 * g_size; i++) full[i] = (float)(tu_rand(g_seed, 7, 0, (uint64_t)i) % 1000);
+    ETP_OK(etp_param_load_full(prm, full, s));
+    etp_weight_view_t v = ETP_WEIGHT_VIEW_INIT;
+    ETP_OK(etp_gather(prm, ETP_PASS_FORWARD, s, &v));
+    ETP_OK(etp_stream_synchronize(s));
+    for (int r = 0; r < g_size; r++)
+        for (int i = 0; i < 4 * 8; i++) assert_true(((const float *)v.data)[r * 32 + i] == full[r * 32 + i]);
+    ETP_OK(etp_release(prm, ETP_PASS_FORWARD, s));
+    ETP_OK(etp_stream_synchronize(s));
+
+    ETP_OK(etp_ep_layer_destroy(ly));
+    ETP_OK(etp_ep_group_destroy(ep));
+    ETP_OK(etp_quantizer_destroy(q));
+    ETP_OK(etp_chain_destroy(chain));
+    ETP_OK(etp_param_destroy(prm));
+    ETP_OK(etp_param_destroy(loose));
+    ETP_OK(etp_mem_free(ctx, mem));
+    ETP_OK(etp_stream_destroy(s2));
+    ETP_OK(etp_stream_destroy(s));
+    ETP_OK(etp_group_destroy(grp));
+    ETP_OK(etp_context_destroy(ctx));
+}
+
 /* A captured all-reduce reduces what the buffers hold at each launch; its
  * group cannot be destroyed while the graph lives. */
 static void test_captured_collective(void **state)
@@ -183,6 +282,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_capture_rules),
         cmocka_unit_test(test_captured_collective),
         cmocka_unit_test(test_capture_refuses_user_allocation),
+        cmocka_unit_test(test_capture_refuses_destroy),
     };
     return tu_mpi_finish(cmocka_run_group_tests(tests, NULL, NULL));
 }
