@@ -10,13 +10,15 @@
  * quantize, dequantize in both directions, and the no-op flag. Label gpu;
  * skipped without a GPU.
  */
-#include <cuda_runtime_api.h>
 #include <math.h>
 
-#include "etp/cuda.h"
-#include "gpu_util.h"
 #include "mpi_util.h"
 #include "quant/formats/quant_ref.h"
+/* gpu_util.h needs the CUDA runtime's headers: a build without CUDA builds
+ * the program for its host variant only (ETP_HAVE_CUDA comes from etp.h) */
+#if ETP_HAVE_CUDA
+#include "gpu_util.h"
+#endif
 
 typedef struct {
     size_t rows, cols;

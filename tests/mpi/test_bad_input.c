@@ -188,8 +188,10 @@ static void test_groups(void **state)
 static void test_collectives(void **state)
 {
     fx_t *f = *state;
-    float a[16] = {0}, b[16];
+    float a[16] = {0}, b[16], b_poison[16];
     size_t c[1] = {1}, d[1] = {0};
+    tu_poison(b, sizeof b);
+    memcpy(b_poison, b, sizeof b);
     BAD(etp_allgather(NULL, 0, a, b, 1, ETP_DTYPE_F32, f->s), "'group'");
     BAD(etp_allgather(f->world, 0, a, b, 1, ETP_DTYPE_F32, NULL), "'stream'");
     BAD(etp_allgather(f->world, 1, a, b, 1, ETP_DTYPE_F32, f->s), "role 1");
@@ -221,6 +223,9 @@ static void test_collectives(void **state)
     BAD(etp_allgather(f->world, 0, a, b, 1, ETP_DTYPE_F32, os), "another context");
     BAD(etp_event_record(oe, f->s), "different contexts");
     BAD(etp_stream_wait_event(f->s, oe), "different contexts");
+    /* nothing refused wrote its output (refused calls enqueue nothing) */
+    ETP_OK(etp_stream_synchronize(f->s));
+    assert_memory_equal(b, b_poison, sizeof b);
     ETP_OK(etp_event_destroy(oe));
     ETP_OK(etp_stream_destroy(os));
     ETP_OK(etp_context_destroy(other));

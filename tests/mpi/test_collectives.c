@@ -302,6 +302,7 @@ static void test_streams_events_batch(void **state)
     tu_poison(stage, c * sizeof(float));
     tu_poison(gathered, (size_t)n * c * sizeof(float));
     tu_poison(copy, (size_t)n * c * sizeof(float));
+    tu_poison(sum, c * sizeof(float));
     etp_event_t *staged, *got;
     ETP_OK(etp_event_create(f->ctx, &staged));
     ETP_OK(etp_event_create(f->ctx, &got));

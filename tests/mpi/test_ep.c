@@ -513,6 +513,8 @@ static void test_doc_example(void **state)
         ep_up(f->s0, b.tok, tok, (size_t)T * 4);
         ep_up(f->s0, b.w, w, (size_t)T * 8);
         ETP_OK(etp_ep_prepare(ly, b.idx, ETP_DTYPE_I64, T, NULL, f->s0));
+        /* the padding rows' zeros below are dispatch's (docs/EP.md) */
+        ETP_OK(etp_memset_async(f->s0, b.recv, 0xA5, 8 * sizeof(float)));
         ETP_OK(etp_ep_dispatch(ly, b.tok, ETP_DTYPE_F32, b.w, ETP_DTYPE_F32, b.recv, b.recv_w, 8, f->s0));
         int32_t cnt[2], off[3];
         ETP_OK(etp_ep_layout_host(ly, f->s0, cnt, off));

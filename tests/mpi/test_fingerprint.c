@@ -19,14 +19,22 @@ static void test_different_counts(void **state)
         etp_stream_t *s;
         ETP_OK(etp_context_world(ctx, &world));
         ETP_OK(etp_stream_create(ctx, ETP_STREAM_PRIORITY_NORMAL, &s));
-        float send[8] = {0}, recv[64];
+        float send[8], recv[64], kept[64];
+        assert_true(2 * g_size <= 64);
+        for (int i = 0; i < 8; i++) send[i] = (float)(tu_rand(g_seed, (uint64_t)mode, (uint64_t)g_rank, (uint64_t)i) % 1000);
         tu_poison(recv, sizeof recv);
-        /* a matching one first: the check passes it through untouched */
+        /* a matching one first: the check passes its data through untouched */
         ETP_OK(etp_allgather(world, 0, send, recv, 2, ETP_DTYPE_F32, s));
         ETP_OK(etp_stream_synchronize(s));
+        for (int r = 0; r < g_size; r++)
+            for (int i = 0; i < 2; i++)
+                assert_true(recv[2 * r + i] == (float)(tu_rand(g_seed, (uint64_t)mode, (uint64_t)r, (uint64_t)i) % 1000));
+        memcpy(kept, recv, sizeof recv);
         size_t count = g_rank == 1 ? 5 : 4;
         etp_status_t st = etp_allgather(world, 0, send, recv, count, ETP_DTYPE_F32, s);
         if (st == ETP_SUCCESS) st = etp_stream_synchronize(s);
+        /* refused before any data moved */
+        assert_memory_equal(recv, kept, sizeof recv);
         if (g_rank == 0) printf("mode %d: %s\n", mode, etp_last_error());
         assert_int_equal(st, ETP_ERR_COLLECTIVE_MISMATCH);
         const char *msg = etp_last_error();
