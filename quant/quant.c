@@ -9,6 +9,7 @@
  * many (the batch is a kernel parameter block); the batch lives in the
  * quantizer, so the launch path allocates nothing.
  */
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -19,6 +20,7 @@
 
 struct etp_quantizer {
     etp_context_t *ctx;
+    int graph_refs; /* live graphs that captured its launches (they use its scratch) */
     etp_quantizer_config_t cfg;
     void *workspace;     /* the backend's device scratch (NULL: it needs none) */
     uint32_t sms;        /* the backend's launch width (0: none), for every batch */
@@ -38,6 +40,16 @@ static size_t block_of(const etp_quantizer_t *q)
 static const char *format_name(const etp_quantizer_t *q)
 {
     return q->cfg.format == ETP_QUANT_NVFP4 ? "NVFP4" : "MXFP8";
+}
+
+/* The kernels read the flag as an int32 (a misaligned one is a
+ * misaligned-address fault on CUDA, which aborts the context). */
+static etp_status_t check_noop_flag(const int32_t *flag, const char *fn)
+{
+    if ((uintptr_t)flag % sizeof *flag)
+        return etp__err(ETP_ERR_INVALID_ARGUMENT, "%s: noop_flag %p is not 4-byte aligned", fn,
+                        (const void *)flag);
+    return ETP_SUCCESS;
 }
 
 etp_status_t etp_quantizer_create(etp_context_t *ctx, const etp_quantizer_config_t *config,
@@ -86,6 +98,7 @@ etp_status_t etp_quantizer_create(etp_context_t *ctx, const etp_quantizer_config
     if (cfg.format == ETP_QUANT_MXFP8 && cfg.rounding == ETP_QUANT_ROUND_STOCHASTIC)
         return etp__err(ETP_ERR_INVALID_ARGUMENT,
                         "%s: stochastic rounding is for NVFP4 elements only, not MXFP8", fn);
+    ETP__TRY(check_noop_flag(cfg.noop_flag, fn));
     ETP__TRY(etp__ctx_usable(ctx, fn));
     etp_quantizer_t *q = calloc(1, sizeof *q);
     if (!q) return etp__err(ETP_ERR_OUT_OF_MEMORY, "%s: out of memory", fn);
@@ -127,6 +140,10 @@ etp_status_t etp_quantizer_destroy(etp_quantizer_t *quantizer)
 {
     if (!quantizer) return ETP_SUCCESS;
     ETP__TRY(etp__ctx_no_capture(quantizer->ctx, "etp_quantizer_destroy"));
+    if (quantizer->graph_refs > 0)
+        return etp__err(ETP_ERR_BUSY,
+                        "etp_quantizer_destroy: %d graph(s) captured its launches; destroy them first",
+                        quantizer->graph_refs);
     /* waits for the context's enqueued work, which may still use it; a
      * failed free keeps the quantizer, so the call can be retried */
     if (quantizer->workspace) ETP__TRY(etp_mem_free(quantizer->ctx, quantizer->workspace));
@@ -144,6 +161,7 @@ etp_status_t etp_quantizer_set_seed(etp_quantizer_t *quantizer, uint64_t seed)
 etp_status_t etp_quantizer_set_noop_flag(etp_quantizer_t *quantizer, const int32_t *flag)
 {
     ETP__CHECK_NULL(quantizer, "etp_quantizer_set_noop_flag");
+    ETP__TRY(check_noop_flag(flag, "etp_quantizer_set_noop_flag"));
     quantizer->cfg.noop_flag = flag;
     return ETP_SUCCESS;
 }
@@ -209,6 +227,11 @@ static etp_status_t check_call(etp_quantizer_t *q, size_t n, const void *list, c
 {
     ETP__CHECK_NULL(q, fn);
     ETP__CHECK_NULL(stream, fn);
+    /* launches index tensors in 32 bits (the amax index, the stochastic
+     * rounding's tensor id) */
+    if (n > UINT32_MAX)
+        return etp__err(ETP_ERR_INVALID_ARGUMENT, "%s: n = %zu tensors (at most %u a call)", fn, n,
+                        UINT32_MAX);
     if (n > 0 && !list)
         return etp__err(ETP_ERR_INVALID_ARGUMENT, "%s: argument '%s' is NULL with n = %zu", fn,
                         list_name, n);
@@ -228,6 +251,23 @@ static etp_status_t check_amax(const float *amax, size_t amax_count, size_t n, c
     if (n > 0 && !amax)
         return etp__err(ETP_ERR_INVALID_ARGUMENT, "%s: argument '%s' is NULL with n = %zu", fn,
                         name, n);
+    if ((uintptr_t)amax % sizeof *amax)
+        return etp__err(ETP_ERR_INVALID_ARGUMENT, "%s: %s %p is not 4-byte aligned (FP32)", fn,
+                        name, (const void *)amax);
+    return ETP_SUCCESS;
+}
+
+/* Elements are read and written whole (a misaligned pointer is a fault on
+ * CUDA, which aborts the context; the host backend would not notice). */
+static etp_status_t check_elem_aligned(const void *p, etp_dtype_t dtype, size_t i, size_t rows,
+                                       size_t cols, const char *what, const char *fn)
+{
+    const size_t es = etp_dtype_size(dtype);
+    if (es > 0 && (uintptr_t)p % es)
+        return etp__err(ETP_ERR_INVALID_ARGUMENT,
+                        "%s: tensor %zu of [%zu, %zu]: %s %p is not aligned to its %zu-byte %s "
+                        "elements",
+                        fn, i, rows, cols, what, p, es, etp_dtype_name(dtype));
     return ETP_SUCCESS;
 }
 
@@ -249,7 +289,7 @@ static etp_status_t check_input(const etp_quant_input_t *in, size_t i, const cha
     if (!in->data && in->rows * in->cols > 0)
         return etp__err(ETP_ERR_INVALID_ARGUMENT, "%s: tensor %zu of [%zu, %zu]: data is NULL", fn,
                         i, in->rows, in->cols);
-    return ETP_SUCCESS;
+    return check_elem_aligned(in->data, in->dtype, i, in->rows, in->cols, "data", fn);
 }
 
 static etp_status_t check_buffer(const void *p, size_t have, size_t need, size_t i, size_t rows,
@@ -313,6 +353,7 @@ static etp_status_t launch_all(etp_quantizer_t *q, etp_stream_t *stream, size_t 
 {
     etp__qbatch_t *b = &q->batch;
     etp__be_t *be = q->ctx->be;
+    ETP__TRY(etp__capture_note(q->ctx, &q->graph_refs, stream));
     for (size_t first = 0; first < n; first += ETP__QB_MAX) {
         const size_t cnt = n - first < ETP__QB_MAX ? n - first : ETP__QB_MAX;
         b->first = (uint32_t)first;
@@ -384,7 +425,8 @@ etp_status_t etp_quant_multi_amax(etp_quantizer_t *quantizer, size_t n,
     if (!amax_rowwise && !amax_columnwise)
         return etp__err(ETP_ERR_INVALID_ARGUMENT,
                         "%s: amax_rowwise and amax_columnwise are both NULL", fn);
-    ETP__TRY(check_amax(amax_rowwise ? amax_rowwise : amax_columnwise, amax_count, n, "amax", fn));
+    if (amax_rowwise) ETP__TRY(check_amax(amax_rowwise, amax_count, n, "amax_rowwise", fn));
+    if (amax_columnwise) ETP__TRY(check_amax(amax_columnwise, amax_count, n, "amax_columnwise", fn));
     for (size_t i = 0; i < n; i++) ETP__TRY(check_input(&inputs[i], i, fn));
     return multi_amax(quantizer, n, inputs, amax_rowwise, amax_columnwise, stream);
 }
@@ -397,6 +439,9 @@ etp_status_t etp_quant_amax_allreduce(etp_group_t *group, int role, float *amax,
     ETP__CHECK_NULL(stream, fn);
     if (n > 0 && !amax)
         return etp__err(ETP_ERR_INVALID_ARGUMENT, "%s: argument 'amax' is NULL with n = %zu", fn, n);
+    if ((uintptr_t)amax % sizeof *amax)
+        return etp__err(ETP_ERR_INVALID_ARGUMENT, "%s: amax %p is not 4-byte aligned (FP32)", fn,
+                        (void *)amax);
     /* one collective for all n: the point of the split phases */
     return etp_allreduce(group, role, amax, amax, n, ETP_DTYPE_F32, ETP_REDOP_MAX, stream);
 }
@@ -425,6 +470,9 @@ etp_status_t etp_quant_cast_only(etp_quantizer_t *quantizer, size_t n,
 {
     const char *fn = "etp_quant_cast_only";
     ETP__TRY(check_cast(quantizer, n, inputs, amax, amax_count, outputs, stream, fn));
+    /* inside a batch an etp_quant_amax_allreduce before it runs only at the
+     * batch's end: the cast would read each rank's local amaxes */
+    ETP__TRY(etp__ctx_no_batch(quantizer->ctx, fn));
     return cast_only(quantizer, n, inputs, amax, outputs, stream);
 }
 
@@ -503,6 +551,7 @@ etp_status_t etp_quant_dequantize(etp_quantizer_t *quantizer, size_t n,
         ETP__TRY(sizes_of(q, d->rows, d->cols, i, fn, &s));
         ETP__TRY(check_buffer(d->data, d->bytes, d->rows * d->cols * etp_dtype_size(d->dtype), i,
                               d->rows, d->cols, "dest data", fn));
+        ETP__TRY(check_elem_aligned(d->data, d->dtype, i, d->rows, d->cols, "dest data", fn));
         const etp_quant_output_t *o = &quantized[i];
         if (direction == ETP_QUANT_ROWWISE) {
             ETP__TRY(check_buffer(o->rowwise_data, o->rowwise_data_bytes, s.rowwise_data_bytes, i,

@@ -181,7 +181,8 @@ ETP_API etp_status_t etp_ep_group_create(etp_group_t *group, const etp_ep_group_
                                          etp_ep_group_t **ep);
 
 /* Destroy an EP group; waits for its enqueued work (like etp_mem_free).
- * ETP_ERR_BUSY while layers made from it are alive; ETP_ERR_INVALID_STATE
+ * ETP_ERR_BUSY while layers made from it, or graphs that captured calls of
+ * its layers, are alive; ETP_ERR_INVALID_STATE
  * while a graph capture is in progress on the context (nothing is
  * destroyed either way). NULL is a no-op. */
 ETP_API etp_status_t etp_ep_group_destroy(etp_ep_group_t *ep);
@@ -231,7 +232,8 @@ typedef struct etp_ep_layer_config {
 ETP_API etp_status_t etp_ep_layer_create(etp_ep_group_t *ep, const etp_ep_layer_config_t *config,
                                          etp_ep_layer_t **layer);
 
-/* Destroy a layer handle; waits for its enqueued work. ETP_ERR_INVALID_STATE
+/* Destroy a layer handle; waits for its enqueued work. ETP_ERR_BUSY while
+ * graphs that captured its calls live; ETP_ERR_INVALID_STATE
  * while a graph capture is in progress on the context (nothing is
  * destroyed). NULL is a no-op. */
 ETP_API etp_status_t etp_ep_layer_destroy(etp_ep_layer_t *layer);

@@ -224,7 +224,8 @@ ETP_API etp_status_t etp_chain_create(etp_context_t *ctx, const etp_chain_config
 /* Errors: ETP_ERR_BUSY while its communication is in flight (call
  * etp_wait_grads and synchronize first) or a gathered weight is not
  * released; ETP_ERR_INVALID_STATE while a graph capture is in progress on
- * the context (nothing is destroyed either way). Parameters are detached, not destroyed. Collective (the slots'
+ * the context, ETP_ERR_BUSY while graphs that captured its calls live
+ * (nothing is destroyed either way). Parameters are detached, not destroyed. Collective (the slots'
  * windows are freed together): every rank must get here with nothing in
  * flight, or a rank refused with BUSY leaves the others waiting. Blocks the
  * host. */

@@ -10,9 +10,11 @@
  *   etp_quant_amax_allreduce()  one all-reduce (max) of the N amaxes over a group
  *   etp_quant_cast_only()       one launch: the N quantized tensors
  *
- * and etp_quant_quantize() chains the three ("one launch": per 256 tensors;
- * a call over more is split into launches of 256, all enqueued only after
- * every argument of the call has been checked). MXFP8 needs no per-tensor amax
+ * and etp_quant_quantize() chains the three ("one launch": per 256 tensors
+ * and per input dtype, plus a scale-expansion launch for NVFP4 16x16
+ * blocks with row-major scales on CUDA; a call over more is split into
+ * launches of 256, all enqueued only after every argument of the call has
+ * been checked). MXFP8 needs no per-tensor amax
  * (its scales are per block only): quantize is then the cast alone.
  * etp_quant_swizzle_scales() converts the scale matrices of N tensors
  * between row-major and cuBLASLt's tiled order in one launch (for scales
@@ -36,10 +38,18 @@
  * allocate nothing, never synchronize the host, and may be captured in a
  * CUDA graph.
  *
+ * Alignment: tensors (inputs, dequantize destinations) must be aligned to
+ * their element size, amax arrays and the no-op flag to 4 bytes; quantized
+ * data and scale buffers may have any alignment. At most 2^32 - 1 tensors
+ * a call.
+ *
  * Errors: every call validates its arguments first (NULL pointers,
  * unsupported dtypes, shapes whose block dimension does not divide, buffers
- * too small) and on failure enqueues nothing and says, in etp_last_error(),
- * which tensor index and which sizes were wrong.
+ * too small, misaligned pointers) and on failure enqueues nothing and says,
+ * in etp_last_error(), which tensor index and which sizes were wrong.
+ *
+ * Graphs: a graph that captured a quantizer's launches holds it: its
+ * destroy refuses (ETP_ERR_BUSY) until those graphs are destroyed.
  *
  * Thread safety: a quantizer is used by one thread at a time, like its
  * context.
@@ -113,7 +123,8 @@ typedef struct etp_quantizer_config {
     }
 
 /* One input tensor: [rows, cols] row-major, BF16 or F32. rows or cols may be
- * 0 (an empty tensor: amax 0, nothing to write but scale padding). */
+ * 0 (an empty tensor: amax 0; its data and scale matrices are 0 bytes, so
+ * nothing is written). */
 typedef struct etp_quant_input {
     const void *data;
     etp_dtype_t dtype;
@@ -186,13 +197,17 @@ typedef enum etp_quant_swizzle_dir {
  * Errors: ETP_ERR_INVALID_ARGUMENT (NULL ctx or out, an unknown format,
  * element, block or rounding, no direction, stochastic rounding with MXFP8,
  * a config size that is not sizeof(etp_quantizer_config_t) or the end of
- * one of its fields), ETP_ERR_OUT_OF_MEMORY, ETP_ERR_INVALID_STATE (during a capture: it allocates), ETP_ERR_BACKEND, ETP_ERR_ABORTED. */
+ * one of its fields, a noop_flag not 4-byte aligned), ETP_ERR_OUT_OF_MEMORY,
+ * ETP_ERR_INVALID_STATE (during a capture: it allocates), ETP_ERR_BACKEND,
+ * ETP_ERR_ABORTED. */
 ETP_API etp_status_t etp_quantizer_create(etp_context_t *ctx, const etp_quantizer_config_t *config,
                                           etp_quantizer_t **quantizer);
 
-/* Destroy a quantizer. Waits for the context's enqueued work first (its
- * launches use the quantizer's small device scratch). NULL is a no-op.
- * Errors: ETP_ERR_INVALID_STATE while a graph capture is in progress on the
+/* Destroy a quantizer. On CUDA it waits for the context's enqueued work
+ * first (its launches use the quantizer's small device scratch; the host
+ * backend's quantizer has none). NULL is a no-op.
+ * Errors: ETP_ERR_BUSY while graphs that captured its launches live;
+ * ETP_ERR_INVALID_STATE while a graph capture is in progress on the
  * context; ETP_ERR_TIMEOUT, ETP_ERR_BACKEND from the wait. On an error the
  * quantizer is as it was and may be destroyed again (on an aborted context
  * it is always destroyed). */
@@ -202,12 +217,15 @@ ETP_API etp_status_t etp_quantizer_destroy(etp_quantizer_t *quantizer);
  * the seed it was captured with). */
 ETP_API etp_status_t etp_quantizer_set_seed(etp_quantizer_t *quantizer, uint64_t seed);
 
-/* Later launches read `flag` (device int32, NULL for none) as the no-op flag. */
+/* Later launches read `flag` (device int32, 4-byte aligned, NULL for none)
+ * as the no-op flag. */
 ETP_API etp_status_t etp_quantizer_set_noop_flag(etp_quantizer_t *quantizer, const int32_t *flag);
 
 /* Buffer sizes for a [rows, cols] tensor. Errors: ETP_ERR_INVALID_ARGUMENT
- * when a produced direction's block dimension does not divide (rowwise: cols
- * by 16 or 32; columnwise: rows by 16 or 32), naming the sizes. */
+ * for NULL arguments, a sizes->size that is not sizeof(etp_quant_sizes_t),
+ * rows or cols above INT32_MAX, and when a produced direction's block
+ * dimension does not divide (rowwise: cols by 16 or 32; columnwise: rows by
+ * 16 or 32), naming the sizes. */
 ETP_API etp_status_t etp_quant_sizes(const etp_quantizer_t *quantizer, size_t rows, size_t cols,
                                      etp_quant_sizes_t *sizes);
 
@@ -224,13 +242,17 @@ ETP_API etp_status_t etp_quant_multi_amax(etp_quantizer_t *quantizer, size_t n,
 
 /* Phase 2: amax[i] = max over the ranks of `group` of amax[i], i < n, in
  * place, as ONE etp_allreduce on (group, role), enqueued on `stream`.
- * Collective: every rank of the group calls it with the same n. */
+ * Collective: every rank of the group calls it with the same n. Inside
+ * etp_batch_begin/end the all-reduce runs only at the batch's end, so the
+ * cast that reads its result must come after the batch (etp_quant_cast_only
+ * refuses inside one). */
 ETP_API etp_status_t etp_quant_amax_allreduce(etp_group_t *group, int role, float *amax, size_t n,
                                               etp_stream_t *stream);
 
 /* Phase 3, one launch: quantize tensor i into outputs[i] using the
  * per-tensor amax[i] (NVFP4: amax_count must equal n; MXFP8 ignores amax
- * and amax_count, amax may then be NULL). n may be 0. */
+ * and amax_count, amax may then be NULL). n may be 0. Refused
+ * (ETP_ERR_INVALID_STATE) inside etp_batch_begin/end. */
 ETP_API etp_status_t etp_quant_cast_only(etp_quantizer_t *quantizer, size_t n,
                                          const etp_quant_input_t *inputs, const float *amax,
                                          size_t amax_count, const etp_quant_output_t *outputs,
@@ -241,7 +263,11 @@ ETP_API etp_status_t etp_quant_cast_only(etp_quantizer_t *quantizer, size_t n,
  * not NULL, their max over the group (one all-reduce on (group, role)),
  * then the cast; amax_count must equal n. MXFP8: the cast only; amax,
  * amax_count and group are ignored. Launches (and the collective) are
- * enqueued only after every argument has been checked. */
+ * enqueued only after every local argument has been checked; what only
+ * the collective can see (ranks passing different n, with
+ * ETP_CHECK_COLLECTIVES) fails it after the multi-amax was enqueued: amax
+ * then holds the local amaxes, no cast is enqueued, and the context is
+ * aborted. Refused inside etp_batch_begin/end when group is not NULL. */
 ETP_API etp_status_t etp_quant_quantize(etp_quantizer_t *quantizer, size_t n,
                                         const etp_quant_input_t *inputs, float *amax,
                                         size_t amax_count, etp_group_t *group, int role,

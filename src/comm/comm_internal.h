@@ -29,11 +29,13 @@ struct etp_context {
     int num_streams, num_events, num_groups, num_graphs; /* live user-visible objects, world excluded */
     int batch_depth;
     uint64_t stream_ids; /* the last id given to a stream of this context */
-    /* a graph capture in progress (0 or 1: one at a time), and the groups
-     * its collectives used, which its graph will hold */
+    /* a graph capture in progress (0 or 1: one at a time), and the graph
+     * counters (graph_refs) of the objects its work used (groups whose
+     * communicators it captured, quantizers, chains, EP groups and layers
+     * whose memory it captured), which its graph will hold */
     int captures;
-    etp_group_t **cap_groups;
-    int n_cap_groups, cap_cap_groups;
+    int **cap_refs;
+    int n_cap_refs, cap_cap_refs;
     struct etp_chain *recording; /* src/shard: the chain recording its order, if any */
     /* memory accounting: a small open array, searched linearly (allocations
      * are few and long-lived: shards, slots, rings) */
@@ -55,8 +57,8 @@ struct etp_stream {
 struct etp_graph {
     etp_context_t *ctx;
     void *bg; /* the backend's graph */
-    etp_group_t **groups; /* whose communicators its collectives use (each holds a graph_refs) */
-    int ngroups;
+    int **refs; /* graph_refs of the objects it uses (etp__capture_note): destroying them refuses */
+    int nrefs;
 };
 
 struct etp_event {
@@ -91,8 +93,12 @@ etp_status_t etp__ctx_no_batch(const etp_context_t *ctx, const char *fn);
 etp_status_t etp__ctx_no_capture(const etp_context_t *ctx, const char *fn);
 /* *capturing: whether `stream` records into a graph capture now. */
 etp_status_t etp__stream_capturing(etp_stream_t *stream, int *capturing);
-/* A collective on `group` enqueued on `stream`: while it captures, the
- * graph it becomes will hold the group (etp_group_destroy refuses). */
+/* Work that uses an object (its memory or communicators) enqueued on
+ * `stream`: while the stream captures, the graph it becomes will hold the
+ * object's counter *graph_refs (its destroy refuses with ETP_ERR_BUSY while
+ * it is nonzero). Call before enqueueing. */
+etp_status_t etp__capture_note(etp_context_t *ctx, int *graph_refs, etp_stream_t *stream);
+/* A collective on `group` enqueued on `stream`. */
 etp_status_t etp__capture_note_group(etp_group_t *group, etp_stream_t *stream);
 /* Create a context around a backend that a constructor made. */
 etp_status_t etp__ctx_finish(etp_context_t *ctx, etp__bcomm_t *world_comm);

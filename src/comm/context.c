@@ -99,7 +99,7 @@ void etp__ctx_free(etp_context_t *ctx)
 {
     if (!ctx) return;
     free(ctx->allocs);
-    free(ctx->cap_groups);
+    free(ctx->cap_refs);
     free(ctx);
 }
 

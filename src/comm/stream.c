@@ -184,31 +184,35 @@ etp_status_t etp_memcpy_async(etp_stream_t *stream, void *dst, const void *src, 
     return stream->ctx->be->ops->memcpy_async(stream->ctx->be, stream->bs, dst, src, bytes);
 }
 
-etp_status_t etp__capture_note_group(etp_group_t *group, etp_stream_t *stream)
+etp_status_t etp__capture_note(etp_context_t *ctx, int *graph_refs, etp_stream_t *stream)
 {
-    etp_context_t *ctx = group->ctx;
     if (ctx->captures == 0) return ETP_SUCCESS;
     int capturing = 0;
     ETP__TRY(etp__stream_capturing(stream, &capturing));
     if (!capturing) return ETP_SUCCESS;
-    for (int i = 0; i < ctx->n_cap_groups; i++)
-        if (ctx->cap_groups[i] == group) return ETP_SUCCESS;
-    if (ctx->n_cap_groups == ctx->cap_cap_groups) {
-        int cap = ctx->cap_cap_groups ? 2 * ctx->cap_cap_groups : 8;
-        etp_group_t **a = realloc(ctx->cap_groups, (size_t)cap * sizeof *a);
+    for (int i = 0; i < ctx->n_cap_refs; i++)
+        if (ctx->cap_refs[i] == graph_refs) return ETP_SUCCESS;
+    if (ctx->n_cap_refs == ctx->cap_cap_refs) {
+        int cap = ctx->cap_cap_refs ? 2 * ctx->cap_cap_refs : 8;
+        int **a = realloc(ctx->cap_refs, (size_t)cap * sizeof *a);
         if (!a) return etp__err(ETP_ERR_OUT_OF_MEMORY, "capture: out of host memory");
-        ctx->cap_groups = a;
-        ctx->cap_cap_groups = cap;
+        ctx->cap_refs = a;
+        ctx->cap_cap_refs = cap;
     }
-    ctx->cap_groups[ctx->n_cap_groups++] = group;
+    ctx->cap_refs[ctx->n_cap_refs++] = graph_refs;
     return ETP_SUCCESS;
 }
 
-/* A capture ended (made a graph or not): the groups noted are forgotten
+etp_status_t etp__capture_note_group(etp_group_t *group, etp_stream_t *stream)
+{
+    return etp__capture_note(group->ctx, &group->graph_refs, stream);
+}
+
+/* A capture ended (made a graph or not): the objects noted are forgotten
  * once no capture is left. */
 static void capture_done(etp_context_t *ctx)
 {
-    if (--ctx->captures == 0) ctx->n_cap_groups = 0;
+    if (--ctx->captures == 0) ctx->n_cap_refs = 0;
 }
 
 etp_status_t etp_stream_begin_capture(etp_stream_t *stream)
@@ -231,9 +235,9 @@ etp_status_t etp_stream_end_capture(etp_stream_t *stream, etp_graph_t **graph)
     ETP__CHECK_NULL(graph, "etp_stream_end_capture");
     etp_context_t *ctx = stream->ctx;
     etp_graph_t *g = calloc(1, sizeof *g);
-    if (g && ctx->n_cap_groups) {
-        g->groups = malloc((size_t)ctx->n_cap_groups * sizeof *g->groups);
-        if (!g->groups) {
+    if (g && ctx->n_cap_refs) {
+        g->refs = malloc((size_t)ctx->n_cap_refs * sizeof *g->refs);
+        if (!g->refs) {
             free(g);
             g = NULL;
         }
@@ -248,13 +252,13 @@ etp_status_t etp_stream_end_capture(etp_stream_t *stream, etp_graph_t **graph)
         int now = 1;
         if (was && etp__stream_capturing(stream, &now) == ETP_SUCCESS && !now && ctx->captures)
             capture_done(ctx);
-        free(g->groups);
+        free(g->refs);
         free(g);
         return st;
     }
-    for (int i = 0; i < ctx->n_cap_groups; i++) {
-        g->groups[g->ngroups++] = ctx->cap_groups[i];
-        ctx->cap_groups[i]->graph_refs++;
+    for (int i = 0; i < ctx->n_cap_refs; i++) {
+        g->refs[g->nrefs++] = ctx->cap_refs[i];
+        (*ctx->cap_refs[i])++;
     }
     if (ctx->captures) capture_done(ctx);
     g->ctx = ctx;
@@ -277,8 +281,8 @@ etp_status_t etp_graph_destroy(etp_graph_t *graph)
 {
     if (!graph) return ETP_SUCCESS;
     graph->ctx->be->ops->graph_destroy(graph->ctx->be, graph->bg);
-    for (int i = 0; i < graph->ngroups; i++) graph->groups[i]->graph_refs--;
-    free(graph->groups);
+    for (int i = 0; i < graph->nrefs; i++) (*graph->refs[i])--;
+    free(graph->refs);
     graph->ctx->num_graphs--;
     free(graph);
     return ETP_SUCCESS;

@@ -39,6 +39,7 @@ enum { EP_NAME_MAX = 64 };
 struct etp_ep_group {
     etp_group_t *group;
     etp_context_t *ctx;
+    int graph_refs; /* live graphs that captured calls on its buffers (its destroy refuses) */
     etp__be_t *be;
     const etp__ep_kernels_t *kt;
     char name[EP_NAME_MAX];
@@ -63,6 +64,7 @@ enum { LAYER_EMPTY = 0, LAYER_PREPARED = 1 };
 
 struct etp_ep_layer {
     etp_ep_group_t *ep;
+    int graph_refs; /* live graphs that captured its calls (its destroy refuses) */
     char name[EP_NAME_MAX];
     int k;
     int weighted;
@@ -106,6 +108,14 @@ static etp_status_t check_stream(etp_ep_group_t *ep, etp_stream_t *s, const char
                         "%s: the stream belongs to another context than EP group '%s'", fn,
                         ep->name);
     return etp__ctx_usable(ep->ctx, fn);
+}
+
+/* A captured call uses the layer's and the group's memory: the graph holds
+ * both (their destroys refuse while it lives). */
+static etp_status_t note_capture(etp_ep_layer_t *ly, etp_stream_t *s)
+{
+    ETP__TRY(etp__capture_note(ly->ep->ctx, &ly->graph_refs, s));
+    return etp__capture_note(ly->ep->ctx, &ly->ep->graph_refs, s);
 }
 
 /* Order this call after the previous call of the group when it came on
@@ -233,7 +243,8 @@ static etp_status_t entry(etp_ep_layer_t *ly, etp_stream_t *s, const char *fn)
 {
     if (!ly) return etp__err(ETP_ERR_INVALID_ARGUMENT, "%s: argument 'layer' is NULL", fn);
     ETP__TRY(check_stream(ly->ep, s, fn));
-    return etp__ctx_no_batch(ly->ep->ctx, fn);
+    ETP__TRY(etp__ctx_no_batch(ly->ep->ctx, fn));
+    return note_capture(ly, s);
 }
 
 /* ---- exchanges ---------------------------------------------------------- */
@@ -420,6 +431,10 @@ etp_status_t etp_ep_group_destroy(etp_ep_group_t *ep)
     if (ep->layers > 0)
         return etp__err(ETP_ERR_BUSY, "etp_ep_group_destroy: EP group '%s' still has %d layer(s)",
                         ep->name, ep->layers);
+    if (ep->graph_refs > 0)
+        return etp__err(ETP_ERR_BUSY,
+                        "etp_ep_group_destroy: EP group '%s' is used by %d graph(s); destroy them first",
+                        ep->name, ep->graph_refs);
     ep->group->users--;
     group_free(ep);
     return ETP_SUCCESS;
@@ -570,6 +585,10 @@ etp_status_t etp_ep_layer_destroy(etp_ep_layer_t *ly)
 {
     if (!ly) return ETP_SUCCESS;
     ETP__TRY(etp__ctx_no_capture(ly->ep->ctx, "etp_ep_layer_destroy"));
+    if (ly->graph_refs > 0)
+        return etp__err(ETP_ERR_BUSY,
+                        "etp_ep_layer_destroy: EP layer '%s' is used by %d graph(s); destroy them first",
+                        ly->name, ly->graph_refs);
     ly->ep->layers--;
     layer_free(ly);
     return ETP_SUCCESS;
@@ -703,6 +722,7 @@ etp_status_t etp_ep_layout_host(etp_ep_layer_t *ly, etp_stream_t *s, int32_t *co
     const char *fn = "etp_ep_layout_host";
     if (!ly) return etp__err(ETP_ERR_INVALID_ARGUMENT, "%s: argument 'layer' is NULL", fn);
     ETP__TRY(check_stream(ly->ep, s, fn));
+    ETP__TRY(note_capture(ly, s));
     if (ly->phase != LAYER_PREPARED)
         return etp__err(ETP_ERR_INVALID_STATE, "%s: EP layer '%s' has not been prepared", fn,
                         ly->name);
@@ -1009,6 +1029,7 @@ etp_status_t etp_ep_reset_report(etp_ep_layer_t *ly, etp_stream_t *s)
     const char *fn = "etp_ep_reset_report";
     if (!ly) return etp__err(ETP_ERR_INVALID_ARGUMENT, "%s: argument 'layer' is NULL", fn);
     ETP__TRY(check_stream(ly->ep, s, fn));
+    ETP__TRY(note_capture(ly, s));
     etp_ep_group_t *ep = ly->ep;
     ETP__TRY(join(ep, s));
     ETP__TRY(etp_memset_async(s, ly->stats, 0, ETP__EP_ST_COUNT * sizeof(int64_t)));

@@ -108,6 +108,9 @@ etp_status_t etp_chain_destroy(etp_chain_t *c)
 {
     if (!c) return ETP_SUCCESS;
     ETP__TRY(etp__ctx_no_capture(c->ctx, "etp_chain_destroy"));
+    if (c->graph_refs > 0)
+        return etp__err(ETP_ERR_BUSY, "etp_chain_destroy: chain '%s' is used by %d graph(s); destroy them first",
+                        c->name, c->graph_refs);
     if (!c->ctx->be->failed) {
         for (int t = 0; t < c->ntickets; t++)
             if (c->tickets[t].state == ETP__TICKET_HELD)
@@ -528,6 +531,7 @@ etp_status_t etp_gather(etp_param_t *p, etp_pass_t pass, etp_stream_t *stream, e
                    fn, view->size, sizeof *view);
     /* A parameter in no chain joins the one recording on its context. */
     etp_chain_t *c = p->chain ? p->chain : p->ctx->recording;
+    if (c) ETP__TRY(etp__capture_note(p->ctx, &c->graph_refs, stream));
     if (c && c->state == ETP__CHAIN_RECORDING && p->ticket[pass] < 0) {
         ETP__TRY(etp__chain_record_ticket(c, p, pass));
     } else if (!c || c->state == ETP__CHAIN_BUILDING || p->ticket[pass] < 0) {
@@ -627,6 +631,7 @@ etp_status_t etp_release(etp_param_t *p, etp_pass_t pass, etp_stream_t *stream)
     if (t < 0 || c->tickets[t].state != ETP__TICKET_HELD)
         return etp__err(ETP_ERR_INVALID_STATE, "%s: '%s' %s was not gathered (release without gather)",
                         fn, p->name, pass_name(pass));
+    ETP__TRY(etp__capture_note(p->ctx, &c->graph_refs, stream));
     etp__slot_t *s = &c->slots[c->tickets[t].slot];
     ETP__TRY(etp_event_record(s->released, stream));
     s->release_recorded = 1;

@@ -98,6 +98,7 @@ etp_status_t etp_wgrad_buffer(etp_param_t *p, etp_stream_t *stream, etp_weight_v
     const char *fn = "etp_wgrad_buffer";
     etp_chain_t *c = NULL;
     ETP__TRY(chain_of(p, stream, fn, &c));
+    ETP__TRY(etp__capture_note(p->ctx, &c->graph_refs, stream));
     ETP__CHECK_NULL(view, fn);
     ETP__CHECK_ARG(view->size == sizeof *view, "%s: view->size %zu (expected %zu; use ETP_WEIGHT_VIEW_INIT)",
                    fn, view->size, sizeof *view);
@@ -137,6 +138,7 @@ etp_status_t etp_reduce_grad(etp_param_t *p, etp_stream_t *stream, float scale)
     const char *fn = "etp_reduce_grad";
     etp_chain_t *c = NULL;
     ETP__TRY(chain_of(p, stream, fn, &c));
+    ETP__TRY(etp__capture_note(p->ctx, &c->graph_refs, stream));
     ETP__CHECK_ARG(isfinite(scale), "%s: scale is not finite", fn);
     if (p->wgrad_entry < 0)
         return etp__err(ETP_ERR_INVALID_STATE,
@@ -198,6 +200,7 @@ etp_status_t etp_zero_grad(etp_chain_t *c, etp_stream_t *stream)
     ETP__CHECK_NULL(stream, "etp_zero_grad");
     ETP__CHECK_ARG(stream->ctx == c->ctx, "etp_zero_grad: the stream belongs to another context");
     ETP__TRY(etp__ctx_usable(c->ctx, "etp_zero_grad"));
+    ETP__TRY(etp__capture_note(c->ctx, &c->graph_refs, stream));
     /* deferred too: the first reductions' writes then follow whatever
      * `stream` did before (an optimizer reading main_grad) */
     ETP__TRY(etp_event_record(c->scratch, stream));
@@ -238,6 +241,7 @@ etp_status_t etp_wait_grads(etp_chain_t *c, etp_stream_t *stream)
     ETP__CHECK_NULL(stream, "etp_wait_grads");
     ETP__CHECK_ARG(stream->ctx == c->ctx, "etp_wait_grads: the stream belongs to another context");
     ETP__TRY(etp__ctx_usable(c->ctx, "etp_wait_grads"));
+    ETP__TRY(etp__capture_note(c->ctx, &c->graph_refs, stream));
     ETP__TRY(etp__chain_zero_pending(c));
     if (c->skip_edges & ETP__EDGE_GRADS_JOIN) return ETP_SUCCESS;
     ETP__TRY(etp_event_record(c->scratch, c->rs));

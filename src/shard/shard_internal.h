@@ -95,6 +95,7 @@ typedef struct etp__slot {
 } etp__slot_t;
 
 struct etp_chain {
+    int graph_refs; /* live graphs that captured its calls (they use its slots and ring) */
     etp_context_t *ctx;
     etp_group_t *group;
     char name[64];

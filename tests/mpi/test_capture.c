@@ -5,6 +5,8 @@
  * allocations during it; a graph replays with the buffers' current contents,
  * collectives included. Eager and shuffle stream modes.
  */
+#include <math.h>
+
 #include "mpi_util.h"
 
 static etp_context_t *ctx_for(int mode)
@@ -235,6 +237,80 @@ static void test_capture_refuses_destroy(void **state)
     ETP_OK(etp_context_destroy(ctx));
 }
 
+/* A graph holds what its captured calls use: a quantizer's scratch, a
+ * chain's buffers, an EP group's and layer's. Their destroys refuse while
+ * it lives and go through after it. */
+static void test_graph_holds_objects(void **state)
+{
+    (void)state;
+    etp_context_t *ctx = ctx_for(ETP_HOST_STREAMS_EAGER);
+    etp_group_t *world, *grp;
+    etp_stream_t *s;
+    ETP_OK(etp_context_world(ctx, &world));
+    etp_group_config_t gc = ETP_GROUP_CONFIG_INIT;
+    gc.num_roles = 2;
+    ETP_OK(etp_group_split(world, 0, g_rank, &gc, &grp));
+    ETP_OK(etp_stream_create(ctx, ETP_STREAM_PRIORITY_NORMAL, &s));
+    etp_chain_config_t cc = ETP_CHAIN_CONFIG_INIT;
+    cc.name = "c";
+    cc.group = grp;
+    etp_chain_t *chain;
+    ETP_OK(etp_chain_create(ctx, &cc, &chain));
+    etp_param_config_t pc = ETP_PARAM_CONFIG_INIT;
+    pc.name = "w";
+    pc.group = grp;
+    pc.rows = 4 * g_size;
+    pc.cols = 8;
+    pc.dtype = ETP_DTYPE_F32;
+    etp_param_t *prm;
+    ETP_OK(etp_param_create(ctx, &pc, &prm));
+    ETP_OK(etp_chain_add(chain, prm));
+    ETP_OK(etp_chain_finalize(chain));
+    etp_quantizer_config_t qc = ETP_QUANTIZER_CONFIG_INIT;
+    etp_quantizer_t *q;
+    ETP_OK(etp_quantizer_create(ctx, &qc, &q));
+    etp_ep_group_config_t ec = ETP_EP_GROUP_CONFIG_INIT;
+    ec.num_experts = 2 * g_size;
+    ec.hidden = 16;
+    ec.max_tokens_per_rank = 8;
+    ec.max_topk = 1;
+    ec.recv_capacity_per_rank = 8 * g_size;
+    etp_ep_group_t *ep;
+    ETP_OK(etp_ep_group_create(world, &ec, &ep));
+    etp_ep_layer_config_t lc = ETP_EP_LAYER_CONFIG_INIT;
+    etp_ep_layer_t *ly;
+    ETP_OK(etp_ep_layer_create(ep, &lc, &ly));
+    float x[32], amax = -1.0f;
+    for (int i = 0; i < 32; i++) x[i] = (float)(tu_rand(g_seed, 11, (uint64_t)g_rank, (uint64_t)i) % 1000) - 500.0f;
+    const etp_quant_input_t in = {x, ETP_DTYPE_F32, 4, 8};
+
+    etp_graph_t *g = NULL;
+    ETP_OK(etp_stream_begin_capture(s));
+    ETP_OK(etp_quant_multi_amax(q, 1, &in, &amax, NULL, 1, s));
+    ETP_OK(etp_zero_grad(chain, s));
+    ETP_OK(etp_wait_grads(chain, s));
+    ETP_OK(etp_ep_reset_report(ly, s));
+    ETP_OK(etp_stream_end_capture(s, &g));
+    ETP_EXPECT_MSG(etp_quantizer_destroy(q), ETP_ERR_BUSY, "1 graph(s)");
+    ETP_EXPECT_MSG(etp_chain_destroy(chain), ETP_ERR_BUSY, "1 graph(s)");
+    ETP_EXPECT_MSG(etp_ep_layer_destroy(ly), ETP_ERR_BUSY, "1 graph(s)");
+    ETP_OK(etp_graph_launch(g, s)); /* all still there */
+    ETP_OK(etp_stream_synchronize(s));
+    float want = 0.0f;
+    for (int i = 0; i < 32; i++) want = fabsf(x[i]) > want ? fabsf(x[i]) : want;
+    assert_true(amax == want);
+    ETP_OK(etp_graph_destroy(g));
+
+    ETP_OK(etp_ep_layer_destroy(ly));
+    ETP_OK(etp_ep_group_destroy(ep));
+    ETP_OK(etp_quantizer_destroy(q));
+    ETP_OK(etp_chain_destroy(chain));
+    ETP_OK(etp_param_destroy(prm));
+    ETP_OK(etp_stream_destroy(s));
+    ETP_OK(etp_group_destroy(grp));
+    ETP_OK(etp_context_destroy(ctx));
+}
+
 /* A captured all-reduce reduces what the buffers hold at each launch; its
  * group cannot be destroyed while the graph lives. */
 static void test_captured_collective(void **state)
@@ -283,6 +359,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_captured_collective),
         cmocka_unit_test(test_capture_refuses_user_allocation),
         cmocka_unit_test(test_capture_refuses_destroy),
+        cmocka_unit_test(test_graph_holds_objects),
     };
     return tu_mpi_finish(cmocka_run_group_tests(tests, NULL, NULL));
 }

@@ -473,6 +473,25 @@ static void test_bad_input(void **state)
     d[1].bytes = sizeof x;
     d[0].dtype = ETP_DTYPE_I32;
     BAD(etp_quant_dequantize(q, 3, out, amax, 3, ETP_QUANT_ROWWISE, d, f->s), "dtype i32");
+    d[0].dtype = ETP_DTYPE_F32;
+    /* misaligned elements, amaxes and flags: a fault on CUDA, refused alike
+     * on both backends */
+    in[1].data = (const char *)x + 2;
+    BAD(etp_quant_cast_only(q, 3, in, amax, 3, out, f->s), "tensor 1 of [32, 64]: data");
+    BAD(etp_quant_multi_amax(q, 3, in, amax, NULL, 3, f->s), "not aligned to its 4-byte f32");
+    in[1].data = x;
+    float *odd_amax = (float *)((char *)amax + 1);
+    BAD(etp_quant_cast_only(q, 3, in, odd_amax, 3, out, f->s), "not 4-byte aligned");
+    BAD(etp_quant_multi_amax(q, 3, in, amax, odd_amax, 3, f->s), "amax_columnwise");
+    BAD(etp_quant_amax_allreduce(f->world, 0, odd_amax, 3, f->s), "not 4-byte aligned");
+    d[2].data = (char *)x + 1;
+    BAD(etp_quant_dequantize(q, 3, out, amax, 3, ETP_QUANT_ROWWISE, d, f->s), "tensor 2 of [32, 64]: dest data");
+    d[2].data = x;
+    BAD(etp_quantizer_set_noop_flag(q, (const int32_t *)((const char *)amax + 2)), "noop_flag");
+    /* a cast inside a batch would read amaxes the batch has not reduced yet */
+    ETP_OK(etp_batch_begin(f->ctx));
+    ETP_EXPECT_MSG(etp_quant_cast_only(q, 3, in, amax, 3, out, f->s), ETP_ERR_INVALID_STATE, "etp_batch_begin");
+    ETP_OK(etp_batch_end(f->ctx));
     ETP_OK(etp_stream_synchronize(f->s));
     assert_true(all_poison(rd, sizeof rd)); /* nothing was enqueued */
     ETP_OK(etp_quantizer_destroy(q));
