@@ -14,8 +14,32 @@ the saturation bound and the E8M0 round-up are covered by the definitions
 (in the C test, and by the E8M0 round-up lines below, which compute "the
 smallest power of two >= v" from ml_dtypes' own table of E8M0 values).
 
+Stochastic rounding (blocks_sr.txt): Philox4x32-10 is written here from the
+published algorithm (Salmon et al., "Parallel random numbers: as easy as 1,
+2, 3", SC11), not from etp's code, and asserted at import against Random123's
+known-answer vectors (counter and key all 0, all 0xffffffff, and the digits
+of pi; 10 and 7 rounds). The random word of each element and the rounding
+itself follow docs/FORMATS.md ("Stochastic rounding"): word idx % 4 of
+Philox with key = seed (low word first) and counter (idx/4 low, idx/4 high,
+tensor, direction), idx = i * K + j in the original [M, K] for both
+directions; round up iff (r >> 8) * 2^-24 < (|x| - lo) / (hi - lo), in numpy
+FP32. The file has "srbits <seed> <tensor> <dir> <index> <r>" lines (the
+words alone, 64-bit indices included) and blocks.txt-style tensors and
+cases whose case lines add "seed=<hex> tensor=<id>": 1D and 2D blocks,
+rowwise and columnwise, two seeds, several tensor ids, partial 2D blocks,
+row-major and swizzled scales; crafted FP32 tensors (amax 2688, so the
+multiplier is exactly 1 in their first 16 rows) hold grid values, +-0,
+ties, values one ulp below 6, subnormals, values whose ratio equals the
+element's own draw (so "<" and "<=" differ), and in their last 16 rows
+values past 6, -Inf, NaN, an all-zero tile and tiny blocks (scale 0,
+m = FLT_MAX); BF16 tensors like blocks.txt's complete it. The generator
+asserts that the crafted cases hit "draw == ratio" and prints how many
+elements rounded up and down.
+
 Usage: python3 tools/gen_quant_vectors.py [out_dir]   (pip install ml_dtypes numpy)
-Deterministic: a fixed seed, so regenerating gives the same files.
+Deterministic: fixed seeds (a separate generator for blocks_sr.txt, so the
+other files did not change when it was added), so regenerating gives the
+same files.
 """
 import os
 import sys
@@ -130,6 +154,103 @@ def e8m0_round_up(v):
     return e
 
 
+# ---- stochastic rounding (NVFP4) ----------------------------------------------
+#
+# Philox4x32-R written from the published algorithm (J. K. Salmon, M. A. Moraes,
+# R. O. Dror, D. E. Shaw, "Parallel random numbers: as easy as 1, 2, 3", SC11),
+# not from etp's code: each round maps the counter (X0, X1, X2, X3) under the
+# round key (k0, k1) to
+#     (hi(M1*X2) ^ X1 ^ k0, lo(M1*X2), hi(M0*X0) ^ X3 ^ k1, lo(M0*X0))
+# with hi/lo the upper/lower 32 bits of the 64-bit product; the key gets the
+# Weyl increments (W0, W1) added before every round after the first.
+
+PHILOX_M0, PHILOX_M1 = 0xD2511F53, 0xCD9E8D57
+PHILOX_W0, PHILOX_W1 = 0x9E3779B9, 0xBB67AE85
+MASK32 = 0xFFFFFFFF
+
+
+def philox4x32(ctr, key, rounds=10):
+    x0, x1, x2, x3 = ctr
+    k0, k1 = key
+    for rnd in range(rounds):
+        if rnd > 0:
+            k0, k1 = (k0 + PHILOX_W0) & MASK32, (k1 + PHILOX_W1) & MASK32
+        p0, p1 = PHILOX_M0 * x0, PHILOX_M1 * x2
+        x0, x1, x2, x3 = (p1 >> 32) ^ x1 ^ k0, p1 & MASK32, (p0 >> 32) ^ x3 ^ k1, p0 & MASK32
+    return (x0, x1, x2, x3)
+
+
+# Known answers published with Random123 (its tests/kat_vectors: counter[4],
+# key[2] -> output[4]); the 10-round ones are the generator SR uses, the
+# 7-round ones check the round structure apart from the count.
+PHILOX_KATS = [
+    (10, (0x00000000, 0x00000000, 0x00000000, 0x00000000), (0x00000000, 0x00000000),
+     (0x6627e8d5, 0xe169c58d, 0xbc57ac4c, 0x9b00dbd8)),
+    (10, (0xffffffff, 0xffffffff, 0xffffffff, 0xffffffff), (0xffffffff, 0xffffffff),
+     (0x408f276d, 0x41c83b0e, 0xa20bc7c6, 0x6d5451fd)),
+    (10, (0x243f6a88, 0x85a308d3, 0x13198a2e, 0x03707344), (0xa4093822, 0x299f31d0),
+     (0xd16cfe09, 0x94fdcceb, 0x5001e420, 0x24126ea1)),
+    (7, (0x00000000, 0x00000000, 0x00000000, 0x00000000), (0x00000000, 0x00000000),
+     (0x5f6fb709, 0x0d893f64, 0x4f121f81, 0x4f730a48)),
+    (7, (0xffffffff, 0xffffffff, 0xffffffff, 0xffffffff), (0xffffffff, 0xffffffff),
+     (0x5207ddc2, 0x45165e59, 0x4d8ee751, 0x8c52f662)),
+    (7, (0x243f6a88, 0x85a308d3, 0x13198a2e, 0x03707344), (0xa4093822, 0x299f31d0),
+     (0x4dfccaba, 0x190a87f0, 0xc47362ba, 0xb6b5242a)),
+]
+for _r, _c, _k, _want in PHILOX_KATS:
+    assert philox4x32(_c, _k, _r) == _want, ("Philox4x32-%d KAT failed" % _r, _c, _k)
+
+_SR_CACHE = {}
+
+
+def sr_word(seed, tensor, direction, idx):
+    """docs/FORMATS.md: the random bits of element idx = i * K + j (its place in
+    the original [M, K], in both directions) of tensor `tensor` in direction
+    0 (rowwise) or 1 (columnwise): word idx % 4 of Philox4x32-10 with key =
+    the 64-bit seed, low word first, and counter (idx/4 low word, idx/4 high
+    word, tensor, direction)."""
+    q = idx >> 2
+    k = (seed, tensor, direction, q)
+    if k not in _SR_CACHE:
+        _SR_CACHE[k] = philox4x32((q & MASK32, q >> 32, tensor, direction), (seed & MASK32, seed >> 32))
+    return _SR_CACHE[k][idx & 3]
+
+
+def sr_words(seed, tensor, direction, idx):
+    return np.array([sr_word(seed, tensor, direction, int(i)) for i in np.ravel(idx)], np.uint32)
+
+
+E2M1_GRID = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0], F32)
+SR_STATS = {"draw_eq_frac": 0, "up": 0, "down": 0}
+
+
+def e2m1_sr_codes(v, r):
+    """Stochastic rounding to E2M1 as docs/FORMATS.md defines it, in numpy FP32:
+    lo <= |v| < hi the neighbouring magnitudes, up iff u < (|v| - lo) / (hi - lo),
+    u = (r >> 8) * 2^-24; |v| >= 6 -> +-6; NaN -> 0x7; grid values (zeros
+    included) unchanged; the sign bit of v kept."""
+    v = np.asarray(v, F32)
+    r = np.asarray(r, np.uint32)
+    a = np.abs(v)
+    nan = np.isnan(a)
+    a = np.where(nan, F32(0), a).astype(F32)
+    k = np.minimum(np.searchsorted(E2M1_GRID, a, side="right") - 1, 6)
+    lo, hi = E2M1_GRID[k], E2M1_GRID[k + 1]
+    frac = ((a - lo) / (hi - lo)).astype(F32)  # FP32 subtract, FP32 divide
+    u = (r >> 8).astype(F32) * F32(2.0 ** -24)  # exact
+    assert frac.dtype == F32 and u.dtype == F32
+    up = u < frac
+    on_grid, sat = a == lo, a >= E2M1_MAX
+    inner = ~on_grid & ~sat & ~nan
+    SR_STATS["draw_eq_frac"] += int(np.sum(inner & (u == frac)))
+    SR_STATS["up"] += int(np.sum(inner & up))
+    SR_STATS["down"] += int(np.sum(inner & ~up))
+    code = np.where(on_grid, k, k + up.astype(np.int64))
+    code = np.where(sat, 7, code).astype(np.uint8)
+    code |= (np.signbit(v).astype(np.uint8) << 3)
+    return np.where(nan, np.uint8(7), code).astype(np.uint8)
+
+
 def swz(r, c, cols):
     tile = (r // 128) * (cols // 4) + c // 4
     return tile * 512 + (r % 32) * 16 + ((r // 32) % 4) * 4 + c % 4
@@ -144,8 +265,15 @@ def pack_fp4(codes):
     return (codes[..., 0::2] | (codes[..., 1::2] << 4)).astype(np.uint8)
 
 
-def nvfp4(x, amax, block2d, swizzle):
+def nvfp4(x, amax, block2d, swizzle, sr=None):
+    """sr: None (round to nearest even) or (seed, tensor): stochastic rounding
+    with the random words of sr_words()."""
     M, K = x.shape
+
+    def elements(v, idx, direction):
+        if sr is None:
+            return e2m1_codes(v)
+        return e2m1_sr_codes(v, sr_words(sr[0], sr[1], direction, idx))
     s_enc = F32(2688.0) / F32(amax) if amax != 0 else F32(np.inf)
     if amax == 0 or not np.isfinite(s_enc) or s_enc == 0:
         s_enc = F32(1.0)
@@ -176,7 +304,8 @@ def nvfp4(x, amax, block2d, swizzle):
                     blk = x[i, kb * 16:kb * 16 + 16]
                 sc, m = block_scale(amax_of(blk))
                 sc_arr[swz(i, kb, C) if swizzle else i * C + kb] = sc
-                codes[i, kb * 16:kb * 16 + 16] = e2m1_codes(x[i, kb * 16:kb * 16 + 16] * m)
+                cols = np.arange(kb * 16, kb * 16 + 16)
+                codes[i, kb * 16:kb * 16 + 16] = elements(x[i, kb * 16:kb * 16 + 16] * m, i * K + cols, 0)
         out["row_data"] = pack_fp4(codes).reshape(-1)
         out["row_scales"] = sc_arr
     if M % 16 == 0:  # columnwise: the transpose
@@ -192,7 +321,8 @@ def nvfp4(x, amax, block2d, swizzle):
                     blk = x[mb * 16:mb * 16 + 16, j]
                 sc, m = block_scale(amax_of(blk))
                 sc_arr[swz(j, mb, C) if swizzle else j * C + mb] = sc
-                codes[j, mb * 16:mb * 16 + 16] = e2m1_codes(x[mb * 16:mb * 16 + 16, j] * m)
+                rows = np.arange(mb * 16, mb * 16 + 16)
+                codes[j, mb * 16:mb * 16 + 16] = elements(x[mb * 16:mb * 16 + 16, j] * m, rows * K + j, 1)
         out["col_data"] = pack_fp4(codes).reshape(-1)
         out["col_scales"] = sc_arr
     return out
@@ -233,14 +363,15 @@ def mxfp8(x, e5m2, swizzle):
     return out
 
 
-def test_tensor(M, K):
+def test_tensor(M, K, rng=None):
     """BF16-representable values with a different magnitude per 16x16 region,
     one all-zero region, exact ties and values at the E4M3 saturation edge."""
+    rng = RNG if rng is None else rng
     x = np.zeros((M, K), F32)
     for r0 in range(0, M, 16):
         for c0 in range(0, K, 16):
-            mag = 2.0 ** RNG.integers(-12, 12)
-            blk = RNG.standard_normal((min(16, M - r0), min(16, K - c0))) * mag
+            mag = 2.0 ** rng.integers(-12, 12)
+            blk = rng.standard_normal((min(16, M - r0), min(16, K - c0))) * mag
             x[r0:r0 + 16, c0:c0 + 16] = blk
     x[:16, :16] = 0  # an all-zero block
     if M > 16 and K > 16:
@@ -289,6 +420,119 @@ def block_cases():
     return lines
 
 
+# Separate generator for the stochastic-rounding file, so that adding it left
+# the other files byte for byte as they were.
+SR_RNG = np.random.default_rng(20260311)
+SR_SEEDS = (0x0123456789ABCDEF, 0xFFFFFFFF00000001)
+
+
+def sr_crafted_tensor(seed, tensor):
+    """[32, 64] FP32 built for amax = 2688 (S_enc = 1): each 16x16 tile has
+    +-6 on its diagonal, so in rows 0..15 every 1D (either direction) and 2D
+    block has amax 6, scale 1.0 (0x38) and multiplier exactly 1, and the
+    element values reach the rounding as they are. There: grid values, +-0,
+    ties (u against 1/2), values one FP32 ulp below 6, FP32 subnormals, and
+    values whose distance ratio equals the element's own draw (in one
+    direction: (r >> 8) * 2^-25 below 0.5, and 0.5 + (r >> 8 & ~1) * 2^-25),
+    so that "u < ratio" and "u <= ratio" give different codes. Rows 16..31:
+    values past 6 in their blocks (scales rounded down: saturation), -Inf, NaN,
+    448, an all-zero tile (scale 0: m = FLT_MAX) and a tile of tiny values whose
+    scale is 0 too (x * FLT_MAX: +-6, or stochastic for FP32 subnormals)."""
+    M, K = 32, 64
+    x = SR_RNG.uniform(-6, 6, (M, K)).astype(F32)
+    for r in range(M):
+        for c in range(K):
+            if r % 16 == c % 16:
+                x[r, c] = 6.0 if (r + c // 16) % 2 == 0 else -6.0
+    free = [(r, c) for r in range(16) for c in range(K) if r % 16 != c % 16]
+    specials = [0.0, -0.0, 0.5, -1.0, 1.5, -2.0, 3.0, -4.0, 0.25, -0.25, 0.75, -1.25, 1.75,
+                -2.5, 3.5, -5.0, 5.0, float(np.nextafter(F32(6), F32(0))),
+                -float(np.nextafter(F32(6), F32(0))), 5.5, -5.75, 1e-40, -1e-40, 2.0 ** -30,
+                float(np.nextafter(F32(0.25), F32(1))), float(np.nextafter(F32(0.25), F32(0))),
+                float(np.nextafter(F32(5), F32(6))), float(np.nextafter(F32(4), F32(0)))]
+    for (r, c), v in zip(free, specials):
+        x[r, c] = v
+    n_eq = 0
+    for (r, c) in free[len(specials):len(specials) + 160]:
+        idx = r * K + c
+        d = n_eq % 2                      # alternate the targeted direction
+        n = sr_word(seed, tensor, d, idx) >> 8
+        sign = -1.0 if (n_eq // 2) % 2 else 1.0
+        if n_eq % 4 < 2:
+            x[r, c] = F32(sign * n * 2.0 ** -25)          # [0, 0.5): ratio = n * 2^-24
+        else:
+            x[r, c] = F32(sign * (0.5 + (n & ~1) * 2.0 ** -25))  # [0.5, 1)
+        n_eq += 1
+    # rows 16..31
+    x[16, 1], x[17, 20], x[18, 3], x[19, 40] = 6.2, -6.5, 7.0, 448.0
+    x[20, 5], x[21, 22] = -np.inf, np.nan
+    x[16:32, 48:64] = 0.0
+    x[17, 50] = x[30, 63] = -0.0
+    tiny = np.array([1e-30, -1e-30, 1e-40, -1e-40, 3e-39, 0.0, -0.0, 2.0 ** -140], F32)
+    x[16:32, 32:48] = tiny[SR_RNG.integers(0, tiny.size, (16, 16))]
+    return x
+
+
+def sr_cases():
+    lines = ["# NVFP4 stochastic rounding: generated by tools/gen_quant_vectors.py (Philox4x32-10 "
+             "written from Salmon et al., SC11, checked against Random123's known answers; "
+             "numpy FP32 and ml_dtypes %s)" % mld.__version__]
+    # the random words themselves: seed tensor dir index -> r
+    picks = [(SR_SEEDS[0], 0, 0, 0), (SR_SEEDS[0], 0, 0, 3), (SR_SEEDS[0], 0, 1, 4),
+             (SR_SEEDS[1], 7, 1, 1023), (0, 0, 0, 0), (0xFFFFFFFFFFFFFFFF, 0xFFFFFFFF, 1, 2 ** 64 - 1),
+             (SR_SEEDS[0], 3, 0, 2 ** 34 + 5), (SR_SEEDS[1], 300, 1, 2 ** 40 + 2),
+             (0x00000001FFFFFFFF, 1, 0, 2 ** 32 + 1)]
+    for _ in range(16):
+        picks.append((int(SR_RNG.integers(0, 2 ** 63)) * 2 + int(SR_RNG.integers(0, 2)),
+                      int(SR_RNG.integers(0, 1000)), int(SR_RNG.integers(0, 2)),
+                      int(SR_RNG.integers(0, 2 ** 62))))
+    for seed, t, d, idx in picks:
+        lines.append("srbits %016x %08x %d %016x %08x" % (seed, t, d, idx, sr_word(seed, t, d, idx)))
+
+    def emit_tensor(x):
+        M, K = x.shape
+        lines.append("tensor %d %d" % (M, K))
+        flat = x.reshape(-1)
+        for i in range(0, flat.size, 16):
+            lines.append("x " + " ".join(f32hex(v) for v in flat[i:i + 16]))
+
+    def emit(amax, block2d, swizzle, seed, tensor, out):
+        lines.append("case nvfp4 %s block2d=%d swizzle=%d seed=%016x tensor=%d"
+                     % (f32hex(amax), block2d, swizzle, seed, tensor))
+        for key in ("row_data", "row_scales", "col_data", "col_scales"):
+            if key in out:
+                b = out[key]
+                for i in range(0, b.size, 64):
+                    lines.append("%s %s" % (key, bytes(b[i:i + 64]).hex()))
+        lines.append("end")
+
+    # crafted tensors (FP32 only), one per (seed, tensor id)
+    for seed, tensor in ((SR_SEEDS[0], 0), (SR_SEEDS[1], 5)):
+        x = sr_crafted_tensor(seed, tensor)
+        emit_tensor(x)
+        for block2d in (0, 1):
+            for swizzle in ((0, 1) if block2d else (0,)):
+                before = SR_STATS["draw_eq_frac"]
+                emit(F32(2688.0), block2d, swizzle, seed, tensor, nvfp4(x, F32(2688.0), block2d, swizzle, (seed, tensor)))
+                # every targeted element (80 per direction) meets its draw exactly
+                assert SR_STATS["draw_eq_frac"] - before >= 100, SR_STATS
+        # another amax (S_enc = 1/3), and the other seed on the same data
+        emit(F32(8064.0), 0, 0, seed, tensor, nvfp4(x, F32(8064.0), 0, 0, (seed, tensor)))
+        other = SR_SEEDS[1] if seed == SR_SEEDS[0] else SR_SEEDS[0]
+        emit(F32(2688.0), 1, 0, other, tensor + 1, nvfp4(x, F32(2688.0), 1, 0, (other, tensor + 1)))
+    # BF16 test tensors like blocks.txt's (random magnitudes per region, a
+    # zero block, 448 / -464 / 1e-6), every shape's directions and partial blocks
+    for n, (M, K) in enumerate([(32, 64), (48, 32), (20, 48), (48, 20)]):
+        x = test_tensor(M, K, SR_RNG)
+        emit_tensor(x)
+        amax = F32(np.abs(x).max())
+        for block2d in (0, 1):
+            seed = SR_SEEDS[(n + block2d) % 2]
+            tensor = (0, 1, 2, 300)[n]
+            emit(amax, block2d, n % 2, seed, tensor, nvfp4(x, amax, block2d, n % 2, (seed, tensor)))
+    return lines
+
+
 def main():
     np.seterr(divide="ignore", over="ignore", invalid="ignore")
     out_dir = sys.argv[1] if len(sys.argv) > 1 else os.path.join(
@@ -300,11 +544,13 @@ def main():
         "e2m1.txt": element_lines(mld.float4_e2m1fn, 16, 6.0, "e2m1 (float4_e2m1fn)", False),
         "e8m0.txt": e8m0_lines(),
         "blocks.txt": block_cases(),
+        "blocks_sr.txt": sr_cases(),
     }
     for name, lines in files.items():
         with open(os.path.join(out_dir, name), "w") as f:
             f.write("\n".join(lines) + "\n")
         print("wrote %s (%d lines)" % (name, len(lines)))
+    print("stochastic rounding: %(up)d rounded up, %(down)d down, %(draw_eq_frac)d with the draw equal to the ratio" % SR_STATS)
 
 
 if __name__ == "__main__":

@@ -2,10 +2,13 @@
  * The element codecs, layouts and host reference quantizer of quant/formats
  * against references computed outside etp: ml_dtypes' conversions and
  * block-quantized tensors computed with numpy from the definitions
- * (tests/data/quant, made by tools/gen_quant_vectors.py); saturation,
- * round-up and special values from the definitions in docs/FORMATS.md; every
- * element code round-trips; and properties of quantize -> dequantize on
- * fresh random data from a printed seed.
+ * (tests/data/quant, made by tools/gen_quant_vectors.py), stochastic
+ * rounding included (an independent Philox4x32-10, blocks_sr.txt);
+ * saturation, round-up and special values from the definitions in
+ * docs/FORMATS.md; every element code round-trips; dequantization exact,
+ * element by element, against the documented decode done in this file; and
+ * properties of quantize -> dequantize on fresh random data from a printed
+ * seed.
  */
 #include <math.h>
 
@@ -377,13 +380,19 @@ static void test_stochastic_rounding(void **state)
             print_error("SR of %g: up %.4f of the time, expected %.4f\n", (double)x, freq, p);
         assert_true(fabs(freq - p) <= 6 * sd + 1e-3);
     }
-    /* Philox4x32-10 known answer (Random123 test vector: counter and key 0) */
-    uint32_t c[4] = {0, 0, 0, 0};
-    etp__qf_philox(c, 0, 0);
-    assert_int_equal(c[0], 0x6627e8d5u);
-    assert_int_equal(c[1], 0xe169c58du);
-    assert_int_equal(c[2], 0xbc57ac4cu);
-    assert_int_equal(c[3], 0x9b00dbd8u);
+    /* Philox4x32-10 known answers (Random123's tests/kat_vectors: counter and
+     * key all 0, all 1s, and the digits of pi) */
+    static const uint32_t kat[3][10] = {
+        {0, 0, 0, 0, 0, 0, 0x6627e8d5u, 0xe169c58du, 0xbc57ac4cu, 0x9b00dbd8u},
+        {0xffffffffu, 0xffffffffu, 0xffffffffu, 0xffffffffu, 0xffffffffu, 0xffffffffu, 0x408f276du,
+         0x41c83b0eu, 0xa20bc7c6u, 0x6d5451fdu},
+        {0x243f6a88u, 0x85a308d3u, 0x13198a2eu, 0x03707344u, 0xa4093822u, 0x299f31d0u, 0xd16cfe09u,
+         0x94fdccebu, 0x5001e420u, 0x24126ea1u}};
+    for (int k = 0; k < 3; k++) {
+        uint32_t c[4] = {kat[k][0], kat[k][1], kat[k][2], kat[k][3]};
+        etp__qf_philox(c, kat[k][4], kat[k][5]);
+        for (int w = 0; w < 4; w++) assert_int_equal(c[w], kat[k][6 + w]);
+    }
 }
 
 /* Scale layouts: the documented formulas, cuBLAS's own example, and the
@@ -428,12 +437,171 @@ static void test_layouts(void **state)
     assert_int_equal(etp__qf_mxfp8_col_scale_offset(1, 5, s, 1), etp__qf_scale_offset(5, 1, 4, 1));
 }
 
+/* ---- exact dequantization, decoded here ------------------------------------ */
+
+/* The documented decode of each element, written independently of
+ * qf_codec.h: code values from their fields (ldexpf is exact), scale
+ * offsets from the layout formula, S_enc from its definition. */
+static float ind_e2m1(unsigned q)
+{
+    static const float mag[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
+    return (q & 8u) ? -mag[q & 7u] : mag[q & 7u];
+}
+
+static float ind_e4m3(unsigned c)
+{
+    const unsigned e = (c >> 3) & 15u, m = c & 7u;
+    float v;
+    if (e == 15u && m == 7u)
+        v = NAN;
+    else if (e == 0)
+        v = ldexpf((float)m, -9);
+    else
+        v = ldexpf((float)(8u + m), (int)e - 10);
+    return (c & 0x80u) ? -v : v;
+}
+
+static float ind_e5m2(unsigned c)
+{
+    const unsigned e = (c >> 2) & 31u, m = c & 3u;
+    float v;
+    if (e == 31u)
+        v = m ? NAN : INFINITY;
+    else if (e == 0)
+        v = ldexpf((float)m, -16);
+    else
+        v = ldexpf((float)(4u + m), (int)e - 17);
+    return (c & 0x80u) ? -v : v;
+}
+
+static float ind_e8m0(unsigned c)
+{
+    return c == 0xffu ? NAN : ldexpf(1.0f, (int)c - 127);
+}
+
+/* NaN results are the canonical 0x7FC00000 (docs/FORMATS.md). */
+static uint32_t ind_canon_bits(float v)
+{
+    return isnan(v) ? 0x7fc00000u : etp__qf_bits(v);
+}
+
+/* BF16 of an FP32 (bits), nearest even; the canonical NaN stays 0x7FC0. */
+static uint16_t ind_bf16(uint32_t u)
+{
+    if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fc0u;
+    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+static size_t ind_offset(size_t r, size_t c, size_t cols, int swizzle)
+{
+    if (!swizzle) return r * cols + c;
+    return ((r / 128) * (cols / 4) + c / 4) * 512 + (r % 32) * 16 + ((r / 32) % 4) * 4 + c % 4;
+}
+
+/* Dequantize one direction (1 rowwise, 2 columnwise) of [rows, cols] with
+ * etp's reference, to F32 and to BF16, and compare every element bit for bit
+ * with the documented arithmetic done here: NVFP4 e2m1(q) * (S_dec_b *
+ * (1 / S_enc)), MXFP8 element * 2^(e - 127), one FP32 operation at a time.
+ * Returns the number of elements checked. */
+static size_t check_dequant_exact(const etp__qref_cfg_t *cfg, unsigned dir, size_t rows, size_t cols,
+                                  float amax, const uint8_t *data, const uint8_t *scales, const char *what)
+{
+    const int col = dir == 2;
+    float *y = malloc(rows * cols * sizeof(float) + 1);
+    uint16_t *yb = malloc(rows * cols * sizeof(uint16_t) + 1);
+    etp__qref_dequantize(cfg, dir, rows, cols, amax, data, scales, y, ETP__QB_F32);
+    etp__qref_dequantize(cfg, dir, rows, cols, amax, data, scales, yb, ETP__QB_BF16);
+    float s_enc = 2688.0f / amax;
+    if (amax == 0.0f || !isfinite(s_enc) || s_enc == 0.0f) s_enc = 1.0f;
+    const float s_dec = 1.0f / s_enc;
+    size_t bad = 0;
+    for (size_t i = 0; i < rows; i++)
+        for (size_t j = 0; j < cols; j++) {
+            float want;
+            if (cfg->format == ETP__QB_NVFP4) {
+                /* rowwise [rows, cols/2] bytes, columnwise the transpose */
+                const size_t r = col ? j : i, k = col ? i : j, ld = col ? rows : cols;
+                const unsigned q = (data[r * (ld / 2) + k / 2] >> (4 * (k % 2))) & 0xfu;
+                const size_t scols = (ld / 16 + 3) / 4 * 4;
+                const float sv = ind_e4m3(scales[ind_offset(r, k / 16, scols, cfg->swizzle)]);
+                const float bs = sv * s_dec;
+                want = ind_e2m1(q) * bs;
+            } else {
+                size_t off;
+                if (col) {
+                    /* [roundup(M/32,4), roundup(K,128)] row-major; swizzled as its transpose */
+                    const size_t srows = (rows / 32 + 3) / 4 * 4, scols = (cols + 127) / 128 * 128;
+                    off = cfg->swizzle ? ind_offset(j, i / 32, srows, 1) : (i / 32) * scols + j;
+                } else {
+                    off = ind_offset(i, j / 32, (cols / 32 + 3) / 4 * 4, cfg->swizzle);
+                }
+                const uint8_t c = data[i * cols + j];
+                want = (cfg->e5m2 ? ind_e5m2(c) : ind_e4m3(c)) * ind_e8m0(scales[off]);
+            }
+            const uint32_t wb = ind_canon_bits(want), gb = etp__qf_bits(y[i * cols + j]);
+            const uint16_t wh = ind_bf16(wb), gh = yb[i * cols + j];
+            if ((wb != gb || wh != gh) && bad++ < 5)
+                print_error("%s: dequantized (%zu, %zu) direction %u = 0x%08x / bf16 0x%04x, "
+                            "expected 0x%08x / 0x%04x\n", what, i, j, dir, gb, gh, wb, wh);
+        }
+    free(y);
+    free(yb);
+    assert_int_equal(bad, 0);
+    return rows * cols;
+}
+
+/* Every element code with every scale code (bytes no cast writes included:
+ * NaN scales, E5M2 Inf, signed NaN codes), both directions, row-major and
+ * swizzled scales, several per-tensor amaxes: exact, NaN canonical. */
+static void test_dequant_all_codes(void **state)
+{
+    (void)state;
+    enum { N = 256 };
+    uint8_t *data = malloc(N * N), *scales = malloc(N * 8);
+    for (int swizzle = 0; swizzle < 2; swizzle++) {
+        /* NVFP4 rowwise [256, 16]: row r has the 16 codes and scale code r; the
+         * same bytes are the columnwise copy of a [16, 256] tensor */
+        memset(scales, 0, N * 4);
+        for (size_t r = 0; r < N; r++) {
+            for (size_t b = 0; b < 8; b++) data[r * 8 + b] = (uint8_t)((2 * b) | ((2 * b + 1) << 4));
+            scales[ind_offset(r, 0, 4, swizzle)] = (uint8_t)r;
+        }
+        const float amaxes[] = {1.0f, 0.0f, 3.7f, 1e-3f, 2688.0f, 1e30f};
+        for (size_t a = 0; a < sizeof amaxes / sizeof amaxes[0]; a++) {
+            etp__qref_cfg_t nv = {ETP__QB_NVFP4, 0, 0, swizzle, 0, 0, 0};
+            check_dequant_exact(&nv, 1, N, 16, amaxes[a], data, scales, "nvfp4 all codes");
+            check_dequant_exact(&nv, 2, 16, N, amaxes[a], data, scales, "nvfp4 all codes");
+        }
+        for (int e5m2 = 0; e5m2 < 2; e5m2++) {
+            etp__qref_cfg_t mx = {ETP__QB_MXFP8, e5m2, 0, swizzle, 0, 0, 0};
+            /* rowwise [256, 256]: element (r, j) code j, its row's 8 blocks scale r */
+            for (size_t r = 0; r < N; r++)
+                for (size_t j = 0; j < N; j++) data[r * N + j] = (uint8_t)j;
+            memset(scales, 0, N * 8);
+            for (size_t r = 0; r < N; r++)
+                for (size_t b = 0; b < 8; b++) scales[ind_offset(r, b, 8, swizzle)] = (uint8_t)r;
+            check_dequant_exact(&mx, 1, N, N, 0, data, scales, "mxfp8 all codes");
+            /* columnwise [256, 256]: element (i, j) code i, column j's blocks scale j */
+            for (size_t i = 0; i < N; i++)
+                for (size_t j = 0; j < N; j++) data[i * N + j] = (uint8_t)i;
+            memset(scales, 0, N * 8);
+            for (size_t mb = 0; mb < 8; mb++)
+                for (size_t j = 0; j < N; j++)
+                    scales[swizzle ? ind_offset(j, mb, 8, 1) : mb * N + j] = (uint8_t)j;
+            check_dequant_exact(&mx, 2, N, N, 0, data, scales, "mxfp8 all codes");
+        }
+    }
+    free(data);
+    free(scales);
+}
+
 /* ---- block vectors ----------------------------------------------------------- */
 
 typedef struct {
     size_t rows, cols;
     float *x;
     uint16_t *xb;
+    int bf16; /* every value BF16-representable: both input dtypes are run */
 } vtensor_t;
 
 static size_t parse_hex_bytes(const char *s, uint8_t *out, size_t cap, size_t at)
@@ -450,14 +618,24 @@ static size_t parse_hex_bytes(const char *s, uint8_t *out, size_t cap, size_t at
     return n;
 }
 
-static void test_block_vectors(void **state)
+/* One file of block vectors: "tensor M K", its values ("x" lines of FP32
+ * bits), then cases: "case nvfp4 <amax> block2d=B swizzle=S [seed=<hex>
+ * tensor=T]" (seed: stochastic rounding with that seed and tensor id) or
+ * "case mxfp8 0 e5m2=E swizzle=S", the expected bytes of each produced
+ * direction, "end". The reference must produce the very bytes, from BF16
+ * and FP32 inputs (FP32 only for tensors that are not BF16-representable),
+ * through etp__qref_quantize and, for stochastic cases, through a batch
+ * whose tensor index is the case's tensor id; the expected bytes then
+ * dequantize exactly (check_dequant_exact). Returns the number of cases;
+ * *n_sr counts the stochastic ones. */
+static int run_block_file(const char *name, int require_bf16, int *n_sr)
 {
-    (void)state;
-    FILE *f = open_data("blocks.txt");
+    FILE *f = open_data(name);
     static char line[8192];
     vtensor_t t = {0};
-    size_t nx = 0;
+    size_t nx = 0, ndq = 0;
     int cases = 0;
+    *n_sr = 0;
     enum { CAP = 1 << 16 };
     uint8_t *want[4], *got[4];
     size_t have[4];
@@ -475,6 +653,7 @@ static void test_block_vectors(void **state)
             assert_int_equal(sscanf(line + 7, "%zu %zu", &t.rows, &t.cols), 2);
             t.x = malloc(t.rows * t.cols * sizeof(float));
             t.xb = malloc(t.rows * t.cols * sizeof(uint16_t));
+            t.bf16 = 1;
             nx = 0;
         } else if (line[0] == 'x' && line[1] == ' ') {
             char *p = line + 2;
@@ -484,7 +663,8 @@ static void test_block_vectors(void **state)
                 assert_true(nx < t.rows * t.cols);
                 t.x[nx] = f32_of(v);
                 t.xb[nx] = (uint16_t)(v >> 16);
-                assert_int_equal(v & 0xffffu, 0); /* BF16-representable */
+                if (v & 0xffffu) t.bf16 = 0;
+                if (require_bf16) assert_int_equal(v & 0xffffu, 0); /* BF16-representable */
                 nx++;
                 p += used;
             }
@@ -495,6 +675,15 @@ static void test_block_vectors(void **state)
             if (sscanf(line + 5, "nvfp4 %x block2d=%u swizzle=%u", &a, &o1, &o2) == 3) {
                 cfg.format = ETP__QB_NVFP4;
                 cfg.block2d = (int)o1;
+                const char *sr = strstr(line, " seed=");
+                if (sr) {
+                    unsigned long long seed;
+                    unsigned tid;
+                    assert_int_equal(sscanf(sr, " seed=%llx tensor=%u", &seed, &tid), 2);
+                    cfg.stochastic = 1;
+                    cfg.seed = (uint64_t)seed;
+                    cfg.tensor = (uint32_t)tid;
+                }
             } else {
                 assert_int_equal(sscanf(line + 5, "%15s %x e5m2=%u swizzle=%u", fmt, &a, &o1, &o2), 4);
                 cfg.format = ETP__QB_MXFP8;
@@ -505,30 +694,70 @@ static void test_block_vectors(void **state)
             memset(have, 0, sizeof have);
         } else if (strncmp(line, "end", 3) == 0) {
             assert_int_equal(nx, t.rows * t.cols);
-            /* both input dtypes give the same bytes: the values are BF16 */
-            for (int dt = 0; dt < 2; dt++) {
+            /* both input dtypes give the same bytes when the values are BF16;
+             * stochastic cases also run as a batch (runs 2 and 3) */
+            const int runs = cfg.stochastic ? 4 : 2;
+            for (int run = 0; run < runs; run++) {
+                const int dt = run & 1;
+                if (!dt && !t.bf16) continue;
+                const void *in = dt ? (const void *)t.x : (const void *)t.xb;
+                const int dtype = dt ? ETP__QB_F32 : ETP__QB_BF16;
                 for (int k = 0; k < 4; k++) tu_poison(got[k], CAP);
-                etp__qref_quantize(&cfg, dt ? (const void *)t.x : (const void *)t.xb,
-                                   dt ? ETP__QB_F32 : ETP__QB_BF16, t.rows, t.cols, amax,
-                                   have[0] ? got[0] : NULL, got[1], have[2] ? got[2] : NULL, got[3]);
+                if (run < 2) {
+                    etp__qref_quantize(&cfg, in, dtype, t.rows, t.cols, amax, have[0] ? got[0] : NULL,
+                                       got[1], have[2] ? got[2] : NULL, got[3]);
+                } else {
+                    /* the tensor id of stochastic rounding is the batch's first + i */
+                    static etp__qbatch_t b;
+                    static float amaxes[1024];
+                    assert_true(cfg.tensor < 1024);
+                    memset(&b, 0, sizeof b);
+                    b.op = ETP__QB_CAST;
+                    b.format = ETP__QB_NVFP4;
+                    b.n = 1;
+                    b.first = cfg.tensor;
+                    b.block2d = (uint32_t)cfg.block2d;
+                    b.swizzle = (uint32_t)cfg.swizzle;
+                    b.stochastic = 1;
+                    b.seed = cfg.seed;
+                    amaxes[cfg.tensor] = amax;
+                    b.amax = amaxes;
+                    b.t[0].x = in;
+                    b.t[0].dtype = (uint8_t)dtype;
+                    b.t[0].rows = (uint32_t)t.rows;
+                    b.t[0].cols = (uint32_t)t.cols;
+                    b.t[0].row_data = have[0] ? got[0] : NULL;
+                    b.t[0].row_scales = got[1];
+                    b.t[0].col_data = have[2] ? got[2] : NULL;
+                    b.t[0].col_scales = got[3];
+                    etp__qref_run_batch(&b);
+                }
                 for (int k = 0; k < 4; k++) {
                     if (!have[k]) continue;
                     size_t bad = 0, first = 0;
                     for (size_t i = 0; i < have[k]; i++)
                         if (got[k][i] != want[k][i] && bad++ == 0) first = i;
                     if (bad)
-                        print_error("blocks.txt case %d (%s [%zu, %zu] %s block2d %d e5m2 %d "
-                                    "swizzle %d): %s: %zu bytes differ, first at %zu: 0x%02x, "
-                                    "expected 0x%02x\n",
-                                    cases, cfg.format == ETP__QB_NVFP4 ? "nvfp4" : "mxfp8", t.rows,
-                                    t.cols, dt ? "f32" : "bf16", cfg.block2d, cfg.e5m2, cfg.swizzle,
-                                    keys[k], bad, first, got[k][first], want[k][first]);
+                        print_error("%s case %d (%s [%zu, %zu] %s%s block2d %d e5m2 %d swizzle %d "
+                                    "stochastic %d seed 0x%016llx tensor %u): %s: %zu bytes differ, "
+                                    "first at %zu: 0x%02x, expected 0x%02x\n",
+                                    name, cases, cfg.format == ETP__QB_NVFP4 ? "nvfp4" : "mxfp8", t.rows,
+                                    t.cols, dt ? "f32" : "bf16", run >= 2 ? " batch" : "", cfg.block2d,
+                                    cfg.e5m2, cfg.swizzle, cfg.stochastic, (unsigned long long)cfg.seed,
+                                    (unsigned)cfg.tensor, keys[k], bad, first, got[k][first],
+                                    want[k][first]);
                     assert_int_equal(bad, 0);
                     /* nothing written past the layout */
                     assert_int_equal(got[k][have[k]], 0xA5);
                 }
             }
+            /* the expected bytes dequantize exactly as documented */
+            char what[96];
+            snprintf(what, sizeof what, "%s case %d", name, cases);
+            if (have[0]) ndq += check_dequant_exact(&cfg, 1, t.rows, t.cols, amax, want[0], want[1], what);
+            if (have[2]) ndq += check_dequant_exact(&cfg, 2, t.rows, t.cols, amax, want[2], want[3], what);
             cases++;
+            *n_sr += cfg.stochastic;
         } else {
             for (int k = 0; k < 4; k++) {
                 const size_t kl = strlen(keys[k]);
@@ -544,7 +773,45 @@ static void test_block_vectors(void **state)
         free(want[k]);
         free(got[k]);
     }
-    assert_int_equal(cases, 40);
+    assert_true(ndq > 0);
+    return cases;
+}
+
+static void test_block_vectors(void **state)
+{
+    (void)state;
+    int n_sr;
+    assert_int_equal(run_block_file("blocks.txt", 1, &n_sr), 40);
+    assert_int_equal(n_sr, 0);
+}
+
+/* Stochastic rounding against vectors from an independent Philox4x32-10
+ * (tools/gen_quant_vectors.py, checked there against Random123's known
+ * answers): the random word of each (seed, tensor, direction, element), and
+ * NVFP4 tensors rounded with them, bit for bit. */
+static void test_sr_vectors(void **state)
+{
+    (void)state;
+    FILE *f = open_data("blocks_sr.txt");
+    char line[256];
+    int n = 0, bad = 0;
+    while (fgets(line, sizeof line, f)) {
+        unsigned long long seed, idx;
+        unsigned tid, dir, r;
+        if (sscanf(line, "srbits %llx %x %u %llx %x", &seed, &tid, &dir, &idx, &r) != 5) continue;
+        n++;
+        const uint32_t got = etp__qf_sr_bits((uint64_t)seed, tid, dir, (uint64_t)idx);
+        if (got != r && bad++ < 10)
+            print_error("sr_bits(seed 0x%016llx, tensor %u, dir %u, index 0x%llx) = 0x%08x, expected 0x%08x\n",
+                        seed, tid, dir, idx, got, r);
+    }
+    fclose(f);
+    assert_true(n >= 20);
+    assert_int_equal(bad, 0);
+    int n_sr;
+    const int cases = run_block_file("blocks_sr.txt", 0, &n_sr);
+    assert_int_equal(cases, 18);
+    assert_int_equal(n_sr, cases);
 }
 
 /* ---- properties of quantize -> dequantize on random data ---------------------- */
@@ -624,7 +891,33 @@ static void test_nvfp4_properties(void **state)
                     const float yc = q.yc[i * q.cols + j];
                     assert_true(fabsf(yc - x) <= 0.25f * fabsf(x) + 0.25f * cunit + 1e-30f);
                 }
-            /* the tensor's largest element is represented within the E4M3 step */
+            /* the tensor's largest element: its block's scale is 448 (0x7E), it
+             * encodes as +-6 and dequantizes to itself within 2^-21 relative
+             * (a few FP32 roundings of S_enc, 1/S_enc and the multiplier) */
+            size_t n_top = 0;
+            for (size_t i = 0; i < q.rows; i++)
+                for (size_t j = 0; j < q.cols; j++) {
+                    const float x = q.x[i * q.cols + j];
+                    if (fabsf(x) != amax) continue;
+                    n_top++;
+                    const uint8_t sc = q.rs[etp__qf_scale_offset(i, j / 16, etp__qf_roundup(q.cols / 16, 4), cfg.swizzle)];
+                    const uint8_t code = (uint8_t)((q.rd[i * (q.cols / 2) + j / 2] >> (4 * (j % 2))) & 0xfu);
+                    assert_int_equal(sc, 0x7e);
+                    assert_int_equal(code, x < 0 ? 0xf : 0x7);
+                    assert_true(fabsf(q.yr[i * q.cols + j] - x) <= ldexpf(fabsf(x), -21));
+                    assert_true(fabsf(q.yc[i * q.cols + j] - x) <= ldexpf(fabsf(x), -21));
+                }
+            assert_true(n_top >= 1);
+            /* exact dequantization (decoded independently) of these data, rounded
+             * to nearest and stochastically */
+            check_dequant_exact(&cfg, 1, q.rows, q.cols, amax, q.rd, q.rs, "nvfp4 properties");
+            check_dequant_exact(&cfg, 2, q.rows, q.cols, amax, q.cd, q.cs, "nvfp4 properties");
+            cfg.stochastic = 1;
+            cfg.seed = g_seed;
+            cfg.tensor = (uint32_t)sidx;
+            etp__qref_quantize(&cfg, q.x, ETP__QB_F32, q.rows, q.cols, amax, q.rd, q.rs, q.cd, q.cs);
+            check_dequant_exact(&cfg, 1, q.rows, q.cols, amax, q.rd, q.rs, "nvfp4 properties (stochastic)");
+            check_dequant_exact(&cfg, 2, q.rows, q.cols, amax, q.cd, q.cs, "nvfp4 properties (stochastic)");
             qbuf_free(&q);
         }
 }
@@ -655,6 +948,8 @@ static void test_mxfp8_properties(void **state)
                     assert_true(fabsf(y - x) <= rel * fabsf(x) + tiny);
                 }
             }
+            check_dequant_exact(&cfg, 1, q.rows, q.cols, 0, q.rd, q.rs, "mxfp8 properties");
+            check_dequant_exact(&cfg, 2, q.rows, q.cols, 0, q.cd, q.cs, "mxfp8 properties");
             qbuf_free(&q);
         }
 }
@@ -687,6 +982,9 @@ static void test_special_blocks(void **state)
     assert_int_equal(rd[32 + 5], 0x7f);
     assert_int_equal(rd[32 + 6], 0x80);
     assert_int_equal(rd[32 + 7], 0x00);
+    /* NaN elements, scale 0xFE (2^127) times NaN and +-0: exact, NaN canonical */
+    check_dequant_exact(&mx, 1, 32, 32, 0, rd, rs, "mxfp8 special values");
+    check_dequant_exact(&mx, 2, 32, 32, 0, cd, cs, "mxfp8 special values");
     /* NVFP4: Inf makes the tensor amax Inf: S_enc = 1; its block's scale is
      * 448 and the Inf saturates to 6; a NaN element encodes as 6 (0x7) */
     uint8_t nrd[32 * 16], nrs[128 * 4];
@@ -702,6 +1000,7 @@ static void test_special_blocks(void **state)
     assert_int_equal(nrd[16 + 0], 0x00);      /* 1 / 448 -> 0 */
     assert_int_equal((nrd[1] >> 4) & 0xf, 0x7); /* x[3]: NaN -> 6 */
     assert_int_equal(nrs[0], etp__qf_e4m3_rne_satfinite(1.0f / 6.0f));
+    check_dequant_exact(&nv, 1, 32, 32, amax, nrd, nrs, "nvfp4 special values");
 }
 
 int main(void)
@@ -720,6 +1019,8 @@ int main(void)
         cmocka_unit_test(test_stochastic_rounding),
         cmocka_unit_test(test_layouts),
         cmocka_unit_test(test_block_vectors),
+        cmocka_unit_test(test_sr_vectors),
+        cmocka_unit_test(test_dequant_all_codes),
         cmocka_unit_test(test_nvfp4_properties),
         cmocka_unit_test(test_mxfp8_properties),
         cmocka_unit_test(test_special_blocks),
