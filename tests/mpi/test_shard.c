@@ -11,6 +11,7 @@
 #include "core/half.h"
 #include "mpi_util.h"
 #include "shard/shard_internal.h"
+#include "test_shard_layout.h"
 
 static const int64_t seeds[] = {0, 1, 2, 3, 42, 1234, 99991};
 #define NSEEDS (sizeof seeds / sizeof seeds[0])
@@ -51,6 +52,13 @@ static float wgrad(int p, int step, int micro, int rank, int64_t i)
 {
     return (float)((int64_t)(tu_rand(g_seed, 200 + (uint64_t)p,
                                      (uint64_t)((step * 8 + micro) * 64 + rank), (uint64_t)i) % 9) - 4);
+}
+
+/* Parameter i's layout on this rank, from its spec (the tests' groups are
+ * the world, ranks in world order). */
+static tu_shard_layout_t spec_layout(int i)
+{
+    return tu_shard_layout(specs[i].experts, specs[i].rows, specs[i].alignment, g_size, g_rank);
 }
 
 static void put(void *buf, etp_dtype_t t, size_t i, float v)
@@ -150,6 +158,7 @@ static void open_run(run_t *r, int64_t seed, int nparams, int depth, int ring, u
         pc.upcast_wgrad = s->upcast;
         pc.master = s->master;
         ETP_OK(etp_param_create(r->ctx, &pc, &r->p[i]));
+        (void)tu_assert_shard_layout(r->p[i], &pc, g_size, g_rank);
         ETP_OK(etp_param_set_grad_callback(r->p[i], on_grad, r));
         ETP_OK(etp_chain_add(r->chain, r->p[i]));
     }
@@ -246,16 +255,15 @@ static void produce_grad(run_t *r, int i, int step, int m)
 }
 
 /* main_grad of p after `step` (2 micro-batches of scale 0.5), on this rank. */
-static long count_grad_errors(run_t *r, int i, int step, const float *got)
+static long count_grad_errors(int i, int step, const float *got)
 {
     const spec_t *s = &specs[i];
-    etp_param_info_t info = ETP_PARAM_INFO_INIT;
-    ETP_OK(etp_param_info(r->p[i], &info));
+    const tu_shard_layout_t l = spec_layout(i);
     long bad = 0;
     for (int64_t e = 0; e < s->experts; e++)
-        for (int64_t row = 0; row < info.shard_rows; row++)
+        for (int64_t row = 0; row < l.shard_rows; row++)
             for (int64_t c = 0; c < s->cols; c++) {
-                int64_t grow = info.shard_row_begin + row;
+                int64_t grow = l.shard_row_begin + row;
                 float want = 0;
                 if (grow < s->rows)
                     for (int m = 0; m < 2; m++) {
@@ -264,7 +272,7 @@ static long count_grad_errors(run_t *r, int i, int step, const float *got)
                             sum += wgrad(i, step, m, q, (e * s->rows + grow) * s->cols + c);
                         want += 0.5f * sum;
                     }
-                bad += got[(e * info.shard_rows + row) * s->cols + c] != want;
+                bad += got[(e * l.shard_rows + row) * s->cols + c] != want;
             }
     return bad;
 }
@@ -291,7 +299,8 @@ static long run_steps(run_t *r, int steps)
         for (int i = 0; i < r->nparams; i++) {
             etp_param_info_t info = ETP_PARAM_INFO_INIT;
             ETP_OK(etp_param_info(r->p[i], &info));
-            size_t n = (size_t)(info.experts * info.shard_rows * info.cols);
+            const tu_shard_layout_t l = spec_layout(i);
+            size_t n = (size_t)(l.experts * l.shard_rows * specs[i].cols);
             grads[i] = keep(r, n * sizeof(float));
             tu_poison(grads[i], n * sizeof(float));
             ETP_OK(etp_memcpy_async(r->main, grads[i], info.main_grad, n * sizeof(float)));
@@ -305,7 +314,7 @@ static long run_steps(run_t *r, int steps)
                     bad += b;
                 }
         for (int i = 0; i < r->nparams; i++) {
-            long b = count_grad_errors(r, i, step, grads[i]);
+            long b = count_grad_errors(i, step, grads[i]);
             if (b && getenv("ETP_TEST_VERBOSE")) printf("rank %d step %d param %d: %ld grad errors\n", g_rank, step, i, b);
             bad += b;
             assert_int_equal(r->callbacks[i], 1);
@@ -524,6 +533,7 @@ static void open_record_run(run_t *r, etp_context_t *ctx)
         pc.wgrad_dtype = specs[i].wgrad;
         pc.upcast_wgrad = specs[i].upcast;
         ETP_OK(etp_param_create(r->ctx, &pc, &r->p[i]));
+        (void)tu_assert_shard_layout(r->p[i], &pc, g_size, g_rank);
         ETP_OK(etp_param_set_grad_callback(r->p[i], on_grad, r));
     }
 }
@@ -559,6 +569,7 @@ static void test_errors(void **state)
     pc.cols = 32;
     etp_param_t *loose;
     ETP_OK(etp_param_create(r.ctx, &pc, &loose));
+    (void)tu_assert_shard_layout(loose, &pc, g_size, g_rank);
     ETP_EXPECT_MSG(etp_gather(loose, ETP_PASS_FORWARD, r.main, &v), ETP_ERR_INVALID_STATE,
                    "not in a finalized or recording chain");
     ETP_EXPECT_MSG(etp_release(r.p[0], ETP_PASS_FORWARD, r.main), ETP_ERR_INVALID_STATE,

@@ -1,16 +1,21 @@
 /*
  * A graphed chain's whole step (zero_grad, forward gathers, backward gathers
  * with wgrads and reductions, wait_grads; a BF16, an FP32 grouped and an
- * NVFP4 dequantized parameter) captured into one graph and replayed
- * 100 times: every gathered weight and every main_grad equal, bit for bit,
- * those of the same step run eagerly. The host backend in shuffle mode
- * (whose capture enforces CUDA's rules), or, built as
+ * NVFP4 dequantized parameter) captured into one graph and replayed 100
+ * times, each replay on new weights and new wgrads, its outputs and every
+ * main_grad poisoned first: every gathered weight equals the loaded one (the
+ * NVFP4 one, the host reference's quantization and dequantization of it) and
+ * every main_grad the reduce-scatter computed here on one rank, bit for bit,
+ * as for the eager steps before and after the capture. The host backend in
+ * shuffle mode (whose capture enforces CUDA's rules), or, built as
  * tests/gpu/test_gpu_shard_graph.c, the CUDA backend on 1 and 2 GPUs.
  */
 #include <math.h>
 
 #include "core/half.h"
 #include "mpi_util.h"
+#include "quant/formats/quant_ref.h"
+#include "test_shard_layout.h"
 
 typedef struct {
     int64_t experts, rows, cols;
@@ -27,15 +32,43 @@ static const gspec_t gspecs[] = {
 };
 #define NG (sizeof gspecs / sizeof gspecs[0])
 
+/* The step's reduction scale: not 1, so a reduction that drops it shows. */
+#define GSCALE 0.5f
+
 typedef struct {
     etp_context_t *ctx;
     etp_group_t *tp;
     etp_stream_t *main;
     etp_chain_t *chain;
     etp_param_t *p[NG];
+    tu_shard_layout_t lay[NG];
     void *out_f[NG], *out_b[NG], *wsrc[NG];
-    size_t out_bytes[NG], w_bytes[NG];
+    size_t out_bytes[NG], w_bytes[NG], g_bytes[NG];
+    /* host: the loaded version's weights and this rank's wgrads (read by
+     * deferred work until main is synchronized), and a step's results */
+    void *hw[NG], *hg[NG], *got_f[NG], *got_b[NG];
+    float *got_g[NG];
 } gfx_t;
+
+/* Weights and wgrads of version `ver`: small integers, exact in BF16, and
+ * so are their sums over ranks. */
+static float gweight(size_t i, int ver, size_t k)
+{
+    return (float)((int64_t)(tu_rand(g_seed, 10 + i, (uint64_t)ver, k) % 17) - 8);
+}
+
+static float gwgrad(size_t i, int ver, int rank, size_t k)
+{
+    return (float)((int64_t)(tu_rand(g_seed, 20 + i, (uint64_t)ver * 1024 + (uint64_t)rank, k) % 9) - 4);
+}
+
+static void gput(void *b, etp_dtype_t t, size_t k, float x)
+{
+    if (t == ETP_DTYPE_BF16)
+        ((uint16_t *)b)[k] = etp__f32_to_bf16(x);
+    else
+        ((float *)b)[k] = x;
+}
 
 /* Copy a gathered (or wgrad) view's real rows to/from a packed buffer. */
 static void copy_view(etp_stream_t *s, const etp_weight_view_t *v, void *packed, int to_view)
@@ -66,28 +99,126 @@ static void step(gfx_t *f)
         ETP_OK(etp_release(f->p[k], ETP_PASS_BACKWARD, f->main));
         ETP_OK(etp_wgrad_buffer(f->p[k], f->main, &v));
         copy_view(f->main, &v, f->wsrc[k], 1);
-        ETP_OK(etp_reduce_grad(f->p[k], f->main, 0.5f));
+        ETP_OK(etp_reduce_grad(f->p[k], f->main, GSCALE));
     }
     ETP_OK(etp_wait_grads(f->chain, f->main));
 }
 
-/* Everything a step produced, copied to host (synchronizes); its bytes. */
-static size_t snapshot(gfx_t *f, void *host)
+/* Load version `ver` (weights through the API, this rank's wgrads into the
+ * buffer the step copies from) and poison what the next step must write:
+ * its gathered copies and main_grad. The step zeroes main_grad first, so a
+ * huge finite value (0x7F7F7F7F, about 3.4e38) that no small sum can hide
+ * stays visible wherever the zeroing or a reduction goes missing. Call with
+ * main synchronized (hw/hg are reused). */
+static void load_version(gfx_t *f, int ver)
 {
-    size_t off = 0;
+    for (size_t i = 0; i < NG; i++) {
+        const gspec_t *g = &gspecs[i];
+        size_t n = (size_t)(g->experts * g->rows * g->cols);
+        for (size_t k = 0; k < n; k++) {
+            gput(f->hw[i], g->dtype, k, gweight(i, ver, k));
+            gput(f->hg[i], g->dtype, k, gwgrad(i, ver, g_rank, k));
+        }
+        ETP_OK(etp_param_load_full(f->p[i], f->hw[i], f->main));
+        ETP_OK(etp_memcpy_async(f->main, f->wsrc[i], f->hg[i], f->w_bytes[i]));
+        etp_param_info_t info = ETP_PARAM_INFO_INIT;
+        ETP_OK(etp_param_info(f->p[i], &info));
+        ETP_OK(etp_memset_async(f->main, f->out_f[i], 0xA5, f->out_bytes[i]));
+        ETP_OK(etp_memset_async(f->main, f->out_b[i], 0xA5, f->out_bytes[i]));
+        ETP_OK(etp_memset_async(f->main, info.main_grad, 0x7F, f->g_bytes[i]));
+    }
+}
+
+/* The NVFP4 parameter's gathered weight for `pass`, as the host reference
+ * quantizes (group-wide amax, 16x16 blocks) and dequantizes the full padded
+ * weight of version `ver`: BF16 [experts][padded_rows][cols], caller frees. */
+static uint16_t *ref_nvfp4(size_t i, const tu_shard_layout_t *l, int ver, int pass)
+{
+    const gspec_t *g = &gspecs[i];
+    const int64_t pr = l->padded_rows, K = g->cols;
+    const etp__qref_cfg_t cfg = {ETP__QB_NVFP4, 0, 1, 0, 0, 0, 0};
+    uint16_t *out = calloc((size_t)(g->experts * pr * K), sizeof(uint16_t));
+    float *full = calloc((size_t)(pr * K), sizeof(float));
+    uint8_t *data = calloc((size_t)(pr * K), 1);
+    /* room for either direction's scale matrix (docs/FORMATS.md) */
+    size_t r128 = (size_t)((pr + 127) / 128 * 128), k128 = (size_t)((K + 127) / 128 * 128);
+    size_t sb = r128 * (size_t)((K / 16 + 3) / 4 * 4) + k128 * (size_t)((pr / 16 + 3) / 4 * 4);
+    uint8_t *scales = calloc(sb, 1);
+    assert_true(out && full && data && scales);
+    for (int64_t e = 0; e < g->experts; e++) {
+        memset(full, 0, (size_t)(pr * K) * sizeof(float));
+        for (int64_t k = 0; k < g->rows * K; k++) {
+            float x = gweight(i, ver, (size_t)(e * g->rows * K + k));
+            full[k] = g->dtype == ETP_DTYPE_BF16 ? etp__bf16_to_f32(etp__f32_to_bf16(x)) : x;
+        }
+        float amax = etp__qref_amax(full, ETP__QB_F32, (size_t)pr, (size_t)K);
+        if (pass == 0)
+            etp__qref_quantize(&cfg, full, ETP__QB_F32, (size_t)pr, (size_t)K, amax, data, scales, NULL, NULL);
+        else
+            etp__qref_quantize(&cfg, full, ETP__QB_F32, (size_t)pr, (size_t)K, amax, NULL, NULL, data, scales);
+        etp__qref_dequantize(&cfg, pass == 0 ? 1u : 2u, (size_t)pr, (size_t)K, amax, data, scales,
+                             out + (size_t)(e * pr * K), ETP__QB_BF16);
+    }
+    free(full);
+    free(data);
+    free(scales);
+    return out;
+}
+
+/* Copy a step's gathered weights and main_grads to host (poisoned first;
+ * synchronizes) and count the elements that differ from version `ver`. */
+static long check_version(gfx_t *f, int ver)
+{
     for (size_t i = 0; i < NG; i++) {
         etp_param_info_t info = ETP_PARAM_INFO_INIT;
         ETP_OK(etp_param_info(f->p[i], &info));
-        size_t g = (size_t)(info.experts * info.shard_rows * info.cols) * sizeof(float);
-        ETP_OK(etp_memcpy_async(f->main, (char *)host + off, f->out_f[i], f->out_bytes[i]));
-        off += f->out_bytes[i];
-        ETP_OK(etp_memcpy_async(f->main, (char *)host + off, f->out_b[i], f->out_bytes[i]));
-        off += f->out_bytes[i];
-        ETP_OK(etp_memcpy_async(f->main, (char *)host + off, info.main_grad, g));
-        off += g;
+        tu_poison(f->got_f[i], f->out_bytes[i]);
+        tu_poison(f->got_b[i], f->out_bytes[i]);
+        tu_poison(f->got_g[i], f->g_bytes[i]);
+        ETP_OK(etp_memcpy_async(f->main, f->got_f[i], f->out_f[i], f->out_bytes[i]));
+        ETP_OK(etp_memcpy_async(f->main, f->got_b[i], f->out_b[i], f->out_bytes[i]));
+        ETP_OK(etp_memcpy_async(f->main, f->got_g[i], info.main_grad, f->g_bytes[i]));
     }
     ETP_OK(etp_stream_synchronize(f->main));
-    return off;
+    long bad = 0;
+    for (size_t i = 0; i < NG; i++) {
+        const gspec_t *g = &gspecs[i];
+        const tu_shard_layout_t *l = &f->lay[i];
+        long bw = 0, bg = 0;
+        if (g->quant == ETP_PARAM_QUANT_NONE) {
+            /* plain gathers return the loaded bits */
+            bw += memcmp(f->got_f[i], f->hw[i], f->out_bytes[i]) != 0;
+            bw += memcmp(f->got_b[i], f->hw[i], f->out_bytes[i]) != 0;
+        } else {
+            for (int pass = 0; pass < 2; pass++) {
+                uint16_t *want = ref_nvfp4(i, l, ver, pass);
+                const uint16_t *got = pass == 0 ? f->got_f[i] : f->got_b[i];
+                for (int64_t e = 0; e < g->experts; e++)
+                    for (int64_t k = 0; k < g->rows * g->cols; k++)
+                        bw += got[e * g->rows * g->cols + k] != want[e * l->padded_rows * g->cols + k];
+                free(want);
+            }
+        }
+        /* rank r's main_grad: scale times the sum over ranks, in rank order,
+         * of their wgrads' rows of r's shard; padding rows zero */
+        for (int64_t e = 0; e < g->experts; e++)
+            for (int64_t row = 0; row < l->shard_rows; row++)
+                for (int64_t c = 0; c < g->cols; c++) {
+                    int64_t grow = l->shard_row_begin + row;
+                    float want = 0.0f;
+                    if (grow < g->rows) {
+                        float sum = 0.0f;
+                        for (int q = 0; q < g_size; q++)
+                            sum += gwgrad(i, ver, q, (size_t)((e * g->rows + grow) * g->cols + c));
+                        want = GSCALE * sum;
+                    }
+                    bg += f->got_g[i][(e * l->shard_rows + row) * g->cols + c] != want;
+                }
+        if ((bw || bg) && getenv("ETP_TEST_VERBOSE"))
+            printf("rank %d version %d param %zu: %ld weight, %ld grad errors\n", g_rank, ver, i, bw, bg);
+        bad += bw + bg;
+    }
+    return bad;
 }
 
 static void run_graph_replay(int64_t seed)
@@ -105,7 +236,6 @@ static void run_graph_replay(int64_t seed)
     cc.group = f.tp;
     cc.graphed = 1;
     ETP_OK(etp_chain_create(f.ctx, &cc, &f.chain));
-    size_t total = 0;
     for (size_t i = 0; i < NG; i++) {
         const gspec_t *g = &gspecs[i];
         etp_param_config_t pc = ETP_PARAM_CONFIG_INIT;
@@ -118,63 +248,57 @@ static void run_graph_replay(int64_t seed)
         pc.quant = g->quant;
         pc.gather_dequantized = g->quant != ETP_PARAM_QUANT_NONE;
         ETP_OK(etp_param_create(f.ctx, &pc, &f.p[i]));
+        f.lay[i] = tu_assert_shard_layout(f.p[i], &pc, g_size, g_rank);
         ETP_OK(etp_chain_add(f.chain, f.p[i]));
         size_t n = (size_t)(g->experts * g->rows * g->cols);
         etp_dtype_t view_dtype = g->quant != ETP_PARAM_QUANT_NONE ? ETP_DTYPE_BF16 : g->dtype;
         f.out_bytes[i] = n * etp_dtype_size(view_dtype);
         f.w_bytes[i] = n * etp_dtype_size(g->dtype);
+        f.g_bytes[i] = (size_t)(f.lay[i].experts * f.lay[i].shard_rows * g->cols) * sizeof(float);
         ETP_OK(etp_mem_alloc(f.ctx, f.out_bytes[i], ETP_MEM_USER, &f.out_f[i]));
         ETP_OK(etp_mem_alloc(f.ctx, f.out_bytes[i], ETP_MEM_USER, &f.out_b[i]));
         ETP_OK(etp_mem_alloc(f.ctx, f.w_bytes[i], ETP_MEM_USER, &f.wsrc[i]));
-        /* weights and this rank's wgrad: small integers, from the seed */
-        void *h = malloc(f.w_bytes[i]), *w = malloc(f.w_bytes[i]);
-        for (size_t k = 0; k < n; k++) {
-            float x = (float)((int64_t)(tu_rand(g_seed, 10 + i, 0, k) % 17) - 8);
-            float y = (float)((int64_t)(tu_rand(g_seed, 20 + i, (uint64_t)g_rank, k) % 9) - 4);
-            if (g->dtype == ETP_DTYPE_BF16) {
-                ((uint16_t *)h)[k] = etp__f32_to_bf16(x);
-                ((uint16_t *)w)[k] = etp__f32_to_bf16(y);
-            } else {
-                ((float *)h)[k] = x;
-                ((float *)w)[k] = y;
-            }
-        }
-        ETP_OK(etp_param_load_full(f.p[i], h, f.main));
-        ETP_OK(etp_memcpy_async(f.main, f.wsrc[i], w, f.w_bytes[i]));
-        ETP_OK(etp_stream_synchronize(f.main));
-        free(h);
-        free(w);
-        etp_param_info_t info = ETP_PARAM_INFO_INIT;
-        ETP_OK(etp_param_info(f.p[i], &info));
-        total += 2 * f.out_bytes[i] + (size_t)(info.experts * info.shard_rows * info.cols) * sizeof(float);
+        f.hw[i] = malloc(f.w_bytes[i]);
+        f.hg[i] = malloc(f.w_bytes[i]);
+        f.got_f[i] = malloc(f.out_bytes[i]);
+        f.got_b[i] = malloc(f.out_bytes[i]);
+        f.got_g[i] = malloc(f.g_bytes[i]);
+        assert_true(f.hw[i] && f.hg[i] && f.got_f[i] && f.got_b[i] && f.got_g[i]);
     }
     ETP_OK(etp_chain_finalize(f.chain));
 
-    void *eager = malloc(total), *replay = malloc(total);
-    step(&f); /* a warm-up step: connections, first quantization */
-    step(&f);
-    size_t n_eager = snapshot(&f, eager);
+    long bad = 0;
+    int ver = 0;
+    /* eager steps first (the first one makes the connections and the first
+     * quantization): the reference holds for them too */
+    for (int k = 0; k < 2; k++, ver++) {
+        load_version(&f, ver);
+        step(&f);
+        bad += check_version(&f, ver);
+    }
 
     etp_graph_t *graph = NULL;
     ETP_OK(etp_stream_begin_capture(f.main));
     step(&f);
     ETP_OK(etp_stream_end_capture(f.main, &graph));
-    for (size_t i = 0; i < NG; i++) {
-        ETP_OK(etp_memset_async(f.main, f.out_f[i], 0xA5, f.out_bytes[i]));
-        ETP_OK(etp_memset_async(f.main, f.out_b[i], 0xA5, f.out_bytes[i]));
+    /* a replay that reused any value of an earlier one (weights, wgrads,
+     * main_grad) would show against the new version */
+    for (int it = 0; it < 100; it++, ver++) {
+        load_version(&f, ver);
+        ETP_OK(etp_graph_launch(graph, f.main));
+        bad += check_version(&f, ver);
     }
-    for (int it = 0; it < 100; it++) ETP_OK(etp_graph_launch(graph, f.main));
-    size_t n_replay = snapshot(&f, replay);
-    assert_int_equal(n_eager, n_replay);
-    assert_memory_equal(eager, replay, n_eager);
     /* and eager steps still work after the capture */
+    load_version(&f, ver);
     step(&f);
-    assert_int_equal(snapshot(&f, replay), n_eager);
-    assert_memory_equal(eager, replay, n_eager);
+    bad += check_version(&f, ver);
+
+    long all = 0;
+    MPI_Allreduce(&bad, &all, 1, MPI_LONG, MPI_SUM, MPI_COMM_WORLD);
+    if (all && g_rank == 0) printf("seed %lld: %ld mismatches\n", (long long)seed, all);
+    assert_int_equal(all, 0);
 
     ETP_OK(etp_graph_destroy(graph));
-    free(eager);
-    free(replay);
     etp_stream_t *ag, *rs;
     ETP_OK(etp_chain_streams(f.chain, &ag, &rs));
     ETP_OK(etp_stream_synchronize(ag));
@@ -185,13 +309,18 @@ static void run_graph_replay(int64_t seed)
         ETP_OK(etp_mem_free(f.ctx, f.out_f[i]));
         ETP_OK(etp_mem_free(f.ctx, f.out_b[i]));
         ETP_OK(etp_mem_free(f.ctx, f.wsrc[i]));
+        free(f.hw[i]);
+        free(f.hg[i]);
+        free(f.got_f[i]);
+        free(f.got_b[i]);
+        free(f.got_g[i]);
     }
     ETP_OK(etp_stream_destroy(f.main));
     ETP_OK(etp_group_destroy(f.tp));
     ETP_OK(etp_context_destroy(f.ctx));
 }
 
-static void test_graph_replay_equals_eager(void **state)
+static void test_graph_replay_fresh_versions(void **state)
 {
     (void)state;
 #ifdef ETP_SHARD_TEST_CUDA
@@ -208,6 +337,6 @@ int main(int argc, char **argv)
 #ifdef ETP_SHARD_TEST_CUDA
     if (tu_gpu_short("test_gpu_shard_graph")) return tu_gpu_skip();
 #endif
-    const struct CMUnitTest tests[] = {cmocka_unit_test(test_graph_replay_equals_eager)};
+    const struct CMUnitTest tests[] = {cmocka_unit_test(test_graph_replay_fresh_versions)};
     return tu_mpi_finish(cmocka_run_group_tests(tests, NULL, NULL));
 }

@@ -14,6 +14,7 @@
 #include "mpi_util.h"
 #include "quant/formats/quant_ref.h"
 #include "shard/shard_internal.h"
+#include "test_shard_layout.h"
 
 typedef struct {
     etp_param_quant_t quant;
@@ -79,13 +80,57 @@ static void *fetch(etp_stream_t *s, const void *src, size_t n)
     return h;
 }
 
+static int64_t roundup(int64_t x, int64_t m)
+{
+    return (x + m - 1) / m * m;
+}
+
+/* One expert's gathered layout for a pass, from docs/FORMATS.md's tables
+ * for the full padded weight [M, K] (M = padded rows), not from the
+ * library: data bytes and row pitch, scale matrix rows x cols bytes. */
+typedef struct {
+    int64_t data_bytes, ld, scale_rows, scale_cols;
+} qdir_t;
+
+static qdir_t expected_dir(const qspec_t *q, int pass)
+{
+    const int64_t M = tu_shard_layout(q->experts, q->rows, q->alignment, g_size, g_rank).padded_rows;
+    const int64_t K = q->cols;
+    qdir_t d;
+    if (q->quant == ETP_PARAM_QUANT_NVFP4) {
+        if (pass == 0) { /* rowwise: [M, K/2], scales [roundup(M,128), roundup(K/16,4)] */
+            d.ld = K / 2;
+            d.scale_rows = roundup(M, 128);
+            d.scale_cols = roundup(K / 16, 4);
+        } else { /* columnwise, the transpose: [K, M/2], scales [roundup(K,128), roundup(M/16,4)] */
+            d.ld = M / 2;
+            d.scale_rows = roundup(K, 128);
+            d.scale_cols = roundup(M / 16, 4);
+        }
+        d.data_bytes = M * K / 2;
+    } else {
+        d.ld = K; /* both directions [M, K] */
+        if (pass == 0) { /* scales [roundup(M,128), roundup(K/32,4)] */
+            d.scale_rows = roundup(M, 128);
+            d.scale_cols = roundup(K / 32, 4);
+        } else { /* scales [roundup(M/32,4), roundup(K,128)] */
+            d.scale_rows = roundup(M / 32, 4);
+            d.scale_cols = roundup(K, 128);
+        }
+        d.data_bytes = M * K;
+    }
+    return d;
+}
+
 /* Expert e of parameter i at `step` quantized by the host reference, as
  * every rank can build it: the full padded weight (NVFP4 with its amax).
  * *data and *scales are the caller's to free. */
-static void ref_quant(int i, const qspec_t *q, const etp_param_t *p, int step, int pass, int64_t e,
-                      uint8_t **data, uint8_t **scales, float *amax)
+static void ref_quant(int i, const qspec_t *q, int step, int pass, int64_t e, uint8_t **data,
+                      uint8_t **scales, float *amax)
 {
-    int64_t pr = p->padded_rows, K = q->cols;
+    const int64_t pr = tu_shard_layout(q->experts, q->rows, q->alignment, g_size, g_rank).padded_rows;
+    const int64_t K = q->cols;
+    const qdir_t d = expected_dir(q, pass);
     etp__qref_cfg_t cfg = {q->quant == ETP_PARAM_QUANT_MXFP8 ? ETP__QB_MXFP8 : ETP__QB_NVFP4, 0,
                            q->quant == ETP_PARAM_QUANT_NVFP4, q->swizzle, 0, 0, 0};
     float *full = calloc((size_t)(pr * K), sizeof(float));
@@ -96,9 +141,9 @@ static void ref_quant(int i, const qspec_t *q, const etp_param_t *p, int step, i
             full[r * K + c] = q->dtype == ETP_DTYPE_BF16 ? etp__bf16_to_f32(etp__f32_to_bf16(x)) : x;
         }
     *amax = q->quant == ETP_PARAM_QUANT_NVFP4 ? etp__qref_amax(full, ETP__QB_F32, (size_t)pr, (size_t)K) : 0.0f;
-    size_t rs = pass == 0 ? p->qs_full.rowwise_scales_bytes : p->qs_full.columnwise_scales_bytes;
-    *data = calloc((size_t)(pr * K), 1);
-    *scales = calloc(rs + 1, 1);
+    *data = calloc((size_t)d.data_bytes, 1);
+    *scales = calloc((size_t)(d.scale_rows * d.scale_cols), 1);
+    assert_true(full && *data && *scales);
     if (pass == 0)
         etp__qref_quantize(&cfg, full, ETP__QB_F32, (size_t)pr, (size_t)K, *amax, *data, *scales, NULL, NULL);
     else
@@ -106,46 +151,79 @@ static void ref_quant(int i, const qspec_t *q, const etp_param_t *p, int step, i
     free(full);
 }
 
+/* A gather's view against the documented layout, so that the sizes the
+ * comparisons use cannot come from a wrong view: quantized views in bytes,
+ * experts packed at their data and scale sizes, an amax per expert for
+ * NVFP4 and none for MXFP8; dequantized views BF16 [padded_rows, cols] per
+ * expert in elements, of quant NONE and so without amax. */
+static void assert_view_layout(const qspec_t *q, int pass, const etp_weight_view_t *v)
+{
+    const int64_t pr = tu_shard_layout(q->experts, q->rows, q->alignment, g_size, g_rank).padded_rows;
+    assert_int_equal(v->experts, q->experts);
+    assert_int_equal(v->rows, q->rows);
+    assert_int_equal(v->cols, q->cols);
+    assert_non_null(v->data);
+    if (q->dequant) {
+        assert_int_equal(v->dtype, ETP_DTYPE_BF16);
+        assert_int_equal(v->quant, ETP_PARAM_QUANT_NONE);
+        assert_int_equal(v->ld, q->cols);
+        assert_int_equal(v->expert_stride, pr * q->cols);
+        assert_null(v->amax);
+        return;
+    }
+    const qdir_t d = expected_dir(q, pass);
+    assert_int_equal(v->quant, q->quant);
+    assert_int_equal(v->dtype, ETP_DTYPE_U8);
+    assert_int_equal(v->scales_swizzled, q->swizzle);
+    assert_int_equal(v->ld, d.ld);
+    assert_int_equal(v->expert_stride, d.data_bytes);
+    assert_int_equal(v->scale_rows, d.scale_rows);
+    assert_int_equal(v->scale_cols, d.scale_cols);
+    /* swizzling reorders the same bytes */
+    assert_int_equal(v->scale_expert_stride, d.scale_rows * d.scale_cols);
+    assert_non_null(v->scales);
+    if (q->quant == ETP_PARAM_QUANT_NVFP4)
+        assert_non_null(v->amax);
+    else
+        assert_null(v->amax);
+}
+
 static long check_param(int i, const qspec_t *q, etp_param_t *p, etp_stream_t *main_s, int step)
 {
-    int64_t pr = p->padded_rows, K = q->cols;
+    const int64_t pr = tu_shard_layout(q->experts, q->rows, q->alignment, g_size, g_rank).padded_rows;
+    const int64_t K = q->cols;
     etp__qref_cfg_t cfg = {q->quant == ETP_PARAM_QUANT_MXFP8 ? ETP__QB_MXFP8 : ETP__QB_NVFP4, 0,
                            q->quant == ETP_PARAM_QUANT_NVFP4, q->swizzle, 0, 0, 0};
     long bad = 0;
     for (int g = 0; g < (q->cache ? 4 : 2); g++) {
         const int pass = g % 2;
+        const qdir_t d = expected_dir(q, pass);
+        /* per expert: BF16 elements dequantized, else the documented bytes */
+        const size_t data_e = q->dequant ? (size_t)(pr * K) * sizeof(uint16_t) : (size_t)d.data_bytes;
+        const size_t scales_e = (size_t)(d.scale_rows * d.scale_cols);
         etp_weight_view_t v = ETP_WEIGHT_VIEW_INIT;
         ETP_OK(etp_gather(p, (etp_pass_t)pass, main_s, &v));
-        assert_int_equal(v.experts, q->experts);
-        assert_int_equal(v.rows, q->rows);
-        size_t data_bytes = (size_t)(v.expert_stride * v.experts) * (q->dequant ? 2 : 1);
-        uint8_t *data = fetch(main_s, v.data, data_bytes);
-        uint8_t *scales = q->dequant ? NULL : fetch(main_s, v.scales, (size_t)(v.scale_expert_stride * v.experts));
-        float *amax = (!q->dequant && v.amax) ? fetch(main_s, v.amax, (size_t)q->experts * sizeof(float)) : NULL;
+        assert_view_layout(q, pass, &v);
+        uint8_t *data = fetch(main_s, v.data, data_e * (size_t)q->experts);
+        uint8_t *scales = q->dequant ? NULL : fetch(main_s, v.scales, scales_e * (size_t)q->experts);
+        const int fp4 = !q->dequant && q->quant == ETP_PARAM_QUANT_NVFP4;
+        float *amax = fp4 ? fetch(main_s, v.amax, (size_t)q->experts * sizeof(float)) : NULL;
         ETP_OK(etp_release(p, (etp_pass_t)pass, main_s));
-        if (q->dequant) {
-            assert_int_equal(v.dtype, ETP_DTYPE_BF16);
-            assert_int_equal(v.quant, ETP_PARAM_QUANT_NONE);
-        } else {
-            assert_int_equal(v.quant, q->quant);
-            assert_int_equal(v.dtype, ETP_DTYPE_U8);
-            assert_int_equal(v.scales_swizzled, q->swizzle);
-        }
         for (int64_t e = 0; e < q->experts; e++) {
             uint8_t *ref_data, *ref_scales;
             float ref_amax;
-            ref_quant(i, q, p, step, pass, e, &ref_data, &ref_scales, &ref_amax);
+            ref_quant(i, q, step, pass, e, &ref_data, &ref_scales, &ref_amax);
             if (q->dequant) {
                 uint16_t *deq = calloc((size_t)(pr * K), sizeof(uint16_t));
                 etp__qref_dequantize(&cfg, pass == 0 ? 1u : 2u, (size_t)pr, (size_t)K, ref_amax, ref_data,
                                      ref_scales, deq, ETP__QB_BF16);
-                const uint16_t *got = (const uint16_t *)data + e * v.expert_stride;
+                const uint16_t *got = (const uint16_t *)(data + (size_t)e * data_e);
                 for (int64_t k = 0; k < q->rows * K; k++) bad += got[k] != deq[k];
                 free(deq);
             } else {
-                bad += memcmp(data + e * v.expert_stride, ref_data, (size_t)v.expert_stride) != 0;
-                bad += memcmp(scales + e * v.scale_expert_stride, ref_scales, (size_t)v.scale_expert_stride) != 0;
-                if (amax) bad += memcmp(&amax[e], &ref_amax, sizeof(float)) != 0;
+                bad += memcmp(data + (size_t)e * data_e, ref_data, data_e) != 0;
+                bad += memcmp(scales + (size_t)e * scales_e, ref_scales, scales_e) != 0;
+                if (fp4) bad += memcmp(&amax[e], &ref_amax, sizeof(float)) != 0;
                 if (getenv("ETP_TEST_VERBOSE") && bad)
                     printf("rank %d param %d pass %d expert %lld: mismatch\n", g_rank, i, pass, (long long)e);
             }
@@ -188,6 +266,7 @@ static void run_quant_gathers(int64_t seed)
         pc.swizzle_scales = q->swizzle;
         pc.cache_gathered_scales = q->cache;
         ETP_OK(etp_param_create(ctx, &pc, &p[i]));
+        (void)tu_assert_shard_layout(p[i], &pc, g_size, g_rank);
         ETP_OK(etp_chain_add(chain, p[i]));
     }
     ETP_OK(etp_chain_finalize(chain));
@@ -264,9 +343,11 @@ static long cache_reader(int64_t seed, unsigned skip, int cross)
     pc.cache_gathered_scales = 1;
     etp_param_t *p, *p2 = NULL;
     ETP_OK(etp_param_create(ctx, &pc, &p));
+    (void)tu_assert_shard_layout(p, &pc, g_size, g_rank);
     ETP_OK(etp_chain_add(chain, p));
     if (cross) { /* a second parameter after it: the slots are no longer one per pair of passes */
         ETP_OK(etp_param_create(ctx, &pc, &p2));
+        (void)tu_assert_shard_layout(p2, &pc, g_size, g_rank);
         ETP_OK(etp_chain_add(chain, p2));
     }
     ETP_OK(etp_chain_finalize(chain));
@@ -297,7 +378,9 @@ static long cache_reader(int64_t seed, unsigned skip, int cross)
         ETP_OK(etp_release(p2, ETP_PASS_BACKWARD, main_s));
     }
     ETP_OK(etp_gather(p, read_pass, main_s, &v));
-    const size_t stride = (size_t)v.scale_expert_stride, sb = stride * (size_t)v.experts;
+    assert_view_layout(&q, (int)read_pass, &v);
+    const qdir_t d = expected_dir(&q, (int)read_pass);
+    const size_t stride = (size_t)(d.scale_rows * d.scale_cols), sb = stride * (size_t)q.experts;
     uint8_t *got = malloc(sb);
     float *got_amax = malloc((size_t)q.experts * sizeof(float));
     tu_poison(got, sb);
@@ -321,7 +404,7 @@ static long cache_reader(int64_t seed, unsigned skip, int cross)
     for (int64_t e = 0; e < q.experts; e++) {
         uint8_t *ref_data, *ref_scales;
         float ref_amax;
-        ref_quant(id, &q, p, 0, cross ? 1 : 0, e, &ref_data, &ref_scales, &ref_amax);
+        ref_quant(id, &q, 0, cross ? 1 : 0, e, &ref_data, &ref_scales, &ref_amax);
         bad += memcmp(got + (size_t)e * stride, ref_scales, stride) != 0;
         bad += memcmp(&got_amax[e], &ref_amax, sizeof(float)) != 0;
         free(ref_data);
