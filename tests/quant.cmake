@@ -16,23 +16,38 @@ if(ETP_WITH_MPI)
   # The scale swizzle against the cast and the layout formula (no collective).
   etp_add_mpi_test(test_quant_swizzle mpi/test_quant_swizzle.c quant 1)
   # A captured quantize replayed on new data, under the host backend's
-  # capture rules (the GPU test's program).
-  etp_add_mpi_test(test_quant_graph mpi/test_quant_graph.c quant 1 2)
-endif()
+  # capture rules (the GPU test's program), against the host reference
+  # (hence the static archive).
+  etp_add_mpi_test_internal(test_quant_graph mpi/test_quant_graph.c quant 1 2)
 
-if(ETP_WITH_CUDA AND ETP_WITH_MPI)
   # CUDA kernels against the host reference, byte for byte (1 GPU; 2 GPUs
-  # also all-reduce the amaxes over NCCL).
-  etp_add_gpu_test(test_quant_gpu gpu/test_quant_gpu.c ON quant 1 2)
+  # also all-reduce the amaxes over NCCL), and the scale-swizzle kernel (one
+  # GPU: no collective). Without CUDA the programs are built for their host
+  # variants alone (they include no CUDA header then).
+  if(ETP_WITH_CUDA)
+    etp_add_gpu_test(test_quant_gpu gpu/test_quant_gpu.c ON quant 1 2)
+    etp_add_gpu_test(test_quant_swizzle_gpu gpu/test_quant_swizzle_gpu.c ON quant 1)
+  else()
+    etp_test_target(test_quant_gpu gpu/test_quant_gpu.c ON)
+    etp_test_target(test_quant_swizzle_gpu gpu/test_quant_swizzle_gpu.c ON)
+  endif()
   # The same checks on the host backend (ETP_TEST_QUANT_ON_HOST=1), on every
-  # machine: they prove the test itself, its special values included, where
-  # no GPU runs it.
+  # machine, CUDA or not: they prove the tests themselves, their special
+  # values included, where no GPU runs them.
   add_test(NAME test_quant_gpu_on_host_np2
     COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 2 --oversubscribe --bind-to none
             --mca mpi_yield_when_idle 1 ${MPIEXEC_PREFLAGS} $<TARGET_FILE:test_quant_gpu> ${MPIEXEC_POSTFLAGS})
   set_tests_properties(test_quant_gpu_on_host_np2 PROPERTIES LABELS "mpi;quant"
     ENVIRONMENT "${ETP_TEST_ENV};ETP_TEST_QUANT_ON_HOST=1" TIMEOUT 600 PROCESSORS 2)
-  # The same on one GPU with the cast's grid sized for 8 multiprocessors:
+  add_test(NAME test_quant_swizzle_gpu_on_host
+    COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 1 --oversubscribe --bind-to none
+            --mca mpi_yield_when_idle 1 ${MPIEXEC_PREFLAGS} $<TARGET_FILE:test_quant_swizzle_gpu> ${MPIEXEC_POSTFLAGS})
+  set_tests_properties(test_quant_swizzle_gpu_on_host PROPERTIES LABELS "mpi;quant"
+    ENVIRONMENT "${ETP_TEST_ENV};ETP_TEST_QUANT_ON_HOST=1" TIMEOUT 600 PROCESSORS 1)
+endif()
+
+if(ETP_WITH_CUDA AND ETP_WITH_MPI)
+  # test_quant_gpu on one GPU with the cast's grid sized for 8 multiprocessors:
   # each block walks many tiles, and more of the test's tensors get runs of
   # 1 x 4 tiles (with their scale images), partial runs at their edges
   # included, which a full grid gives only to larger batches. NVFP4 16x16
@@ -54,13 +69,18 @@ if(ETP_WITH_CUDA AND ETP_WITH_MPI)
         ENVIRONMENT "${ETP_TEST_ENV};NCCL_NVLS_ENABLE=0;ETP_QUANT_LAUNCH_SMS=8;ETP_QUANT_CAST_CLUSTERS=${clu};ETP_QUANT_CAST_COMPACT=2"
         TIMEOUT 600)
     endforeach()
+    # The previous cast kernel (kernels/quant/cast_v2.cu), still a
+    # production path (ETP_QUANT_CAST_KERNEL=2), on one GPU.
+    add_test(NAME test_quant_gpu_np1_cast2
+      COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 1 --oversubscribe --bind-to none
+              ${MPIEXEC_PREFLAGS} $<TARGET_FILE:test_quant_gpu> ${MPIEXEC_POSTFLAGS})
+    set_tests_properties(test_quant_gpu_np1_cast2 PROPERTIES LABELS "gpu;quant"
+      ENVIRONMENT "${ETP_TEST_ENV};NCCL_NVLS_ENABLE=0;ETP_QUANT_CAST_KERNEL=2" TIMEOUT 600)
   endif()
-  # The scale-swizzle kernel against the host reference (one GPU: no collective).
-  etp_add_gpu_test(test_quant_swizzle_gpu gpu/test_quant_swizzle_gpu.c ON quant 1)
   # The captured quantize with CUDA graphs; _compact: every NVFP4 16x16
   # row-major cast compacts its scales, so that the expansion kernel is
   # captured too and skipped with the cast on the noop replay.
-  etp_add_gpu_test(test_quant_graph_gpu gpu/test_quant_graph_gpu.c OFF quant 1 2)
+  etp_add_gpu_test(test_quant_graph_gpu gpu/test_quant_graph_gpu.c ON quant 1 2)
   if(ETP_GPU_TESTS)
     add_test(NAME test_quant_graph_gpu_np1_compact
       COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 1 --oversubscribe --bind-to none

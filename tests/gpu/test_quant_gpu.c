@@ -6,9 +6,12 @@
  * tensors, one beyond a million elements), BF16 and FP32, fresh data from a
  * printed seed (rare NaN, infinities, values past the formats' ranges,
  * FP32 subnormals and -0 in every fourth configuration), every output
- * poisoned first and its guard byte checked after. Also amax_allreduce over the ranks (one GPU each), the chained
- * quantize, dequantize in both directions, and the no-op flag. Label gpu;
- * skipped without a GPU.
+ * poisoned first and its guard byte checked after. Also amax_allreduce over
+ * the ranks (one GPU each), the chained quantize (its amax buffer poisoned
+ * too), dequantize in both directions, and the no-op flag (set: nothing
+ * written; back to 0 with its pointer still set: everything again). Label
+ * gpu; skipped without a GPU (ETP_TEST_QUANT_ON_HOST=1 runs it on the host
+ * backend, in builds without CUDA too).
  */
 #include <math.h>
 
@@ -158,6 +161,65 @@ static void check_bytes(const gpu_t *g, const uint8_t *want, slot_t sl, const ch
     assert_int_equal(got[sl.bytes], 0xA5);
 }
 
+/* Every output buffer of the n tensors, guard bytes included, to 0xA5. */
+static void poison_outputs(gpu_t *g, slot_t (*so)[4], size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        for (int k = 0; k < 4; k++)
+            ETP_OK(etp_memset_async(g->s, g->dev + so[i][k].off, 0xA5, so[i][k].bytes + 1));
+}
+
+/* The n floats at `sl` of the mirror equal want[] (want NULL: still the
+ * 0xA5 poison, nothing written). */
+static void check_amax(const gpu_t *g, slot_t sl, const float *want, size_t n, const char *what,
+                       uint64_t tag)
+{
+    for (size_t i = 0; i < n; i++) {
+        const uint8_t *p = g->host + sl.off + i * 4;
+        float a;
+        memcpy(&a, p, 4);
+        const int ok = want ? a == want[i]
+                            : p[0] == 0xA5 && p[1] == 0xA5 && p[2] == 0xA5 && p[3] == 0xA5;
+        if (!ok)
+            print_error("rank %d config %llu tensor %zu: %s: amax %g, expected %s%g\n", g_rank,
+                        (unsigned long long)tag, i, what, (double)a, want ? "" : "the poison ",
+                        want ? (double)want[i] : 0.0);
+        assert_true(ok);
+    }
+}
+
+/* Every output of the n tensors (in the mirror) against the host reference
+ * quantizer run on the global amaxes, byte for byte, guard bytes included. */
+static void check_cast(const gpu_t *g, const etp_quantizer_config_t *cfg, size_t n,
+                       const shape_t *sh, const slot_t *sx, slot_t (*so)[4],
+                       const etp_quant_sizes_t *sz, const float *global, uint64_t tag)
+{
+    const int nv = cfg->format == ETP_QUANT_NVFP4;
+    for (size_t i = 0; i < n; i++) {
+        const etp_quant_sizes_t *z = &sz[i];
+        uint8_t *ref = malloc(z->rowwise_data_bytes + z->rowwise_scales_bytes +
+                              z->columnwise_data_bytes + z->columnwise_scales_bytes + 4);
+        uint8_t *w[4];
+        w[0] = ref;
+        w[1] = w[0] + z->rowwise_data_bytes;
+        w[2] = w[1] + z->rowwise_scales_bytes;
+        w[3] = w[2] + z->columnwise_data_bytes;
+        etp__qref_cfg_t rc = {nv ? ETP__QB_NVFP4 : ETP__QB_MXFP8,
+                              cfg->mxfp8_elem == ETP_QUANT_ELEM_E5M2,
+                              cfg->nvfp4_block == ETP_QUANT_BLOCK_2D, cfg->swizzle_scales,
+                              cfg->rounding == ETP_QUANT_ROUND_STOCHASTIC, cfg->seed, (uint32_t)i};
+        etp__qref_quantize(&rc, g->host + sx[i].off,
+                           sh[i].dtype == ETP_DTYPE_BF16 ? ETP__QB_BF16 : ETP__QB_F32, sh[i].rows,
+                           sh[i].cols, global[i],
+                           (cfg->directions & ETP_QUANT_ROWWISE) ? w[0] : NULL, w[1],
+                           (cfg->directions & ETP_QUANT_COLUMNWISE) ? w[2] : NULL, w[3]);
+        const char *names[4] = {"rowwise_data", "rowwise_scales", "columnwise_data",
+                                "columnwise_scales"};
+        for (int k = 0; k < 4; k++) check_bytes(g, w[k], so[i][k], names[k], i, &sh[i], tag);
+        free(ref);
+    }
+}
+
 static void run_config(gpu_t *g, etp_quantizer_config_t cfg, size_t n, uint64_t tag)
 {
     etp_quantizer_t *q;
@@ -233,42 +295,21 @@ static void run_config(gpu_t *g, etp_quantizer_config_t cfg, size_t n, uint64_t 
     }
     /* the all-reduce, then cast-only, compared with the reference */
     ETP_OK(etp_quant_amax_allreduce(g->world, 0, d_amax, n, g->s));
-    for (int pass = 0; pass < 2; pass++) {
-        for (size_t i = 0; i < n; i++)
-            for (int k = 0; k < 4; k++)
-                ETP_OK(etp_memset_async(g->s, g->dev + so[i][k].off, 0xA5, so[i][k].bytes + 1));
-        if (pass == 0)
-            ETP_OK(etp_quant_cast_only(q, n, in, nv ? d_amax : NULL, nv ? n : 0, out, g->s));
-        else
-            ETP_OK(etp_quant_quantize(q, n, in, d_amax, n, g->world, 0, out, g->s));
-        down(g);
-        for (size_t i = 0; i < n; i++) {
-            float a;
-            memcpy(&a, g->host + s_amax.off + i * 4, 4);
-            if (nv) assert_true(a == global[i]);
-            const etp_quant_sizes_t *z = &sz[i];
-            uint8_t *ref = malloc(z->rowwise_data_bytes + z->rowwise_scales_bytes +
-                                  z->columnwise_data_bytes + z->columnwise_scales_bytes + 4);
-            uint8_t *w[4];
-            w[0] = ref;
-            w[1] = w[0] + z->rowwise_data_bytes;
-            w[2] = w[1] + z->rowwise_scales_bytes;
-            w[3] = w[2] + z->columnwise_data_bytes;
-            etp__qref_cfg_t rc = {nv ? ETP__QB_NVFP4 : ETP__QB_MXFP8,
-                                  cfg.mxfp8_elem == ETP_QUANT_ELEM_E5M2,
-                                  cfg.nvfp4_block == ETP_QUANT_BLOCK_2D, cfg.swizzle_scales,
-                                  cfg.rounding == ETP_QUANT_ROUND_STOCHASTIC, cfg.seed, (uint32_t)i};
-            etp__qref_quantize(&rc, g->host + sx[i].off,
-                               sh[i].dtype == ETP_DTYPE_BF16 ? ETP__QB_BF16 : ETP__QB_F32, sh[i].rows,
-                               sh[i].cols, global[i],
-                               (cfg.directions & ETP_QUANT_ROWWISE) ? w[0] : NULL, w[1],
-                               (cfg.directions & ETP_QUANT_COLUMNWISE) ? w[2] : NULL, w[3]);
-            const char *names[4] = {"rowwise_data", "rowwise_scales", "columnwise_data",
-                                    "columnwise_scales"};
-            for (int k = 0; k < 4; k++) check_bytes(g, w[k], so[i][k], names[k], i, &sh[i], tag);
-            free(ref);
-        }
-    }
+    poison_outputs(g, so, n);
+    ETP_OK(etp_quant_cast_only(q, n, in, nv ? d_amax : NULL, nv ? n : 0, out, g->s));
+    down(g);
+    check_amax(g, s_amax, global, n, "all-reduced", tag);
+    check_cast(g, &cfg, n, sh, sx, so, sz, global, tag);
+    /* the chained quantize: d_amax poisoned too, so that the cast must read
+     * what this call's multi-amax and all-reduce wrote (the poison, a tiny
+     * negative float, gives other scales), and MXFP8 (the cast alone)
+     * writes no amax */
+    poison_outputs(g, so, n);
+    ETP_OK(etp_memset_async(g->s, d_amax, 0xA5, n * sizeof(float)));
+    ETP_OK(etp_quant_quantize(q, n, in, d_amax, n, g->world, 0, out, g->s));
+    down(g);
+    check_amax(g, s_amax, nv ? global : NULL, n, "quantize", tag);
+    check_cast(g, &cfg, n, sh, sx, so, sz, global, tag);
     /* dequantize each produced direction */
     for (unsigned dir = 1; dir <= 2; dir++) {
         if (!(cfg.directions & dir)) continue;
@@ -296,12 +337,10 @@ static void run_config(gpu_t *g, etp_quantizer_config_t cfg, size_t n, uint64_t 
         }
     }
     /* the no-op flag, set on the device: nothing is written */
-    const int32_t one = 1;
+    static const int32_t one = 1, zero = 0;
     ETP_OK(etp_memcpy_async(g->s, g->dev + s_noop.off, &one, sizeof one));
     ETP_OK(etp_quantizer_set_noop_flag(q, (const int32_t *)(g->dev + s_noop.off)));
-    for (size_t i = 0; i < n; i++)
-        for (int k = 0; k < 4; k++)
-            ETP_OK(etp_memset_async(g->s, g->dev + so[i][k].off, 0xA5, so[i][k].bytes + 1));
+    poison_outputs(g, so, n);
     ETP_OK(etp_memset_async(g->s, d_amax_col, 0xA5, n * sizeof(float)));
     ETP_OK(etp_quant_multi_amax(q, n, in, NULL, d_amax_col, n, g->s));
     ETP_OK(etp_quant_cast_only(q, n, in, d_amax, n, out, g->s));
@@ -311,6 +350,19 @@ static void run_config(gpu_t *g, etp_quantizer_config_t cfg, size_t n, uint64_t 
         for (int k = 0; k < 4; k++)
             for (size_t b = 0; b <= so[i][k].bytes; b++)
                 assert_int_equal(g->host[so[i][k].off + b], 0xA5);
+    /* the flag back to 0, its pointer still set: every launch runs again
+     * (the value is read at run time, not the pointer's presence at
+     * enqueue) */
+    ETP_OK(etp_memcpy_async(g->s, g->dev + s_noop.off, &zero, sizeof zero));
+    poison_outputs(g, so, n);
+    ETP_OK(etp_memset_async(g->s, d_amax, 0xA5, n * sizeof(float)));
+    ETP_OK(etp_memset_async(g->s, d_amax_col, 0xA5, n * sizeof(float)));
+    ETP_OK(etp_quant_multi_amax(q, n, in, NULL, d_amax_col, n, g->s));
+    ETP_OK(etp_quant_quantize(q, n, in, d_amax, n, g->world, 0, out, g->s));
+    down(g);
+    check_amax(g, s_amax_col, local, n, "multi-amax with the no-op flag 0", tag);
+    check_amax(g, s_amax, nv ? global : NULL, n, "quantize with the no-op flag 0", tag);
+    check_cast(g, &cfg, n, sh, sx, so, sz, global, tag);
 
     ETP_OK(etp_quantizer_destroy(q));
     ETP_OK(etp_mem_free(g->ctx, g->dev));
@@ -437,7 +489,17 @@ int main(int argc, char **argv)
     tu_mpi_init(&argc, &argv, "test_quant_gpu");
     /* the host variant (ETP_TEST_QUANT_ON_HOST=1) needs no GPU */
     const char *on_host = getenv("ETP_TEST_QUANT_ON_HOST");
-    if (!(on_host && strcmp(on_host, "1") == 0) && tu_gpu_short("test_quant_gpu")) return tu_gpu_skip();
+    const int host = on_host && strcmp(on_host, "1") == 0;
+#if ETP_HAVE_CUDA
+    if (!host && tu_gpu_short("test_quant_gpu")) return tu_gpu_skip();
+#else
+    if (!host) {
+        if (g_rank == 0)
+            printf("test_quant_gpu: skipped: built without CUDA (ETP_TEST_QUANT_ON_HOST=1 runs it)\n");
+        MPI_Finalize();
+        return 77; /* CTest's skip code, as gpu_util.h's */
+    }
+#endif
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_quant_kernels_match_host),
     };

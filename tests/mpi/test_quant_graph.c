@@ -6,12 +6,15 @@
  * of its scales, captured once with etp_stream_begin_capture /
  * etp_stream_end_capture:
  * - capturing runs nothing (outputs still poisoned);
- * - each replay, on new data written into the same input buffers, equals,
- *   byte for byte (data, scales, amaxes, swizzled scales), the same calls run
- *   eagerly on that data;
- * - a replay with the quantizer's no-op flag set leaves every output as it
- *   was (the amax all-reduce still runs, on equal values: a no-op too), and
- *   clearing the flag makes the next replay quantize again.
+ * - each replay, on new data written into the same input buffers, and the
+ *   same calls run eagerly on that data, equal byte for byte (data, scales,
+ *   amaxes, swizzled scales, guard bytes) the host reference quantizer
+ *   (quant/formats/quant_ref.c) on that data and the amaxes of every rank's
+ *   tensors (replayed here);
+ * - the no-op flag's pointer is set throughout: with the flag 0 the calls
+ *   run; a replay with the flag 1 leaves every output as it was (the amax
+ *   all-reduce still runs, on equal values: a no-op too), and clearing the
+ *   flag makes the next replay quantize again.
  * The host backend enforces CUDA's capture rules (eager and shuffle
  * streams); built as tests/gpu/test_quant_graph_gpu.c (ETP_QUANT_GRAPH_CUDA)
  * the same program runs with CUDA graphs and NCCL on 1 and 2 GPUs. Buffers
@@ -21,6 +24,7 @@
 #include <math.h>
 
 #include "mpi_util.h"
+#include "quant/formats/quant_ref.h"
 
 #ifdef ETP_QUANT_GRAPH_CUDA
 #include <cuda_runtime_api.h>
@@ -88,13 +92,14 @@ static void poison_outputs(fx_t *f)
     up(f, f->out_begin, f->arena - f->out_begin);
 }
 
-/* This rank's tensor i: shapes differ between ranks (the all-reduce still
- * has one amax per tensor index), empty ones included. */
-static void shape_of(const etp_quantizer_config_t *c, uint64_t tag, size_t i, size_t *rows,
-                     size_t *cols, etp_dtype_t *dt)
+/* Rank `rank`'s tensor i (any rank's, so that each can replay the others'
+ * for the all-reduced amax): shapes differ between ranks (the all-reduce
+ * still has one amax per tensor index), empty ones included. */
+static void shape_of(const etp_quantizer_config_t *c, int rank, uint64_t tag, size_t i,
+                     size_t *rows, size_t *cols, etp_dtype_t *dt)
 {
     const size_t blk = c->format == ETP_QUANT_NVFP4 ? 16 : 32;
-    const uint64_t r = tu_rand(g_seed, tag * 131 + (uint64_t)g_rank, 1, i);
+    const uint64_t r = tu_rand(g_seed, tag * 131 + (uint64_t)rank, 1, i);
     *rows = 1 + r % 200;
     *cols = 1 + (r >> 10) % 200;
     if (c->directions & ETP_QUANT_ROWWISE) *cols = blk * (1 + (r >> 20) % 9);
@@ -110,9 +115,9 @@ static void shape_of(const etp_quantizer_config_t *c, uint64_t tag, size_t i, si
     *dt = (r >> 40) & 1 ? ETP_DTYPE_BF16 : ETP_DTYPE_F32;
 }
 
-static float value_of(uint64_t tag, uint64_t step, size_t i, size_t e)
+static float value_of(int rank, uint64_t tag, uint64_t step, size_t i, size_t e)
 {
-    const uint64_t r = tu_rand(g_seed, tag * 1000 + step, (uint64_t)g_rank * 1000 + i, e);
+    const uint64_t r = tu_rand(g_seed, tag * 1000 + step, (uint64_t)rank * 1000 + i, e);
     const float m = (float)(r & 0xffffff) / (float)0x1000000;
     if ((r >> 40) % 97 == 0) return 0.0f;
     /* per-step ranges differ, so each step's amaxes and scales do too */
@@ -127,22 +132,27 @@ static uint16_t to_bf16(float f)
     return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16); /* finite inputs only */
 }
 
+/* Rank `rank`'s tensor i of step `step` into x (rows x cols of dt). */
+static void make_input(int rank, uint64_t tag, uint64_t step, size_t i, size_t rows, size_t cols,
+                       etp_dtype_t dt, uint8_t *x)
+{
+    for (size_t e = 0; e < rows * cols; e++) {
+        const float v = value_of(rank, tag, step, i, e);
+        if (dt == ETP_DTYPE_BF16) {
+            const uint16_t h = to_bf16(v);
+            memcpy(x + 2 * e, &h, 2);
+        } else {
+            memcpy(x + 4 * e, &v, 4);
+        }
+    }
+}
+
 /* Write step `step`'s inputs into the host mirror and upload them. */
 static void upload_inputs(fx_t *f, size_t n, const slot_t *sx, const etp_quant_input_t *in,
                           uint64_t tag, uint64_t step)
 {
-    for (size_t i = 0; i < n; i++) {
-        uint8_t *x = f->host + sx[i].off;
-        for (size_t e = 0; e < in[i].rows * in[i].cols; e++) {
-            const float v = value_of(tag, step, i, e);
-            if (in[i].dtype == ETP_DTYPE_BF16) {
-                const uint16_t h = to_bf16(v);
-                memcpy(x + 2 * e, &h, 2);
-            } else {
-                memcpy(x + 4 * e, &v, 4);
-            }
-        }
-    }
+    for (size_t i = 0; i < n; i++)
+        make_input(g_rank, tag, step, i, in[i].rows, in[i].cols, in[i].dtype, f->host + sx[i].off);
     up(f, 0, f->out_begin);
 }
 
@@ -177,33 +187,101 @@ static void expect_same(const uint8_t *got, const uint8_t *want, size_t len, con
     assert_int_equal(bad, 0);
 }
 
+/* Where a configuration's buffers lie in the arena. */
+typedef struct {
+    size_t n;
+    slot_t sx[N_TENSORS], so[N_TENSORS][4], sw[N_TENSORS][2], amax;
+    etp_quant_input_t in[N_TENSORS];
+    int with_swizzle;
+} layout_t;
+
+static int qref_dtype(etp_dtype_t dt)
+{
+    return dt == ETP_DTYPE_BF16 ? ETP__QB_BF16 : ETP__QB_F32;
+}
+
+/* What the outputs' range [out_begin, arena) must hold after step `step`'s
+ * quantize (and swizzle), from the host reference quantizer
+ * (quant/formats/quant_ref.c, the oracle; no code of the calls under test):
+ * NVFP4 amax i the max of the reference amax over every rank's tensor i
+ * (each rank's inputs replayed here), the cast of this rank's inputs on it,
+ * and the swizzled scales as the reference writes them with swizzle_scales
+ * = 1; the poison everywhere else (guard bytes, and MXFP8's amaxes, which
+ * its quantize ignores). */
+static void reference_image(const fx_t *f, const etp_quantizer_config_t *cfg, const layout_t *l,
+                            uint64_t tag, uint64_t step, uint8_t *want)
+{
+    const size_t base = f->out_begin;
+    const int nv = cfg->format == ETP_QUANT_NVFP4;
+    const int row = (cfg->directions & ETP_QUANT_ROWWISE) != 0;
+    const int col = (cfg->directions & ETP_QUANT_COLUMNWISE) != 0;
+    poison_pattern(want, f->arena - base);
+    for (size_t i = 0; i < l->n; i++) {
+        const etp_quant_input_t *in = &l->in[i];
+        float amax = 0.0f;
+        if (nv) {
+            for (int p = 0; p < g_size; p++) {
+                size_t rows, cols;
+                etp_dtype_t dt;
+                shape_of(cfg, p, tag, i, &rows, &cols, &dt);
+                uint8_t *x = malloc(rows * cols * 4 + 4);
+                make_input(p, tag, step, i, rows, cols, dt, x);
+                const float a = etp__qref_amax(x, qref_dtype(dt), rows, cols);
+                if (a > amax) amax = a;
+                free(x);
+            }
+            memcpy(want + l->amax.off - base + 4 * i, &amax, 4);
+        }
+        etp__qref_cfg_t rc = {nv ? ETP__QB_NVFP4 : ETP__QB_MXFP8,
+                              cfg->mxfp8_elem == ETP_QUANT_ELEM_E5M2,
+                              cfg->nvfp4_block == ETP_QUANT_BLOCK_2D, cfg->swizzle_scales,
+                              cfg->rounding == ETP_QUANT_ROUND_STOCHASTIC, cfg->seed, (uint32_t)i};
+        uint8_t *o[4];
+        for (int k = 0; k < 4; k++) o[k] = want + l->so[i][k].off - base;
+        const uint8_t *x = f->host + l->sx[i].off;
+        etp__qref_quantize(&rc, x, qref_dtype(in->dtype), in->rows, in->cols, amax,
+                           row ? o[0] : NULL, o[1], col ? o[2] : NULL, o[3]);
+        if (l->with_swizzle) {
+            size_t len[4], total = 4;
+            for (int k = 0; k < 4; k++) total += len[k] = l->so[i][k].bytes;
+            uint8_t *t = malloc(total);
+            rc.swizzle = 1;
+            etp__qref_quantize(&rc, x, qref_dtype(in->dtype), in->rows, in->cols, amax,
+                               row ? t : NULL, t + len[0], col ? t + len[0] + len[1] : NULL,
+                               t + len[0] + len[1] + len[2]);
+            memcpy(want + l->sw[i][0].off - base, t + len[0], l->sw[i][0].bytes);
+            memcpy(want + l->sw[i][1].off - base, t + len[0] + len[1] + len[2], l->sw[i][1].bytes);
+            free(t);
+        }
+    }
+}
+
 static void run_config(fx_t *f, etp_quantizer_config_t cfg, uint64_t tag)
 {
     const size_t n = N_TENSORS;
-    const int with_swizzle = !cfg.swizzle_scales;
+    layout_t l = {.n = n, .with_swizzle = !cfg.swizzle_scales};
     size_t cur = 0;
     /* inputs first, then every output: they are poisoned and compared as one range */
-    slot_t sx[N_TENSORS], so[N_TENSORS][4], sw[N_TENSORS][2];
-    etp_quant_input_t in[N_TENSORS];
     etp_quant_output_t out[N_TENSORS];
     etp_quant_scales_t rm[N_TENSORS], swz[N_TENSORS];
     etp_quant_sizes_t sz[N_TENSORS];
     etp_quantizer_t *q;
     ETP_OK(etp_quantizer_create(f->ctx, &cfg, &q));
     for (size_t i = 0; i < n; i++) {
-        shape_of(&cfg, tag, i, &in[i].rows, &in[i].cols, &in[i].dtype);
-        sx[i] = take(&cur, in[i].rows * in[i].cols * etp_dtype_size(in[i].dtype));
+        etp_quant_input_t *in = &l.in[i];
+        shape_of(&cfg, g_rank, tag, i, &in->rows, &in->cols, &in->dtype);
+        l.sx[i] = take(&cur, in->rows * in->cols * etp_dtype_size(in->dtype));
         sz[i] = (etp_quant_sizes_t)ETP_QUANT_SIZES_INIT;
-        ETP_OK(etp_quant_sizes(q, in[i].rows, in[i].cols, &sz[i]));
+        ETP_OK(etp_quant_sizes(q, in->rows, in->cols, &sz[i]));
     }
     const slot_t s_noop = take(&cur, sizeof(int32_t));
     f->out_begin = cur;
-    const slot_t s_amax = take(&cur, n * sizeof(float));
+    l.amax = take(&cur, n * sizeof(float));
     for (size_t i = 0; i < n; i++) {
         const size_t len[4] = {sz[i].rowwise_data_bytes, sz[i].rowwise_scales_bytes,
                                sz[i].columnwise_data_bytes, sz[i].columnwise_scales_bytes};
-        for (int k = 0; k < 4; k++) so[i][k] = take(&cur, len[k]);
-        for (int d = 0; d < 2; d++) sw[i][d] = take(&cur, with_swizzle ? len[2 * d + 1] : 0);
+        for (int k = 0; k < 4; k++) l.so[i][k] = take(&cur, len[k]);
+        for (int d = 0; d < 2; d++) l.sw[i][d] = take(&cur, l.with_swizzle ? len[2 * d + 1] : 0);
     }
     f->arena = cur;
     ETP_OK(etp_mem_alloc(f->ctx, cur, ETP_MEM_USER, (void **)&f->dev));
@@ -211,21 +289,22 @@ static void run_config(fx_t *f, etp_quantizer_config_t cfg, uint64_t tag)
     uint8_t *got = malloc(cur - f->out_begin), *want = malloc(cur - f->out_begin);
     uint8_t *d = f->dev;
     for (size_t i = 0; i < n; i++) {
-        in[i].data = d + sx[i].off;
-        out[i] = (etp_quant_output_t){d + so[i][0].off, so[i][0].bytes, d + so[i][1].off,
-                                      so[i][1].bytes, d + so[i][2].off, so[i][2].bytes,
-                                      d + so[i][3].off, so[i][3].bytes};
-        rm[i] = (etp_quant_scales_t){in[i].rows, in[i].cols, d + so[i][1].off, so[i][1].bytes,
-                                     d + so[i][3].off, so[i][3].bytes};
-        swz[i] = (etp_quant_scales_t){in[i].rows, in[i].cols, d + sw[i][0].off, sw[i][0].bytes,
-                                      d + sw[i][1].off, sw[i][1].bytes};
+        const slot_t *so = l.so[i], *sw = l.sw[i];
+        const etp_quant_input_t *in = &l.in[i];
+        l.in[i].data = d + l.sx[i].off;
+        out[i] = (etp_quant_output_t){d + so[0].off, so[0].bytes, d + so[1].off, so[1].bytes,
+                                      d + so[2].off, so[2].bytes, d + so[3].off, so[3].bytes};
+        rm[i] = (etp_quant_scales_t){in->rows, in->cols, d + so[1].off, so[1].bytes,
+                                     d + so[3].off, so[3].bytes};
+        swz[i] = (etp_quant_scales_t){in->rows, in->cols, d + sw[0].off, sw[0].bytes,
+                                      d + sw[1].off, sw[1].bytes};
     }
     int32_t *noop = (int32_t *)(d + s_noop.off);
     ETP_OK(etp_quantizer_set_noop_flag(q, noop));
-    step_t st = {q, n, in, out, (float *)(d + s_amax.off), with_swizzle ? rm : NULL, swz};
+    step_t st = {q, n, l.in, out, (float *)(d + l.amax.off), l.with_swizzle ? rm : NULL, swz};
 
     /* capture: nothing runs */
-    upload_inputs(f, n, sx, in, tag, 0);
+    upload_inputs(f, n, l.sx, l.in, tag, 0);
     poison_outputs(f);
     etp_graph_t *graph = NULL;
     ETP_OK(etp_stream_begin_capture(f->s));
@@ -235,12 +314,14 @@ static void run_config(fx_t *f, etp_quantizer_config_t cfg, uint64_t tag)
     poison_pattern(want, cur - f->out_begin);
     expect_same(got, want, cur - f->out_begin, "after the capture (nothing may run)", tag, 0);
 
-    /* replays on new data equal eager runs on it */
+    /* replays on new data, and eager runs of the same calls on it, equal
+     * the host reference; the no-op flag's pointer is set throughout, its
+     * value 0 but on one step */
     for (uint64_t step = 1; step <= REPLAYS + 2; step++) {
         const int noop_step = step == REPLAYS + 1;
         const int32_t flag = noop_step;
         memcpy(f->host + s_noop.off, &flag, sizeof flag);
-        upload_inputs(f, n, sx, in, tag, step);
+        upload_inputs(f, n, l.sx, l.in, tag, step);
         poison_outputs(f);
         ETP_OK(etp_graph_launch(graph, f->s));
         down(f, got);
@@ -250,14 +331,13 @@ static void run_config(fx_t *f, etp_quantizer_config_t cfg, uint64_t tag)
             expect_same(got, want, cur - f->out_begin, "replay with the no-op flag set", tag, step);
             continue;
         }
+        /* the step after the no-op one: clearing the flag quantizes again */
+        reference_image(f, &cfg, &l, tag, step, want);
+        expect_same(got, want, cur - f->out_begin, "replay vs the host reference", tag, step);
         poison_outputs(f);
         step_calls(f, &st);
-        down(f, want);
-        expect_same(got, want, cur - f->out_begin, "replay vs eager", tag, step);
-        /* and the step did quantize: the first tensor's amax left the poison */
-        uint8_t poison[4];
-        poison_pattern(poison, sizeof poison);
-        assert_true(memcmp(got, poison, 4) != 0 || cfg.format == ETP_QUANT_MXFP8);
+        down(f, got);
+        expect_same(got, want, cur - f->out_begin, "eager run vs the host reference", tag, step);
     }
 
     ETP_OK(etp_graph_destroy(graph));

@@ -2,10 +2,12 @@
  * etp_quant_swizzle_scales on the host backend (label quant; eager and
  * shuffle streams):
  * - swizzling the row-major scales of a cast equals the cast with
- *   swizzle_scales = 1, and unswizzling that equals the row-major cast (the
- *   cast's own layout code is the independent path), for NVFP4 (1D, 2D) and
- *   MXFP8 (E4M3, E5M2), every direction set, random shapes whose rows and
- *   columns are not multiples of 128 or 4, empty tensors included;
+ *   swizzle_scales = 1, and unswizzling that equals the row-major cast, for
+ *   NVFP4 (1D, 2D) and MXFP8 (E4M3, E5M2), every direction set, random
+ *   shapes whose rows and columns are not multiples of 128 or 4, empty
+ *   tensors included; the swizzle and the swizzled cast share the library's
+ *   layout code (etp__qf_scale_offset), so the swizzled cast is also checked
+ *   entry by entry against the row-major cast through the formula below;
  * - on random bytes (padding not zero), every entry lands where the formula
  *   of docs/FORMATS.md, written again here, puts it, and unswizzle inverts
  *   swizzle; more matrices than one launch holds;
@@ -134,6 +136,49 @@ static void scales_equal(const scales_t *got, const scales_t *want, const char *
     }
 }
 
+/* ---- the formula ------------------------------------------------------------- */
+
+/* docs/FORMATS.md: entry (r, c) of a swizzled matrix of C block columns. */
+static size_t formula(size_t r, size_t c, size_t C)
+{
+    return ((r / 128) * (C / 4) + c / 4) * 512 + (r % 32) * 16 + ((r / 32) % 4) * 4 + c % 4;
+}
+
+/* Where stored entry (r, c) of a rows x cols matrix goes: MXFP8 columnwise
+ * is stored [M blocks, K] and swizzled as its transpose [K, M blocks]. */
+static size_t swizzled_at(size_t r, size_t c, size_t rows, size_t cols, int mxfp8_col)
+{
+    return mxfp8_col ? formula(c, r, rows) : formula(r, c, cols);
+}
+
+/* Every entry of each row-major matrix of rm is where the formula puts it in
+ * the matching matrix of sw (a bijection onto the padded matrix: every byte
+ * of sw is checked), and sw's guard bytes are untouched. */
+static void expect_swizzled(const scales_t *rm, const scales_t *sw, int mxfp8, const char *what,
+                            uint64_t tag)
+{
+    for (size_t i = 0; i < rm->n; i++) {
+        const etp_quant_sizes_t *z = &rm->sz[i];
+        for (int d = 0; d < 2; d++) {
+            const size_t R = d ? z->columnwise_scale_rows : z->rowwise_scale_rows;
+            const size_t C = d ? z->columnwise_scale_cols : z->rowwise_scale_cols;
+            const uint8_t *a = d ? rm->sc[i].columnwise : rm->sc[i].rowwise;
+            const uint8_t *b = d ? sw->sc[i].columnwise : sw->sc[i].rowwise;
+            assert_int_equal(R * C, d ? sw->sc[i].columnwise_bytes : sw->sc[i].rowwise_bytes);
+            for (size_t r = 0; r < R; r++)
+                for (size_t c = 0; c < C; c++)
+                    if (b[swizzled_at(r, c, R, C, mxfp8 && d)] != a[r * C + c]) {
+                        print_error("config %llu tensor %zu [%zu, %zu] %s %s: entry (%zu, %zu) of "
+                                    "[%zu, %zu] not at its swizzled place\n",
+                                    (unsigned long long)tag, i, rm->sc[i].rows, rm->sc[i].cols, what,
+                                    d ? "columnwise" : "rowwise", r, c, R, C);
+                        fail();
+                    }
+            assert_int_equal(b[R * C], 0xA5);
+        }
+    }
+}
+
 /* ---- against the cast ------------------------------------------------------ */
 
 static float value_of(uint64_t tag, size_t i, size_t e)
@@ -191,6 +236,9 @@ static void run_cast_config(fx_t *f, etp_quantizer_config_t cfg, size_t n, uint6
     ETP_OK(etp_stream_synchronize(f->s));
     scales_equal(&swz, &cast[1], "swizzle(row-major cast) vs swizzled cast", tag);
     scales_equal(&back, &cast[0], "unswizzle(swizzled cast) vs row-major cast", tag);
+    /* the path independent of the library's layout code */
+    expect_swizzled(&cast[0], &cast[1], cfg.format == ETP_QUANT_MXFP8,
+                    "swizzled cast vs the formula on the row-major cast", tag);
     /* and back from our own swizzle */
     scales_poison(&back);
     ETP_OK(etp_quant_swizzle_scales(q[1], n, swz.sc, back.sc, ETP_QUANT_UNSWIZZLE, f->s));
@@ -232,20 +280,7 @@ static void test_swizzle_equals_cast(void **state)
             }
 }
 
-/* ---- against the formula ----------------------------------------------------- */
-
-/* docs/FORMATS.md: entry (r, c) of a swizzled matrix of C block columns. */
-static size_t formula(size_t r, size_t c, size_t C)
-{
-    return ((r / 128) * (C / 4) + c / 4) * 512 + (r % 32) * 16 + ((r / 32) % 4) * 4 + c % 4;
-}
-
-/* Where stored entry (r, c) of a rows x cols matrix goes: MXFP8 columnwise
- * is stored [M blocks, K] and swizzled as its transpose [K, M blocks]. */
-static size_t swizzled_at(size_t r, size_t c, size_t rows, size_t cols, int mxfp8_col)
-{
-    return mxfp8_col ? formula(c, r, rows) : formula(r, c, cols);
-}
+/* ---- random bytes against the formula ---------------------------------------- */
 
 static void run_bytes_config(fx_t *f, etp_quantizer_config_t cfg, size_t n, uint64_t tag)
 {
@@ -265,26 +300,7 @@ static void run_bytes_config(fx_t *f, etp_quantizer_config_t cfg, size_t n, uint
     }
     ETP_OK(etp_quant_swizzle_scales(q, n, rm.sc, swz.sc, ETP_QUANT_SWIZZLE, f->s));
     ETP_OK(etp_stream_synchronize(f->s));
-    for (size_t i = 0; i < n; i++) {
-        const etp_quant_sizes_t *z = &rm.sz[i];
-        for (int d = 0; d < 2; d++) {
-            const size_t R = d ? z->columnwise_scale_rows : z->rowwise_scale_rows;
-            const size_t C = d ? z->columnwise_scale_cols : z->rowwise_scale_cols;
-            const uint8_t *a = d ? rm.sc[i].columnwise : rm.sc[i].rowwise;
-            const uint8_t *b = d ? swz.sc[i].columnwise : swz.sc[i].rowwise;
-            const int mxcol = d && cfg.format == ETP_QUANT_MXFP8;
-            for (size_t r = 0; r < R; r++)
-                for (size_t c = 0; c < C; c++)
-                    if (b[swizzled_at(r, c, R, C, mxcol)] != a[r * C + c]) {
-                        print_error("config %llu tensor %zu [%zu, %zu] %s: entry (%zu, %zu) of "
-                                    "[%zu, %zu] not at its swizzled place\n",
-                                    (unsigned long long)tag, i, rows[i], cols[i],
-                                    d ? "columnwise" : "rowwise", r, c, R, C);
-                        fail();
-                    }
-            assert_int_equal(b[R * C], 0xA5);
-        }
-    }
+    expect_swizzled(&rm, &swz, cfg.format == ETP_QUANT_MXFP8, "swizzle(random bytes)", tag);
     ETP_OK(etp_quant_swizzle_scales(q, n, swz.sc, back.sc, ETP_QUANT_UNSWIZZLE, f->s));
     ETP_OK(etp_stream_synchronize(f->s));
     scales_equal(&back, &rm, "unswizzle(swizzle(random bytes))", tag);
