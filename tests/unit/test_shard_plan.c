@@ -1,5 +1,6 @@
 /* The ticket planner on random chains: tickets within depth never share a
- * slot, slots hold their tenants, and the bytes are near the lower bound. */
+ * slot, slots hold their tenants and are no larger than the largest of
+ * them, and the bytes are at least the lower bound. */
 #include "test_util.h"
 #include "shard/shard_internal.h"
 
@@ -23,6 +24,14 @@ static void check_plan(const size_t *bytes, int n, int depth)
     }
     assert_int_equal(lb, window_max); /* computed independently here */
     assert_true(total >= lb);
+    /* and no slot is larger than its largest tenant: with depth + 1 slots
+     * (below) the total is at most (depth + 1) x the largest ticket */
+    for (int s = 0; s < ns; s++) {
+        size_t tenant_max = 0;
+        for (int i = 0; i < n; i++)
+            if (slot[i] == s && bytes[i] > tenant_max) tenant_max = bytes[i];
+        assert_int_equal(sb[s], tenant_max);
+    }
     /* a slot is always free once depth + 1 exist: no more are made */
     assert_int_equal(ns, n < depth + 1 ? n : depth + 1);
 }
