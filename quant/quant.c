@@ -241,6 +241,14 @@ static etp_status_t check_call(etp_quantizer_t *q, size_t n, const void *list, c
     return etp__ctx_usable(q->ctx, fn);
 }
 
+static etp_status_t check_amax_aligned(const float *amax, const char *name, const char *fn)
+{
+    if ((uintptr_t)amax % sizeof *amax)
+        return etp__err(ETP_ERR_INVALID_ARGUMENT, "%s: %s %p is not 4-byte aligned (FP32)", fn,
+                        name, (const void *)amax);
+    return ETP_SUCCESS;
+}
+
 static etp_status_t check_amax(const float *amax, size_t amax_count, size_t n, const char *name,
                                const char *fn)
 {
@@ -251,10 +259,7 @@ static etp_status_t check_amax(const float *amax, size_t amax_count, size_t n, c
     if (n > 0 && !amax)
         return etp__err(ETP_ERR_INVALID_ARGUMENT, "%s: argument '%s' is NULL with n = %zu", fn,
                         name, n);
-    if ((uintptr_t)amax % sizeof *amax)
-        return etp__err(ETP_ERR_INVALID_ARGUMENT, "%s: %s %p is not 4-byte aligned (FP32)", fn,
-                        name, (const void *)amax);
-    return ETP_SUCCESS;
+    return check_amax_aligned(amax, name, fn);
 }
 
 /* Elements are read and written whole (a misaligned pointer is a fault on
@@ -439,9 +444,7 @@ etp_status_t etp_quant_amax_allreduce(etp_group_t *group, int role, float *amax,
     ETP__CHECK_NULL(stream, fn);
     if (n > 0 && !amax)
         return etp__err(ETP_ERR_INVALID_ARGUMENT, "%s: argument 'amax' is NULL with n = %zu", fn, n);
-    if ((uintptr_t)amax % sizeof *amax)
-        return etp__err(ETP_ERR_INVALID_ARGUMENT, "%s: amax %p is not 4-byte aligned (FP32)", fn,
-                        (void *)amax);
+    ETP__TRY(check_amax_aligned(amax, "amax", fn));
     /* one collective for all n: the point of the split phases */
     return etp_allreduce(group, role, amax, amax, n, ETP_DTYPE_F32, ETP_REDOP_MAX, stream);
 }

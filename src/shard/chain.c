@@ -505,6 +505,8 @@ etp_status_t etp__chain_on_update(etp_param_t *p, etp_stream_t *s)
         for (int i = 0; i < c->ntickets; i++) c->tickets[i].state = ETP__TICKET_IDLE;
         c->early_step = 1;
     }
+    /* a captured update's prefetch uses the chain's slots */
+    ETP__TRY(etp__capture_note(p->ctx, &c->graph_refs, s));
     /* Issued already (an update before): again, after this update. */
     return issue(c, t, s);
 }

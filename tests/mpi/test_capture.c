@@ -138,6 +138,74 @@ static void test_capture_refuses_user_allocation(void **state)
     ETP_OK(etp_context_destroy(ctx));
 }
 
+/* One of each object that owns memory, a communicator or a stream, for the
+ * capture tests below: a group, a chain of one F32 parameter [4 R, 8], a
+ * quantizer, an EP group and layer, on a fresh context. */
+typedef struct {
+    etp_context_t *ctx;
+    etp_group_t *world, *grp;
+    etp_stream_t *s;
+    etp_chain_t *chain;
+    etp_param_t *prm;
+    etp_quantizer_t *q;
+    etp_ep_group_t *ep;
+    etp_ep_layer_t *ly;
+} objs_t;
+
+/* An F32 parameter [4 R, 8] on grp, named nm. */
+static etp_param_t *make_param(etp_context_t *ctx, etp_group_t *grp, const char *nm)
+{
+    etp_param_config_t pc = ETP_PARAM_CONFIG_INIT;
+    pc.name = nm;
+    pc.group = grp;
+    pc.rows = 4 * g_size;
+    pc.cols = 8;
+    pc.dtype = ETP_DTYPE_F32;
+    etp_param_t *p = NULL;
+    ETP_OK(etp_param_create(ctx, &pc, &p));
+    return p;
+}
+
+static void objs_make(objs_t *o, int mode)
+{
+    o->ctx = ctx_for(mode);
+    ETP_OK(etp_context_world(o->ctx, &o->world));
+    etp_group_config_t gc = ETP_GROUP_CONFIG_INIT;
+    gc.num_roles = 2;
+    ETP_OK(etp_group_split(o->world, 0, g_rank, &gc, &o->grp));
+    ETP_OK(etp_stream_create(o->ctx, ETP_STREAM_PRIORITY_NORMAL, &o->s));
+    etp_chain_config_t cc = ETP_CHAIN_CONFIG_INIT;
+    cc.name = "c";
+    cc.group = o->grp;
+    ETP_OK(etp_chain_create(o->ctx, &cc, &o->chain));
+    o->prm = make_param(o->ctx, o->grp, "w");
+    ETP_OK(etp_chain_add(o->chain, o->prm));
+    ETP_OK(etp_chain_finalize(o->chain));
+    etp_quantizer_config_t qc = ETP_QUANTIZER_CONFIG_INIT;
+    ETP_OK(etp_quantizer_create(o->ctx, &qc, &o->q));
+    etp_ep_group_config_t ec = ETP_EP_GROUP_CONFIG_INIT;
+    ec.num_experts = 2 * g_size;
+    ec.hidden = 16;
+    ec.max_tokens_per_rank = 8;
+    ec.max_topk = 1;
+    ec.recv_capacity_per_rank = 8 * g_size;
+    ETP_OK(etp_ep_group_create(o->world, &ec, &o->ep));
+    etp_ep_layer_config_t lc = ETP_EP_LAYER_CONFIG_INIT;
+    ETP_OK(etp_ep_layer_create(o->ep, &lc, &o->ly));
+}
+
+static void objs_destroy(objs_t *o)
+{
+    ETP_OK(etp_ep_layer_destroy(o->ly));
+    ETP_OK(etp_ep_group_destroy(o->ep));
+    ETP_OK(etp_quantizer_destroy(o->q));
+    ETP_OK(etp_chain_destroy(o->chain));
+    ETP_OK(etp_param_destroy(o->prm));
+    ETP_OK(etp_stream_destroy(o->s));
+    ETP_OK(etp_group_destroy(o->grp));
+    ETP_OK(etp_context_destroy(o->ctx));
+}
+
 /* Nothing that frees memory, a communicator or a stream goes during a
  * capture (on CUDA each would be an unsafe call inside it, and the host
  * backend would free what the graph may use): each destroy is refused
@@ -145,48 +213,14 @@ static void test_capture_refuses_user_allocation(void **state)
 static void test_capture_refuses_destroy(void **state)
 {
     (void)state;
-    etp_context_t *ctx = ctx_for(ETP_HOST_STREAMS_SHUFFLE);
-    etp_group_t *world, *grp;
-    etp_stream_t *s, *s2;
-    ETP_OK(etp_context_world(ctx, &world));
-    etp_group_config_t gc = ETP_GROUP_CONFIG_INIT;
-    gc.num_roles = 2;
-    ETP_OK(etp_group_split(world, 0, g_rank, &gc, &grp));
-    ETP_OK(etp_stream_create(ctx, ETP_STREAM_PRIORITY_NORMAL, &s));
+    objs_t o;
+    objs_make(&o, ETP_HOST_STREAMS_SHUFFLE);
+    etp_context_t *ctx = o.ctx;
+    etp_stream_t *s = o.s, *s2;
     ETP_OK(etp_stream_create(ctx, ETP_STREAM_PRIORITY_NORMAL, &s2));
     void *mem = NULL;
     ETP_OK(etp_mem_alloc(ctx, 256, ETP_MEM_USER, &mem));
-    etp_chain_config_t cc = ETP_CHAIN_CONFIG_INIT;
-    cc.name = "c";
-    cc.group = grp;
-    etp_chain_t *chain;
-    ETP_OK(etp_chain_create(ctx, &cc, &chain));
-    etp_param_config_t pc = ETP_PARAM_CONFIG_INIT;
-    pc.name = "w";
-    pc.group = grp;
-    pc.rows = 4 * g_size;
-    pc.cols = 8;
-    pc.dtype = ETP_DTYPE_F32;
-    etp_param_t *prm, *loose;
-    ETP_OK(etp_param_create(ctx, &pc, &prm));
-    ETP_OK(etp_chain_add(chain, prm));
-    ETP_OK(etp_chain_finalize(chain));
-    pc.name = "loose";
-    ETP_OK(etp_param_create(ctx, &pc, &loose));
-    etp_quantizer_config_t qc = ETP_QUANTIZER_CONFIG_INIT;
-    etp_quantizer_t *q;
-    ETP_OK(etp_quantizer_create(ctx, &qc, &q));
-    etp_ep_group_config_t ec = ETP_EP_GROUP_CONFIG_INIT;
-    ec.num_experts = 2 * g_size;
-    ec.hidden = 16;
-    ec.max_tokens_per_rank = 8;
-    ec.max_topk = 1;
-    ec.recv_capacity_per_rank = 8 * g_size;
-    etp_ep_group_t *ep;
-    ETP_OK(etp_ep_group_create(world, &ec, &ep));
-    etp_ep_layer_config_t lc = ETP_EP_LAYER_CONFIG_INIT;
-    etp_ep_layer_t *ly;
-    ETP_OK(etp_ep_layer_create(ep, &lc, &ly));
+    etp_param_t *loose = make_param(ctx, o.grp, "loose"); /* in no chain */
     etp_memory_report_t before = ETP_MEMORY_REPORT_INIT, after = ETP_MEMORY_REPORT_INIT;
     ETP_OK(etp_memory_report(ctx, &before));
 
@@ -194,12 +228,12 @@ static void test_capture_refuses_destroy(void **state)
     ETP_EXPECT_MSG(etp_mem_free(ctx, mem), ETP_ERR_INVALID_STATE, "capture");
     ETP_EXPECT_MSG(etp_stream_destroy(s2), ETP_ERR_INVALID_STATE, "capture");
     ETP_EXPECT_MSG(etp_stream_destroy(s), ETP_ERR_INVALID_STATE, "capture");
-    ETP_EXPECT_MSG(etp_chain_destroy(chain), ETP_ERR_INVALID_STATE, "capture");
+    ETP_EXPECT_MSG(etp_chain_destroy(o.chain), ETP_ERR_INVALID_STATE, "capture");
     ETP_EXPECT_MSG(etp_param_destroy(loose), ETP_ERR_INVALID_STATE, "capture");
-    ETP_EXPECT_MSG(etp_quantizer_destroy(q), ETP_ERR_INVALID_STATE, "capture");
-    ETP_EXPECT_MSG(etp_ep_layer_destroy(ly), ETP_ERR_INVALID_STATE, "capture");
-    ETP_EXPECT_MSG(etp_ep_group_destroy(ep), ETP_ERR_INVALID_STATE, "capture");
-    ETP_EXPECT_MSG(etp_group_destroy(grp), ETP_ERR_INVALID_STATE, "capture");
+    ETP_EXPECT_MSG(etp_quantizer_destroy(o.q), ETP_ERR_INVALID_STATE, "capture");
+    ETP_EXPECT_MSG(etp_ep_layer_destroy(o.ly), ETP_ERR_INVALID_STATE, "capture");
+    ETP_EXPECT_MSG(etp_ep_group_destroy(o.ep), ETP_ERR_INVALID_STATE, "capture");
+    ETP_EXPECT_MSG(etp_group_destroy(o.grp), ETP_ERR_INVALID_STATE, "capture");
     ETP_EXPECT_MSG(etp_context_destroy(ctx), ETP_ERR_INVALID_STATE, "capture");
     etp_graph_t *g = NULL;
     ETP_OK(etp_stream_end_capture(s, &g));
@@ -215,26 +249,19 @@ static void test_capture_refuses_destroy(void **state)
     float full[4 * 8 * 64];
     assert_true(g_size <= 64);
     for (int i = 0; i < 4 * 8 * g_size; i++) full[i] = (float)(tu_rand(g_seed, 7, 0, (uint64_t)i) % 1000);
-    ETP_OK(etp_param_load_full(prm, full, s));
+    ETP_OK(etp_param_load_full(o.prm, full, s));
     etp_weight_view_t v = ETP_WEIGHT_VIEW_INIT;
-    ETP_OK(etp_gather(prm, ETP_PASS_FORWARD, s, &v));
+    ETP_OK(etp_gather(o.prm, ETP_PASS_FORWARD, s, &v));
     ETP_OK(etp_stream_synchronize(s));
     for (int r = 0; r < g_size; r++)
         for (int i = 0; i < 4 * 8; i++) assert_true(((const float *)v.data)[r * 32 + i] == full[r * 32 + i]);
-    ETP_OK(etp_release(prm, ETP_PASS_FORWARD, s));
+    ETP_OK(etp_release(o.prm, ETP_PASS_FORWARD, s));
     ETP_OK(etp_stream_synchronize(s));
 
-    ETP_OK(etp_ep_layer_destroy(ly));
-    ETP_OK(etp_ep_group_destroy(ep));
-    ETP_OK(etp_quantizer_destroy(q));
-    ETP_OK(etp_chain_destroy(chain));
-    ETP_OK(etp_param_destroy(prm));
     ETP_OK(etp_param_destroy(loose));
     ETP_OK(etp_mem_free(ctx, mem));
     ETP_OK(etp_stream_destroy(s2));
-    ETP_OK(etp_stream_destroy(s));
-    ETP_OK(etp_group_destroy(grp));
-    ETP_OK(etp_context_destroy(ctx));
+    objs_destroy(&o);
 }
 
 /* A graph holds what its captured calls use: a quantizer's scratch, a
@@ -243,72 +270,29 @@ static void test_capture_refuses_destroy(void **state)
 static void test_graph_holds_objects(void **state)
 {
     (void)state;
-    etp_context_t *ctx = ctx_for(ETP_HOST_STREAMS_EAGER);
-    etp_group_t *world, *grp;
-    etp_stream_t *s;
-    ETP_OK(etp_context_world(ctx, &world));
-    etp_group_config_t gc = ETP_GROUP_CONFIG_INIT;
-    gc.num_roles = 2;
-    ETP_OK(etp_group_split(world, 0, g_rank, &gc, &grp));
-    ETP_OK(etp_stream_create(ctx, ETP_STREAM_PRIORITY_NORMAL, &s));
-    etp_chain_config_t cc = ETP_CHAIN_CONFIG_INIT;
-    cc.name = "c";
-    cc.group = grp;
-    etp_chain_t *chain;
-    ETP_OK(etp_chain_create(ctx, &cc, &chain));
-    etp_param_config_t pc = ETP_PARAM_CONFIG_INIT;
-    pc.name = "w";
-    pc.group = grp;
-    pc.rows = 4 * g_size;
-    pc.cols = 8;
-    pc.dtype = ETP_DTYPE_F32;
-    etp_param_t *prm;
-    ETP_OK(etp_param_create(ctx, &pc, &prm));
-    ETP_OK(etp_chain_add(chain, prm));
-    ETP_OK(etp_chain_finalize(chain));
-    etp_quantizer_config_t qc = ETP_QUANTIZER_CONFIG_INIT;
-    etp_quantizer_t *q;
-    ETP_OK(etp_quantizer_create(ctx, &qc, &q));
-    etp_ep_group_config_t ec = ETP_EP_GROUP_CONFIG_INIT;
-    ec.num_experts = 2 * g_size;
-    ec.hidden = 16;
-    ec.max_tokens_per_rank = 8;
-    ec.max_topk = 1;
-    ec.recv_capacity_per_rank = 8 * g_size;
-    etp_ep_group_t *ep;
-    ETP_OK(etp_ep_group_create(world, &ec, &ep));
-    etp_ep_layer_config_t lc = ETP_EP_LAYER_CONFIG_INIT;
-    etp_ep_layer_t *ly;
-    ETP_OK(etp_ep_layer_create(ep, &lc, &ly));
+    objs_t o;
+    objs_make(&o, ETP_HOST_STREAMS_EAGER);
     float x[32], amax = -1.0f;
     for (int i = 0; i < 32; i++) x[i] = (float)(tu_rand(g_seed, 11, (uint64_t)g_rank, (uint64_t)i) % 1000) - 500.0f;
     const etp_quant_input_t in = {x, ETP_DTYPE_F32, 4, 8};
 
     etp_graph_t *g = NULL;
-    ETP_OK(etp_stream_begin_capture(s));
-    ETP_OK(etp_quant_multi_amax(q, 1, &in, &amax, NULL, 1, s));
-    ETP_OK(etp_zero_grad(chain, s));
-    ETP_OK(etp_wait_grads(chain, s));
-    ETP_OK(etp_ep_reset_report(ly, s));
-    ETP_OK(etp_stream_end_capture(s, &g));
-    ETP_EXPECT_MSG(etp_quantizer_destroy(q), ETP_ERR_BUSY, "1 graph(s)");
-    ETP_EXPECT_MSG(etp_chain_destroy(chain), ETP_ERR_BUSY, "1 graph(s)");
-    ETP_EXPECT_MSG(etp_ep_layer_destroy(ly), ETP_ERR_BUSY, "1 graph(s)");
-    ETP_OK(etp_graph_launch(g, s)); /* all still there */
-    ETP_OK(etp_stream_synchronize(s));
+    ETP_OK(etp_stream_begin_capture(o.s));
+    ETP_OK(etp_quant_multi_amax(o.q, 1, &in, &amax, NULL, 1, o.s));
+    ETP_OK(etp_zero_grad(o.chain, o.s));
+    ETP_OK(etp_wait_grads(o.chain, o.s));
+    ETP_OK(etp_ep_reset_report(o.ly, o.s));
+    ETP_OK(etp_stream_end_capture(o.s, &g));
+    ETP_EXPECT_MSG(etp_quantizer_destroy(o.q), ETP_ERR_BUSY, "1 graph(s)");
+    ETP_EXPECT_MSG(etp_chain_destroy(o.chain), ETP_ERR_BUSY, "1 graph(s)");
+    ETP_EXPECT_MSG(etp_ep_layer_destroy(o.ly), ETP_ERR_BUSY, "1 graph(s)");
+    ETP_OK(etp_graph_launch(g, o.s)); /* all still there */
+    ETP_OK(etp_stream_synchronize(o.s));
     float want = 0.0f;
     for (int i = 0; i < 32; i++) want = fabsf(x[i]) > want ? fabsf(x[i]) : want;
     assert_true(amax == want);
     ETP_OK(etp_graph_destroy(g));
-
-    ETP_OK(etp_ep_layer_destroy(ly));
-    ETP_OK(etp_ep_group_destroy(ep));
-    ETP_OK(etp_quantizer_destroy(q));
-    ETP_OK(etp_chain_destroy(chain));
-    ETP_OK(etp_param_destroy(prm));
-    ETP_OK(etp_stream_destroy(s));
-    ETP_OK(etp_group_destroy(grp));
-    ETP_OK(etp_context_destroy(ctx));
+    objs_destroy(&o);
 }
 
 /* A captured all-reduce reduces what the buffers hold at each launch; its
