@@ -76,6 +76,13 @@ if(ETP_WITH_CUDA AND ETP_WITH_MPI)
               ${MPIEXEC_PREFLAGS} $<TARGET_FILE:test_quant_gpu> ${MPIEXEC_POSTFLAGS})
     set_tests_properties(test_quant_gpu_np1_cast2 PROPERTIES LABELS "gpu;quant"
       ENVIRONMENT "${ETP_TEST_ENV};NCCL_NVLS_ENABLE=0;ETP_QUANT_CAST_KERNEL=2" TIMEOUT 600)
+    # The general v3 kernel on the whole-tile MXFP8 batches too, which by
+    # default take their own kernel (ETP_QUANT_CAST_KERNEL=4).
+    add_test(NAME test_quant_gpu_np1_cast3
+      COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 1 --oversubscribe --bind-to none
+              ${MPIEXEC_PREFLAGS} $<TARGET_FILE:test_quant_gpu> ${MPIEXEC_POSTFLAGS})
+    set_tests_properties(test_quant_gpu_np1_cast3 PROPERTIES LABELS "gpu;quant"
+      ENVIRONMENT "${ETP_TEST_ENV};NCCL_NVLS_ENABLE=0;ETP_QUANT_CAST_KERNEL=3" TIMEOUT 600)
   endif()
   # The captured quantize with CUDA graphs; _compact: every NVFP4 16x16
   # row-major cast compacts its scales, so that the expansion kernel is

@@ -12,6 +12,7 @@
 #include "cast_v3_mxfp8.cuh"
 #include "cast_v3_nvfp4.cuh"
 #include "cast_v3_scales.cuh"
+#include "cast_v3_whole.cuh"
 
 namespace etp__qk {
 namespace {
@@ -410,6 +411,11 @@ cudaError_t launch_cast_v3(cudaStream_t s, const etp__qbatch_t *batch, Params &p
         if (e != cudaSuccess) return e;
     }
 #endif
+    if (batch->cast_kernel != 3) { /* whole-tile MXFP8 batches: their own kernel */
+        bool done = false;
+        const cudaError_t e = launch_whole_v3(s, batch, p, &done);
+        if (e != cudaSuccess || done) return e;
+    }
     void *args[] = {&p};
     const bool nv = batch->format == ETP__QB_NVFP4;
     const bool wide = !nv && !batch->swizzle; /* square MXFP8 tiles: swizzled scales only */

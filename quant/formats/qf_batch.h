@@ -50,8 +50,10 @@ typedef struct etp__qbatch {
     uint32_t direction;           /* DEQUANT: ETP_QUANT_ROWWISE or ETP_QUANT_COLUMNWISE */
     uint32_t sms;                 /* the device's multiprocessor count (read once, at
                                      quantizer creation), to size grids; 0: unknown */
-    uint32_t cast_kernel;         /* CAST on CUDA: 2 runs the previous kernel (cast_kernel_v2),
-                                     anything else the current one (ETP_QUANT_CAST_KERNEL) */
+    uint32_t cast_kernel;         /* CAST on CUDA: 2 runs the previous kernel (cast_kernel_v2), 3
+                                     the general v3 for every batch, anything else v3 with
+                                     whole-tile MXFP8 batches in their own kernel
+                                     (ETP_QUANT_CAST_KERNEL) */
     uint32_t clusters;            /* CAST on CUDA: the NVFP4 cast's thread-block clusters the device
                                      holds at once (read at quantizer creation); 0: no clusters
                                      (before sm_90, or ETP_QUANT_CAST_CLUSTERS=0) */

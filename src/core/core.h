@@ -111,7 +111,7 @@ typedef struct etp__env {
     int64_t shuffle_seed;   /* ETP_HOST_SHUFFLE_SEED */
     int nccl_fast_launch;   /* ETP_NCCL_FAST_LAUNCH */
     int copy_engine;        /* ETP_COPY_ENGINE */
-    int quant_cast_kernel;  /* ETP_QUANT_CAST_KERNEL: 2 or 3 */
+    int quant_cast_kernel;  /* ETP_QUANT_CAST_KERNEL: 2, 3 or 4 */
     int quant_launch_sms;   /* ETP_QUANT_LAUNCH_SMS: 0 (the device's count) or a count */
     int quant_cast_clusters; /* ETP_QUANT_CAST_CLUSTERS: 0 or 1 */
     int quant_cast_compact;  /* ETP_QUANT_CAST_COMPACT: 0, 1 or 2 */

@@ -31,9 +31,10 @@ static const etp__env_doc_t env_docs[] = {
      "symmetric windows and their all-gathers and all-to-alls run on the copy engines (NCCL >= "
      "2.28, CTA policy zero: no SMs taken from compute); 2: the same for buffers of any size "
      "(tests); 0: plain memory and NCCL's kernels"},
-    {"ETP_QUANT_CAST_KERNEL", "3",
-     "CUDA cast-only quantization kernel: 3 (register-blocked), or 2 (the previous one, kept as "
-     "a fallback)"},
+    {"ETP_QUANT_CAST_KERNEL", "4",
+     "CUDA cast-only quantization kernel: 4 (register-blocked, with a kernel of its own for "
+     "MXFP8 batches of BF16 tensors made of whole 128 x 512 pieces and row-major scales), 3 "
+     "(register-blocked, one kernel for every shape), or 2 (the first one, kept as a fallback)"},
     {"ETP_QUANT_LAUNCH_SMS", "0",
      "multiprocessors the CUDA quantization kernels size their grids for (0: the device's); "
      "tests set a few, so that the cast's grid-stride loops and runs of tiles meet small tensors"},
@@ -86,7 +87,7 @@ static etp_status_t parse_choice(const char *name, int lo, int hi, const char *e
 
 etp_status_t etp__env_load(etp__env_t *env)
 {
-    etp__env_t e = {ETP_LOG_NONE, ETP_SUBSYS_ALL, 300.0, 0, 0, 0, 1, 1, 3, 0, 1, 1};
+    etp__env_t e = {ETP_LOG_NONE, ETP_SUBSYS_ALL, 300.0, 0, 0, 0, 1, 1, 4, 0, 1, 1};
     const char *v;
 
     if ((v = get("ETP_LOG_LEVEL"))) {
@@ -130,7 +131,7 @@ etp_status_t etp__env_load(etp__env_t *env)
     }
     ETP__TRY(parse_choice("ETP_NCCL_FAST_LAUNCH", 0, 1, "0 or 1", &e.nccl_fast_launch));
     ETP__TRY(parse_choice("ETP_COPY_ENGINE", 0, 2, "0, 1 or 2", &e.copy_engine));
-    ETP__TRY(parse_choice("ETP_QUANT_CAST_KERNEL", 2, 3, "2 or 3", &e.quant_cast_kernel));
+    ETP__TRY(parse_choice("ETP_QUANT_CAST_KERNEL", 2, 4, "2, 3 or 4", &e.quant_cast_kernel));
     ETP__TRY(parse_choice("ETP_QUANT_LAUNCH_SMS", 0, 65536, "0 (the device's) to 65536",
                           &e.quant_launch_sms));
     ETP__TRY(parse_choice("ETP_QUANT_CAST_CLUSTERS", 0, 1, "0 or 1", &e.quant_cast_clusters));

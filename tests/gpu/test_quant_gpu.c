@@ -28,11 +28,25 @@ typedef struct {
     etp_dtype_t dtype;
 } shape_t;
 
+/* Tags from here on draw whole-tile batches: BF16 tensors of 128-row and
+ * 512-column multiples (some empty), which the CUDA MXFP8 cast with
+ * row-major scales and both directions runs in a kernel of its own
+ * (kernels/quant/cast_v3_whole.cuh); tags WHOLE_TAG + 4, + 10, + 16 are
+ * misaligned (run_config), and those with one direction, so that the
+ * general kernel takes them. */
+#define WHOLE_TAG 1000
+
 static shape_t shape_of(const etp_quantizer_config_t *c, int rank, size_t i, uint64_t tag)
 {
     const size_t blk = c->format == ETP_QUANT_NVFP4 ? 16 : 32;
     const uint64_t r = tu_rand(g_seed, tag * 131 + (uint64_t)rank, 1, i);
     shape_t s;
+    if (tag >= WHOLE_TAG) {
+        s.rows = i % 9 == 4 ? 0 : 128 * (1 + r % 3);
+        s.cols = 512 * (1 + (r >> 8) % 2);
+        s.dtype = ETP_DTYPE_BF16;
+        return s;
+    }
     s.rows = 1 + r % 300;
     s.cols = 1 + (r >> 10) % 300;
     if (c->directions & ETP_QUANT_ROWWISE) s.cols = blk * (1 + (r >> 20) % 12);
@@ -236,7 +250,7 @@ static void run_config(gpu_t *g, etp_quantizer_config_t cfg, size_t n, uint64_t 
         sz[i] = (etp_quant_sizes_t)ETP_QUANT_SIZES_INIT;
         ETP_OK(etp_quant_sizes(q, sh[i].rows, sh[i].cols, &sz[i]));
         /* every third config: inputs 4 bytes and data outputs 1 byte off alignment */
-        const size_t mis = tag % 3 == 2 ? 1 : 0;
+        const size_t mis = (tag >= WHOLE_TAG ? (tag - WHOLE_TAG) % 6 == 4 : tag % 3 == 2) ? 1 : 0;
         sx[i] = take_at(&cur, sh[i].rows * sh[i].cols * etp_dtype_size(sh[i].dtype), 4 * mis);
         so[i][0] = take_at(&cur, sz[i].rowwise_data_bytes, mis);
         so[i][1] = take(&cur, sz[i].rowwise_scales_bytes);
@@ -479,6 +493,20 @@ static void test_quant_kernels_match_host(void **state)
                 const size_t n = dirs == 3 && !swz ? 40 : counts[tag % 3]; /* up to 64 */
                 run_config(&g, c, n, tag++);
             }
+    /* whole-tile MXFP8 batches: both element types, special values in
+     * tags 3 mod 4 (j = 3 E5M2, 11 E4M3, 19 E5M2), infinities in 7 mod 8
+     * (j = 7 E5M2, 15 E4M3); j = 2 mod 8 columnwise alone, 6 mod 8
+     * rowwise alone */
+    for (uint64_t j = 0; j < 20; j++) {
+        etp_quantizer_config_t c = ETP_QUANTIZER_CONFIG_INIT;
+        c.format = ETP_QUANT_MXFP8;
+        c.mxfp8_elem = (j + j / 8) % 2 ? ETP_QUANT_ELEM_E5M2 : ETP_QUANT_ELEM_E4M3;
+        c.directions = j % 8 == 2   ? ETP_QUANT_COLUMNWISE
+                       : j % 8 == 6 ? ETP_QUANT_ROWWISE
+                                    : ETP_QUANT_ROWWISE | ETP_QUANT_COLUMNWISE;
+        const size_t wn[] = {64, 7, 1, 20};
+        run_config(&g, c, wn[j % 4], WHOLE_TAG + j);
+    }
     run_amax_many(&g, tag++);
     ETP_OK(etp_stream_destroy(g.s));
     ETP_OK(etp_context_destroy(g.ctx));

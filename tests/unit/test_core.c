@@ -146,7 +146,7 @@ static void test_env_defaults_and_docs(void **state)
     assert_int_equal(e.shuffle_seed, 0);
     assert_int_equal(e.nccl_fast_launch, 1);
     assert_int_equal(e.copy_engine, 1);
-    assert_int_equal(e.quant_cast_kernel, 3);
+    assert_int_equal(e.quant_cast_kernel, 4);
     assert_int_equal(e.quant_launch_sms, 0);
     assert_int_equal(e.quant_cast_clusters, 1);
     assert_int_equal(e.quant_cast_compact, 1);
@@ -198,7 +198,7 @@ static void test_env_rejects_bad_values(void **state)
         {"ETP_TIMEOUT_S", "-1"},          {"ETP_TIMEOUT_S", "soon"},
         {"ETP_CHECK_COLLECTIVES", "2"},   {"ETP_HOST_STREAMS", "lazy"},
         {"ETP_HOST_SHUFFLE_SEED", "-3"},  {"ETP_HOST_SHUFFLE_SEED", "7x"},
-        {"ETP_NCCL_FAST_LAUNCH", "2"}, {"ETP_QUANT_CAST_KERNEL", "1"},
+        {"ETP_NCCL_FAST_LAUNCH", "2"}, {"ETP_QUANT_CAST_KERNEL", "1"}, {"ETP_QUANT_CAST_KERNEL", "5"},
         {"ETP_COPY_ENGINE", "3"},          {"ETP_QUANT_LAUNCH_SMS", "-1"},
         {"ETP_QUANT_LAUNCH_SMS", "many"}, {"ETP_QUANT_CAST_CLUSTERS", "2"},
         {"ETP_QUANT_CAST_COMPACT", "3"},
