@@ -463,9 +463,13 @@ static void test_quant_kernels_match_host(void **state)
     ETP_OK(etp_context_world(g.ctx, &g.world));
     ETP_OK(etp_stream_create(g.ctx, ETP_STREAM_PRIORITY_NORMAL, &g.s));
     uint64_t tag = 0;
+    /* ETP_TEST_QUANT_WHOLE_ONLY=1: the whole-tile batches alone (a
+     * sanitizer run's budget) */
+    const char *whole_only = getenv("ETP_TEST_QUANT_WHOLE_ONLY");
+    const int rest = !(whole_only && strcmp(whole_only, "1") == 0);
     /* tensor counts: 1 to 256 (and 300: two launches) */
     const size_t counts[] = {1, 7, 64, 256, 300, 33};
-    for (int fmt = 0; fmt < 2; fmt++)
+    for (int fmt = 0; fmt < 2 * rest; fmt++)
         for (int var = 0; var < 2; var++)       /* NVFP4: 1D / 2D; MXFP8: E4M3 / E5M2 */
             for (unsigned dirs = 1; dirs <= 3; dirs++)
                 for (int swz = 0; swz < 2; swz++) {
@@ -481,7 +485,7 @@ static void test_quant_kernels_match_host(void **state)
     /* stochastic rounding, both block shapes, every direction set, both
      * scale layouts (columnwise-only tensors have any number of columns,
      * so the random bits' groups of 4 elements start anywhere in a row) */
-    for (int var = 0; var < 2; var++)
+    for (int var = 0; var < 2 * rest; var++)
         for (unsigned dirs = 1; dirs <= 3; dirs++)
             for (int swz = 0; swz < 2; swz++) {
                 etp_quantizer_config_t c = ETP_QUANTIZER_CONFIG_INIT;
@@ -507,7 +511,7 @@ static void test_quant_kernels_match_host(void **state)
         const size_t wn[] = {64, 7, 1, 20};
         run_config(&g, c, wn[j % 4], WHOLE_TAG + j);
     }
-    run_amax_many(&g, tag++);
+    if (rest) run_amax_many(&g, tag++);
     ETP_OK(etp_stream_destroy(g.s));
     ETP_OK(etp_context_destroy(g.ctx));
 }
