@@ -37,7 +37,8 @@ namespace etp__qk {
  *   or above 0x7f80 in BF16) take the general kernel's per-element path
  *   (mx_tile_safe_v3), as there.
  * Geometry, registers' layout, scale staging and write-out are the general
- * wide-tile kernel's (cast_v3_tile.cuh), so outputs are the same bytes. */
+ * wide-tile kernel's (cast_v3_tile.cuh), so outputs are the same bytes.
+ * The measuring build's ETP_QUANT_CAST_DIAG bits leave nothing out here. */
 
 /* resident blocks per SM (launch bounds) and tiles in flight a block; a
  * build may override them to measure */
@@ -53,13 +54,17 @@ constexpr int kWholeDepth = 2;
 #endif
 constexpr size_t kWholeDyn = (size_t)kWholeDepth * 8 * kThreads * sizeof(uint4);
 
-/* Tensor t qualifies for the whole-tile kernel. */
+/* Tensor t qualifies for the whole-tile kernel (an empty one, of any
+ * shape and with any buffers, has no tiles and writes nothing: its scale
+ * arrays have no rows or no columns). */
 __host__ inline bool whole_ok_v3(const etp__qbatch_t *b, const etp__qb_tensor_t &t)
 {
     const auto al = [](const void *q, uintptr_t a) { return (reinterpret_cast<uintptr_t>(q) & (a - 1)) == 0; };
+    if (b->format != ETP__QB_MXFP8 || b->swizzle) return false;
+    if (t.rows == 0 || t.cols == 0) return true;
     return t.dtype == ETP__QB_BF16 && t.rows % 128 == 0 && t.cols % kWideCols == 0 && al(t.x, 16) &&
            t.row_data != nullptr && t.col_data != nullptr && al(t.row_data, 8) && al(t.col_data, 8) &&
-           al(t.row_scales, 4) && al(t.col_scales, 4) && b->format == ETP__QB_MXFP8 && !b->swizzle;
+           al(t.row_scales, 4) && al(t.col_scales, 4);
 }
 
 /* e8m0_round_up(amax * inv) of a finite amax (FP32 bits): the reference's
@@ -213,8 +218,10 @@ __global__ void __launch_bounds__(kThreads, kWholeBlocksPerSm) cast_kernel_whole
             cols_amax_v3<true, 8, 16>(w, a);
             ec = whole_scales_v3(a, qc, g.lane & 7, 8, inv, sc, &bad);
         }
-        /* the stage just read (its values consumed above) takes the tile
-         * kWholeDepth on */
+        /* the stage just read takes the tile kWholeDepth on: its values
+         * are consumed above (the amaxes depend on every word) before the
+         * same thread's copies into it are issued, as the general
+         * kernel's single stage does */
         if (lu + G < total) {
             lu += G;
             ld = whole_tile_v3(p, ld.k, lu, g.lane);

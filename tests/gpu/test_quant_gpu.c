@@ -29,12 +29,31 @@ typedef struct {
 } shape_t;
 
 /* Tags from here on draw whole-tile batches: BF16 tensors of 128-row and
- * 512-column multiples (some empty), which the CUDA MXFP8 cast with
- * row-major scales and both directions runs in a kernel of its own
- * (kernels/quant/cast_v3_whole.cuh); tags WHOLE_TAG + 4, + 10, + 16 are
- * misaligned (run_config), and those with one direction, so that the
- * general kernel takes them. */
+ * 512-column multiples (some empty, of any shape), which the CUDA MXFP8
+ * cast with row-major scales and both directions runs in a kernel of its
+ * own (kernels/quant/cast_v3_whole.cuh); WHOLE_TAG + 4, + 10, + 16 have one
+ * buffer misaligned each (input, rowwise data, columnwise data:
+ * whole_mis), and those with one direction, so that the general kernel
+ * takes them. WHOLE_TAG + 20: 256 tensors of [128, 512], so that a block's
+ * next tile lies more than 32 tensors on (the search's second round) and
+ * the search meets the batch's end. */
 #define WHOLE_TAG 1000
+
+/* The buffer a whole-tile config misaligns: 0 none, 1 the input (4 bytes),
+ * 2 the rowwise data, 3 the columnwise data (1 byte). */
+static int whole_mis(uint64_t tag)
+{
+    const uint64_t j = tag - WHOLE_TAG;
+    return j % 6 == 4 ? 1 + (int)(j / 6) % 3 : 0;
+}
+
+/* Whole-tile configs j = 0 mod 3 fill bands of 32 rows with zeros (both
+ * signs), BF16 subnormals and tiny normals: blocks of amax 0 and with
+ * multipliers 1 and 2^126 beside the ordinary ones. */
+static int whole_bands(uint64_t tag)
+{
+    return tag >= WHOLE_TAG && (tag - WHOLE_TAG) % 3 == 0;
+}
 
 static shape_t shape_of(const etp_quantizer_config_t *c, int rank, size_t i, uint64_t tag)
 {
@@ -42,8 +61,13 @@ static shape_t shape_of(const etp_quantizer_config_t *c, int rank, size_t i, uin
     const uint64_t r = tu_rand(g_seed, tag * 131 + (uint64_t)rank, 1, i);
     shape_t s;
     if (tag >= WHOLE_TAG) {
-        s.rows = i % 9 == 4 ? 0 : 128 * (1 + r % 3);
-        s.cols = 512 * (1 + (r >> 8) % 2);
+        const int tiny = tag == WHOLE_TAG + 20;
+        s.rows = i % 9 == 4 ? 0 : tiny ? 128 : 128 * (1 + r % 3);
+        s.cols = tiny ? 512 : 512 * (1 + (r >> 8) % 2);
+        if (i % 11 == 6) { /* empty, and of no whole shape (96 rows: blocks of 32) */
+            s.rows = 96;
+            s.cols = 0;
+        }
         s.dtype = ETP_DTYPE_BF16;
         return s;
     }
@@ -109,7 +133,14 @@ static float value_of(int rank, size_t i, size_t e, uint64_t tag)
 static void fill(void *x, const shape_t *s, int rank, size_t i, uint64_t tag)
 {
     for (size_t e = 0; e < s->rows * s->cols; e++) {
-        const float f = value_of(rank, i, e, tag);
+        float f = value_of(rank, i, e, tag);
+        if (whole_bands(tag)) {
+            const size_t band = e / s->cols / 32 % 8;
+            const uint64_t r = tu_rand(g_seed, tag, 7 + i, e);
+            if (band == 1) f = r & 1 ? -0.0f : 0.0f;
+            if (band == 3) f = (r & 1 ? -1.0f : 1.0f) * ldexpf(0.5f + (float)(r >> 40 & 0xff) / 512.0f, -127 - (int)(r >> 8) % 7);
+            if (band == 5) f = (r & 1 ? -1.0f : 1.0f) * ldexpf(0.5f + (float)(r >> 40 & 0xff) / 512.0f, -118 - (int)(r >> 8) % 8);
+        }
         if (s->dtype == ETP_DTYPE_BF16)
             ((uint16_t *)x)[e] = etp__qf_f32_to_bf16(f);
         else
@@ -250,11 +281,12 @@ static void run_config(gpu_t *g, etp_quantizer_config_t cfg, size_t n, uint64_t 
         sz[i] = (etp_quant_sizes_t)ETP_QUANT_SIZES_INIT;
         ETP_OK(etp_quant_sizes(q, sh[i].rows, sh[i].cols, &sz[i]));
         /* every third config: inputs 4 bytes and data outputs 1 byte off alignment */
-        const size_t mis = (tag >= WHOLE_TAG ? (tag - WHOLE_TAG) % 6 == 4 : tag % 3 == 2) ? 1 : 0;
-        sx[i] = take_at(&cur, sh[i].rows * sh[i].cols * etp_dtype_size(sh[i].dtype), 4 * mis);
-        so[i][0] = take_at(&cur, sz[i].rowwise_data_bytes, mis);
+        const size_t mis = tag < WHOLE_TAG && tag % 3 == 2 ? 1 : 0;
+        const int wm = tag >= WHOLE_TAG ? whole_mis(tag) : 0;
+        sx[i] = take_at(&cur, sh[i].rows * sh[i].cols * etp_dtype_size(sh[i].dtype), 4 * (mis || wm == 1));
+        so[i][0] = take_at(&cur, sz[i].rowwise_data_bytes, mis || wm == 2);
         so[i][1] = take(&cur, sz[i].rowwise_scales_bytes);
-        so[i][2] = take_at(&cur, sz[i].columnwise_data_bytes, mis);
+        so[i][2] = take_at(&cur, sz[i].columnwise_data_bytes, mis || wm == 3);
         so[i][3] = take(&cur, sz[i].columnwise_scales_bytes);
         sy[i] = take(&cur, sh[i].rows * sh[i].cols * 4);
     }
@@ -499,17 +531,18 @@ static void test_quant_kernels_match_host(void **state)
             }
     /* whole-tile MXFP8 batches: both element types, special values in
      * tags 3 mod 4 (j = 3 E5M2, 11 E4M3, 19 E5M2), infinities in 7 mod 8
-     * (j = 7 E5M2, 15 E4M3); j = 2 mod 8 columnwise alone, 6 mod 8
-     * rowwise alone */
-    for (uint64_t j = 0; j < 20; j++) {
+     * (j = 7 E5M2, 15 E4M3), bands of zeros and tiny values in j = 0 mod 3
+     * (E4M3 and E5M2, 1 to 256 tensors); j = 1 mod 8 columnwise alone,
+     * 5 mod 8 rowwise alone */
+    for (uint64_t j = 0; j < 21; j++) {
         etp_quantizer_config_t c = ETP_QUANTIZER_CONFIG_INIT;
         c.format = ETP_QUANT_MXFP8;
         c.mxfp8_elem = (j + j / 8) % 2 ? ETP_QUANT_ELEM_E5M2 : ETP_QUANT_ELEM_E4M3;
-        c.directions = j % 8 == 2   ? ETP_QUANT_COLUMNWISE
-                       : j % 8 == 6 ? ETP_QUANT_ROWWISE
+        c.directions = j % 8 == 1   ? ETP_QUANT_COLUMNWISE
+                       : j % 8 == 5 ? ETP_QUANT_ROWWISE
                                     : ETP_QUANT_ROWWISE | ETP_QUANT_COLUMNWISE;
         const size_t wn[] = {64, 7, 1, 20};
-        run_config(&g, c, wn[j % 4], WHOLE_TAG + j);
+        run_config(&g, c, j == 20 ? 256 : wn[j % 4], WHOLE_TAG + j);
     }
     if (rest) run_amax_many(&g, tag++);
     ETP_OK(etp_stream_destroy(g.s));
