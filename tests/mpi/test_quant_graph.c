@@ -113,6 +113,14 @@ static void shape_of(const etp_quantizer_config_t *c, int rank, uint64_t tag, si
         *cols = 256 * (1 + (r >> 50) % 2);
     }
     *dt = (r >> 40) & 1 ? ETP_DTYPE_BF16 : ETP_DTYPE_F32;
+    if (c->format == ETP_QUANT_MXFP8 && c->mxfp8_elem == ETP_QUANT_ELEM_E5M2 &&
+        c->directions == (ETP_QUANT_ROWWISE | ETP_QUANT_COLUMNWISE) && !c->swizzle_scales) {
+        /* BF16 of 128-row and 512-column multiples: the CUDA cast's
+         * whole-tile kernel (kernels/quant/cast_v3_whole.cuh) is captured */
+        *rows = i == 4 ? 0 : 128 * (1 + r % 2);
+        *cols = 512;
+        *dt = ETP_DTYPE_BF16;
+    }
 }
 
 static float value_of(int rank, uint64_t tag, uint64_t step, size_t i, size_t e)
@@ -352,7 +360,7 @@ static void test_quantize_graph(void **state)
 {
     fx_t *f = *state;
     uint64_t tag = 1;
-    for (int k = 0; k < 6; k++) {
+    for (int k = 0; k < 7; k++) {
         etp_quantizer_config_t c = ETP_QUANTIZER_CONFIG_INIT;
         switch (k) {
         case 0: break; /* NVFP4 2D, both directions, row-major (+ swizzle) */
@@ -373,9 +381,13 @@ static void test_quantize_graph(void **state)
             c.directions = ETP_QUANT_COLUMNWISE;
             c.swizzle_scales = 1;
             break;
-        default:
+        case 5:
             c.format = ETP_QUANT_MXFP8;
             c.directions = ETP_QUANT_COLUMNWISE;
+            break;
+        default: /* whole tiles (shape_of) */
+            c.format = ETP_QUANT_MXFP8;
+            c.mxfp8_elem = ETP_QUANT_ELEM_E5M2;
             break;
         }
         run_config(f, c, tag++);
