@@ -119,11 +119,11 @@ __device__ __forceinline__ void whole_codes_v3(const uint32_t (&w)[8][8], const 
 #pragma unroll
         for (int e = 0; e < 8; e++) f[e] = elem_v3<true>(w[i], e);
         *reinterpret_cast<uint2 *>(rp + i * K) =
-                make_uint2(fp8x4_v3<kE5>(f[0] * sr[i], f[1] * sr[i], f[2] * sr[i], f[3] * sr[i]),
-                           fp8x4_v3<kE5>(f[4] * sr[i], f[5] * sr[i], f[6] * sr[i], f[7] * sr[i]));
+            make_uint2(fp8x4_v3<kE5>(f[0] * sr[i], f[1] * sr[i], f[2] * sr[i], f[3] * sr[i]),
+                       fp8x4_v3<kE5>(f[4] * sr[i], f[5] * sr[i], f[6] * sr[i], f[7] * sr[i]));
         *reinterpret_cast<uint2 *>(cp + i * K) =
-                make_uint2(fp8x4_v3<kE5>(f[0] * sc[0], f[1] * sc[1], f[2] * sc[2], f[3] * sc[3]),
-                           fp8x4_v3<kE5>(f[4] * sc[4], f[5] * sc[5], f[6] * sc[6], f[7] * sc[7]));
+            make_uint2(fp8x4_v3<kE5>(f[0] * sc[0], f[1] * sc[1], f[2] * sc[2], f[3] * sc[3]),
+                       fp8x4_v3<kE5>(f[4] * sc[4], f[5] * sc[5], f[6] * sc[6], f[7] * sc[7]));
     }
 }
 
