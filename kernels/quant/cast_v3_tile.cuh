@@ -292,9 +292,12 @@ __device__ __forceinline__ void cp_async_commit_v3()
     asm volatile("cp.async.commit_group;\n" ::: "memory");
 }
 
+/* Until at most N of the thread's newest commit groups are in flight (0:
+ * all landed). */
+template <int N = 0>
 __device__ __forceinline__ void cp_async_wait_v3()
 {
-    asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
 
 /* The same layouts element by element, zeros outside the tensor (a zero

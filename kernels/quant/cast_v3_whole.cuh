@@ -158,12 +158,6 @@ __device__ __forceinline__ void whole_fetch_v3(const Params &p, const WholeTileV
     for (int i = 0; i < 8; i++) cp_async16_v3(&stage[i * kThreads + g.tid], x + i * K);
 }
 
-template <int N>
-__device__ __forceinline__ void cp_async_wait_n_v3()
-{
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
-
 /* Tiles blockIdx.x, + gridDim.x, ... of a whole-tile batch (p.tile_start:
  * the tiles' prefix sums, p.tiles_c[k]: tensor k's tile columns). The
  * input travels kWholeDepth tiles ahead through a ring of shared stages
@@ -203,7 +197,7 @@ __global__ void __launch_bounds__(kThreads, kWholeBlocksPerSm) cast_kernel_whole
         const etp__qb_tensor_t &t = b.t[cur.k];
         const size_t K = t.cols, off = (cur.r0 + g.tr) * K + cur.c0 + g.tc;
         uint4 *stage = ring + slot * 8 * kThreads;
-        cp_async_wait_n_v3<kWholeDepth - 1>(); /* this tile's group */
+        cp_async_wait_v3<kWholeDepth - 1>(); /* this tile's group */
         uint4 lo[8];
 #pragma unroll
         for (int i = 0; i < 8; i++) lo[i] = stage[i * kThreads + g.tid];
