@@ -103,9 +103,12 @@ static void test_two_layers(void **state)
         ref_build(&ra, &g, &l1, 8200 + tr, ROUTE_UNIFORM, NULL);
         ref_build(&rc, &g, &l2, 8300 + tr, ROUTE_SKEWED, NULL);
         int64_t Ta = ra.T[g_rank], Tc = rc.T[g_rank];
+        /* both layers send rows of tok: fill as many as the larger T needs
+         * (c's tokens past Ta were uninitialized heap before) */
+        const int64_t Tmax = Ta > Tc ? Ta : Tc;
         uint16_t *tok = malloc((size_t)(g.tmax * H) * es);
         float *w = malloc((size_t)(g.tmax * 6) * 4);
-        for (int64_t i = 0; i < Ta * H; i++) tok[i] = etp__f32_to_bf16(ep_val(8200 + tr, (uint64_t)g_rank, (uint64_t)i));
+        for (int64_t i = 0; i < Tmax * H; i++) tok[i] = etp__f32_to_bf16(ep_val(8200 + tr, (uint64_t)g_rank, (uint64_t)i));
         for (int64_t i = 0; i < Ta * 2; i++) w[i] = ep_weight((8200 + tr) * 16 + TAG_W, (uint64_t)g_rank, (uint64_t)i);
         ep_up(f->s0, ba.idx, ra.idx[g_rank], (size_t)(Ta * 2) * 8);
         ep_up(f->s0, ba.tok, tok, (size_t)(Ta * H) * es);
