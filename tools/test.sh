@@ -1,13 +1,17 @@
 #!/usr/bin/env bash
 # Build etp and pass the whole test suite: unit and MPI tests (2, 3, 4 ranks),
 # the GPU tests when a GPU is present, an out-of-tree project linking the
-# installed etp, and the unit and MPI tests again under ASan+UBSan.
+# installed etp, the unit and MPI tests again under ASan+UBSan, and most of
+# them under valgrind's memcheck (uninitialized reads, which ASan misses).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source tools/deps.sh
 etp_install_missing libcmocka-dev
 jobs=$(nproc)
 gpus=$(etp_gpu_count)
+# valgrind registers the memcheck tests (label valgrind); GPU machines have
+# no network to install it from, and go on without them.
+if [ "$gpus" -eq 0 ]; then etp_install_missing valgrind; fi
 gpu_flag=OFF
 [ "$gpus" -gt 0 ] && gpu_flag=ON
 
