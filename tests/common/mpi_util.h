@@ -7,6 +7,7 @@
 
 static int g_rank, g_size;
 static uint64_t g_seed;
+static const char *g_test_name = "test";
 
 static inline void tu_mpi_init(int *argc, char ***argv, const char *name)
 {
@@ -16,6 +17,7 @@ static inline void tu_mpi_init(int *argc, char ***argv, const char *name)
     unsigned long long seed = tu_pick_seed();
     MPI_Bcast(&seed, 1, MPI_UNSIGNED_LONG_LONG, 0, MPI_COMM_WORLD);
     g_seed = seed;
+    g_test_name = name;
     if (g_rank == 0)
         printf("%s: %d rank(s), seed %llu (rerun with ETP_TEST_SEED=%llu)\n", name, g_size, seed,
                seed);
@@ -26,6 +28,11 @@ static inline void tu_mpi_init(int *argc, char ***argv, const char *name)
 static inline int tu_mpi_finish(int failed)
 {
     int any = 0;
+    /* again at the end, where a CI log's tail keeps it */
+    if (failed)
+        fprintf(stderr, "%s: rank %d of %d failed %d test(s); seed %llu (rerun with ETP_TEST_SEED=%llu)\n",
+                g_test_name, g_rank, g_size, failed, (unsigned long long)g_seed,
+                (unsigned long long)g_seed);
     MPI_Allreduce(&failed, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
     MPI_Finalize();
     return any ? 1 : 0;
