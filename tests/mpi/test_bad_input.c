@@ -189,7 +189,8 @@ static void test_collectives(void **state)
 {
     fx_t *f = *state;
     float a[16] = {0}, b[16], b_poison[16];
-    size_t c[1] = {1}, d[1] = {0};
+    /* one entry a rank (up to 8): etp_alltoallv reads group-size entries */
+    size_t c[8] = {1, 1, 1, 1, 1, 1, 1, 1}, d[8] = {0};
     tu_poison(b, sizeof b);
     memcpy(b_poison, b, sizeof b);
     BAD(etp_allgather(NULL, 0, a, b, 1, ETP_DTYPE_F32, f->s), "'group'");
@@ -208,7 +209,7 @@ static void test_collectives(void **state)
     BAD(etp_alltoallv(f->world, 0, a, c, d, b, NULL, d, ETP_DTYPE_F32, f->s), "'recvcounts'");
     BAD(etp_alltoallv(f->world, 0, a, c, d, b, c, NULL, ETP_DTYPE_F32, f->s), "'rdispls'");
     BAD(etp_alltoallv(f->world, 0, NULL, c, d, b, c, d, ETP_DTYPE_F32, f->s), "NULL");
-    size_t huge[1] = {SIZE_MAX};
+    size_t huge[8] = {SIZE_MAX};
     BAD(etp_alltoallv(f->world, 0, a, huge, c, b, c, d, ETP_DTYPE_F32, f->s), "overflow");
     BAD(etp_batch_begin(NULL), "'ctx'");
     BAD(etp_batch_end(NULL), "'ctx'");
