@@ -45,11 +45,23 @@ if grep -q 'ETP_HAVE_CUDA 1' build-test/include/etp/etp_config.h; then
     cmake --build build-sm100 -j"$jobs" >/dev/null
 fi
 
+# ctest in the current folder; when tests fail, what reproduces them is
+# printed again last (a CI log may keep only its tail): each failing rank's
+# seed line (tests/common/mpi_util.h), cmocka's failed cases, sanitizer
+# verdicts.
+run_ctest() {
+    ctest "$@" && return 0
+    echo "== what failed, again (from Testing/Temporary/LastTest.log)"
+    grep -hE 'failed [0-9]+ test\(s\); seed|\[  FAILED  \] [a-z_]|\[  ERROR   \] ---|\.c:[0-9]+: error:|ERROR: (Address|Leak)Sanitizer|runtime error:|ERROR SUMMARY: [1-9]' \
+        Testing/Temporary/LastTest.log | sort | uniq -c | head -60 || true
+    return 1
+}
+
 echo "== unit and MPI tests under ASan+UBSan (host backend)"
 cmake -S . -B build-asan -DETP_WARNINGS_AS_ERRORS=ON -DETP_SANITIZE=ON -DETP_WITH_CUDA=OFF -DETP_BUILD_TOOLS=OFF >/dev/null
 cmake --build build-asan -j"$jobs"
-(cd build-asan && ctest -L 'unit|mpi' -LE soak --output-on-failure -j"$jobs")
+(cd build-asan && run_ctest -L 'unit|mpi' -LE soak --output-on-failure -j"$jobs")
 
 echo "== the whole suite"
 cd build-test
-ctest -LE soak --output-on-failure -j"$jobs"
+run_ctest -LE soak --output-on-failure -j"$jobs"
