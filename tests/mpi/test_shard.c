@@ -464,11 +464,19 @@ static void test_grad_stats(void **state)
 static void check_edge_kind(unsigned edge, const char *name, int graphed)
 {
     run_t r;
-    open_run(&r, 0, 4, 1, 2, edge, graphed);
-    long bad = run_steps(&r, 2);
-    if (g_rank == 0) printf("without edge %s: %ld wrong elements\n", name, bad);
-    assert_true(bad > 0);
-    close_run(&r);
+    /* The run without the edge reads gather slots nobody wrote: that is the
+     * point of it, and what memcheck reports; its runs set this variable
+     * and keep only the run with the edge. */
+    const char *keep = getenv("ETP_TEST_SHARD_KEEP_EDGES");
+    if (keep && strcmp(keep, "1") == 0) {
+        if (g_rank == 0) printf("without edge %s: not run (ETP_TEST_SHARD_KEEP_EDGES=1)\n", name);
+    } else {
+        open_run(&r, 0, 4, 1, 2, edge, graphed);
+        long bad = run_steps(&r, 2);
+        if (g_rank == 0) printf("without edge %s: %ld wrong elements\n", name, bad);
+        assert_true(bad > 0);
+        close_run(&r);
+    }
     open_run(&r, 0, 4, 1, 2, 0, graphed);
     assert_int_equal(run_steps(&r, 2), 0);
     close_run(&r);
