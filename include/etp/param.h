@@ -120,7 +120,9 @@ typedef struct etp_param_config {
  * etp_param_mark_updated, and need cols a multiple of the block. */
 ETP_API etp_status_t etp_param_create(etp_context_t *ctx, const etp_param_config_t *config,
                                       etp_param_t **param);
-/* Errors: ETP_ERR_BUSY while the parameter is in a chain;
+/* Errors: ETP_ERR_BUSY while the parameter is in a chain, or while a graph
+ * that captured an etp_param_load_full/_shard or etp_param_mark_updated of
+ * it lives (a replay writes its shard and records its event);
  * ETP_ERR_INVALID_STATE while a graph capture is in progress on the context
  * (nothing is destroyed either way). NULL is a no-op. */
 ETP_API etp_status_t etp_param_destroy(etp_param_t *param);

@@ -152,6 +152,10 @@ etp_status_t etp_param_destroy(etp_param_t *p)
     if (p->chain)
         return etp__err(ETP_ERR_BUSY, "etp_param_destroy: '%s' is in chain '%s'; destroy the chain first",
                         p->name, p->chain->name);
+    if (p->graph_refs > 0)
+        return etp__err(ETP_ERR_BUSY,
+                        "etp_param_destroy: '%s' is used by %d graph(s) (a captured load or "
+                        "mark_updated); destroy them first", p->name, p->graph_refs);
     p->group->users--;
     param_free(p);
     return ETP_SUCCESS;
@@ -214,6 +218,7 @@ etp_status_t etp_param_load_full(etp_param_t *p, const void *src, etp_stream_t *
 {
     ETP__TRY(check_stream(p, s, "etp_param_load_full"));
     ETP__CHECK_NULL(src, "etp_param_load_full");
+    ETP__TRY(etp__capture_note(p->ctx, &p->graph_refs, s));
     return load_rows(p, src, p->row_begin, p->rows, s);
 }
 
@@ -221,6 +226,7 @@ etp_status_t etp_param_load_shard(etp_param_t *p, const void *src, etp_stream_t 
 {
     ETP__TRY(check_stream(p, s, "etp_param_load_shard"));
     ETP__CHECK_NULL(src, "etp_param_load_shard");
+    ETP__TRY(etp__capture_note(p->ctx, &p->graph_refs, s));
     return load_rows(p, src, 0, p->shard_rows, s);
 }
 
@@ -228,6 +234,9 @@ etp_status_t etp_param_mark_updated(etp_param_t *p, etp_stream_t *s)
 {
     ETP__TRY(check_stream(p, s, "etp_param_mark_updated"));
     ETP__TRY(etp__ctx_no_batch(p->ctx, "etp_param_mark_updated")); /* it may issue a gather */
+    /* a graph that records the event must outlive it (the chain's hold
+     * covers a parameter in a chain, not one in none) */
+    ETP__TRY(etp__capture_note(p->ctx, &p->graph_refs, s));
     ETP__TRY(etp_event_record(p->updated, s));
     p->updated_recorded = 1;
     p->version++; /* the quantized shard is stale */

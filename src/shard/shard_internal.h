@@ -49,6 +49,8 @@ struct etp_param {
     float *main_grad, *master;
     etp_event_t *updated;
     int updated_recorded;
+    int graph_refs; /* live graphs that captured a load or mark_updated of it (they write its
+                       shard and master, record its event): its destroy refuses */
     etp_chain_t *chain;
     int ticket[2];   /* per pass, -1 when not planned */
     int wgrad_entry; /* ring entry handed out and not yet reduced, or -1 */

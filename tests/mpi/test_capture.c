@@ -265,8 +265,9 @@ static void test_capture_refuses_destroy(void **state)
 }
 
 /* A graph holds what its captured calls use: a quantizer's scratch, a
- * chain's buffers, an EP group's and layer's. Their destroys refuse while
- * it lives and go through after it. */
+ * chain's buffers, an EP group's and layer's, and a parameter in no chain
+ * whose load or mark_updated it captured. Their destroys refuse while it
+ * lives and go through after it. */
 static void test_graph_holds_objects(void **state)
 {
     (void)state;
@@ -275,6 +276,12 @@ static void test_graph_holds_objects(void **state)
     float x[32], amax = -1.0f;
     for (int i = 0; i < 32; i++) x[i] = (float)(tu_rand(g_seed, 11, (uint64_t)g_rank, (uint64_t)i) % 1000) - 500.0f;
     const etp_quant_input_t in = {x, ETP_DTYPE_F32, 4, 8};
+    /* in no chain: one loaded, one marked updated in the capture */
+    etp_param_t *loaded = make_param(o.ctx, o.grp, "loaded");
+    etp_param_t *marked = make_param(o.ctx, o.grp, "marked");
+    float full[4 * 8 * 64];
+    assert_true(g_size <= 64);
+    for (int i = 0; i < 4 * 8 * g_size; i++) full[i] = (float)(tu_rand(g_seed, 12, 0, (uint64_t)i) % 1000);
 
     etp_graph_t *g = NULL;
     ETP_OK(etp_stream_begin_capture(o.s));
@@ -282,16 +289,27 @@ static void test_graph_holds_objects(void **state)
     ETP_OK(etp_zero_grad(o.chain, o.s));
     ETP_OK(etp_wait_grads(o.chain, o.s));
     ETP_OK(etp_ep_reset_report(o.ly, o.s));
+    ETP_OK(etp_param_load_full(loaded, full, o.s));
+    ETP_OK(etp_param_mark_updated(marked, o.s));
     ETP_OK(etp_stream_end_capture(o.s, &g));
     ETP_EXPECT_MSG(etp_quantizer_destroy(o.q), ETP_ERR_BUSY, "1 graph(s)");
     ETP_EXPECT_MSG(etp_chain_destroy(o.chain), ETP_ERR_BUSY, "1 graph(s)");
     ETP_EXPECT_MSG(etp_ep_layer_destroy(o.ly), ETP_ERR_BUSY, "1 graph(s)");
+    ETP_EXPECT_MSG(etp_param_destroy(loaded), ETP_ERR_BUSY, "1 graph(s)");
+    ETP_EXPECT_MSG(etp_param_destroy(marked), ETP_ERR_BUSY, "1 graph(s)");
+    etp_param_info_t info = ETP_PARAM_INFO_INIT;
+    ETP_OK(etp_param_info(loaded, &info));
+    tu_poison(info.shard, 4 * 8 * sizeof(float));
     ETP_OK(etp_graph_launch(g, o.s)); /* all still there */
     ETP_OK(etp_stream_synchronize(o.s));
     float want = 0.0f;
     for (int i = 0; i < 32; i++) want = fabsf(x[i]) > want ? fabsf(x[i]) : want;
     assert_true(amax == want);
+    /* the replay loaded this rank's rows of full into the shard */
+    for (int i = 0; i < 4 * 8; i++) assert_true(((const float *)info.shard)[i] == full[g_rank * 32 + i]);
     ETP_OK(etp_graph_destroy(g));
+    ETP_OK(etp_param_destroy(loaded));
+    ETP_OK(etp_param_destroy(marked));
     objs_destroy(&o);
 }
 
