@@ -190,6 +190,8 @@ static etp_status_t check_stream(const etp_param_t *p, const etp_stream_t *s, co
 static etp_status_t load_rows(etp_param_t *p, const char *src, int64_t src_row0, int64_t src_stride,
                               etp_stream_t *s)
 {
+    /* before anything is enqueued: a graph that writes the shard holds it */
+    ETP__TRY(etp__capture_note(p->ctx, &p->graph_refs, s));
     size_t es = esize(p->dtype), row = (size_t)p->cols * es;
     etp_status_t st = ETP_SUCCESS;
     for (int64_t e = 0; e < p->experts && st == ETP_SUCCESS; e++) {
@@ -218,7 +220,6 @@ etp_status_t etp_param_load_full(etp_param_t *p, const void *src, etp_stream_t *
 {
     ETP__TRY(check_stream(p, s, "etp_param_load_full"));
     ETP__CHECK_NULL(src, "etp_param_load_full");
-    ETP__TRY(etp__capture_note(p->ctx, &p->graph_refs, s));
     return load_rows(p, src, p->row_begin, p->rows, s);
 }
 
@@ -226,7 +227,6 @@ etp_status_t etp_param_load_shard(etp_param_t *p, const void *src, etp_stream_t 
 {
     ETP__TRY(check_stream(p, s, "etp_param_load_shard"));
     ETP__CHECK_NULL(src, "etp_param_load_shard");
-    ETP__TRY(etp__capture_note(p->ctx, &p->graph_refs, s));
     return load_rows(p, src, 0, p->shard_rows, s);
 }
 
