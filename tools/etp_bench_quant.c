@@ -13,7 +13,11 @@
  *
  * each fused (one call for the N tensors) and, when N > 1, as N calls of one
  * tensor each; a "fused/N" row gives the speedup of the fused call (its
- * ratio column). Bytes are what the operation must read and write, counted
+ * ratio column). After the N calls' row, a ": host" row gives the host's
+ * median time to enqueue them (wall clock around the calls), its ratio the
+ * event-timed time over it: the flush gives the host a head start, so a
+ * ratio near 1 says the host paced the N launches, and well below 1 (a
+ * long --flush-mib, 4096 for 64 x [1024, 512]) that the GPU did. Bytes are what the operation must read and write, counted
  * exactly: the input elements, the amaxes read or written (4 bytes per
  * tensor), and every output byte etp_quant_sizes() reports (scale padding
  * included: the kernels write it). The all-reduce's bytes are not counted
@@ -63,6 +67,8 @@ typedef struct {
     etp_quantizer_t *flush_q;  /* --flush read: the multi-amax that reads it */
     float *flush_amax;
     double *t;                 /* iters samples */
+    double *h;                 /* iters samples of the host's enqueue time */
+    double host_us;            /* the last time_op's median enqueue time, slowest rank */
 } qbench_t;
 
 /* One operation to time: fn(arg) enqueues it on the stream. */
@@ -85,11 +91,17 @@ static double time_op(qbench_t *x, op_fn_t fn, void *arg, int collective)
             MPI_Barrier(MPI_COMM_WORLD);
         }
         bench_timer_start(x->tm);
+        const double h0 = MPI_Wtime();
         fn(x, arg);
+        const double h1 = MPI_Wtime();
         bench_timer_stop(x->tm);
         const double us = bench_timer_us(x->tm);
-        if (it >= 0) x->t[it] = us;
+        if (it >= 0) {
+            x->t[it] = us;
+            x->h[it] = 1e6 * (h1 - h0);
+        }
     }
+    x->host_us = bench_max_over_ranks(bench_median(x->h, b->iters));
     return bench_max_over_ranks(bench_median(x->t, b->iters));
 }
 
@@ -107,6 +119,17 @@ static double copy_gbps(qbench_t *x, double moved)
     if (half == 0) return 0;
     const double us = time_op(x, op_copy, &half, 0);
     return us > 0 ? 2.0 * (double)half / (us * 1e3) : 0;
+}
+
+/* The row after a separate launches' row rs: the host's median time to
+ * enqueue them, its ratio rs's event-timed time over it. The flush gives
+ * the host a head start, so a ratio near 1 (or above) says the host, not
+ * the GPU, paced the launches. */
+static void add_host_row(qbench_t *x, const char *name, const char *shape, double moved, const bench_row_t *rs)
+{
+    char h[80];
+    snprintf(h, sizeof h, "%s: host", name);
+    bench_add(x->b, h, shape, moved, x->host_us, rs->gbps);
 }
 
 /* ---- one case --------------------------------------------------------------- */
@@ -218,6 +241,7 @@ static void run_case(qbench_t *x, const qcase_t *c, etp_dtype_t dt, const char *
             o.separate = 1;
             snprintf(name, sizeof name, "multi-amax, %zu launches", n);
             bench_row_t *rs = bench_add(b, name, shape, moved, time_op(x, op_amax, &o, 0), base);
+            add_host_row(x, name, shape, moved, rs);
             bench_add(b, "multi-amax fused/separate", shape, moved, rf->us, rs->gbps);
             bench_add(b, "multi-amax copy/separate", shape, moved, moved / (base * 1e3), rs->gbps);
         }
@@ -274,6 +298,7 @@ static void run_case(qbench_t *x, const qcase_t *c, etp_dtype_t dt, const char *
             o.separate = 1;
             snprintf(name, sizeof name, "cast %s, %zu launches", fname, n);
             bench_row_t *rs = bench_add(b, name, shape, cast_moved, time_op(x, op_cast, &o, 0), base);
+            add_host_row(x, name, shape, cast_moved, rs);
             snprintf(name, sizeof name, "cast %s fused/separate", fname);
             bench_add(b, name, shape, cast_moved, rf->us, rs->gbps);
             /* the most a fused call can gain: one that ran as fast as a copy */
@@ -294,6 +319,7 @@ static void run_case(qbench_t *x, const qcase_t *c, etp_dtype_t dt, const char *
             o.separate = 1;
             snprintf(name, sizeof name, "split %s, %zu x 1", fname, n);
             bench_row_t *rs = bench_add(b, name, shape, split_moved, time_op(x, op_split, &o, nv), base);
+            add_host_row(x, name, shape, split_moved, rs);
             snprintf(name, sizeof name, "split %s fused/separate", fname);
             bench_add(b, name, shape, split_moved, rf->us, rs->gbps);
         }
@@ -433,6 +459,11 @@ int etp_bench_quant(bench_t *b, int argc, char **argv)
     BENCH_CHECK(b, etp_stream_create(b->ctx, ETP_STREAM_PRIORITY_NORMAL, &x.s));
     x.tm = bench_timer_create(b, x.s);
     x.t = calloc((size_t)b->iters, sizeof(double));
+    x.h = calloc((size_t)b->iters, sizeof(double));
+    if (!x.t || !x.h) {
+        fprintf(stderr, "etp-bench rank %d: out of host memory for %d samples\n", b->rank, b->iters);
+        MPI_Abort(MPI_COMM_WORLD, 1);
+    }
     double most = 0;
     for (int k = 0; k < ncases; k++) {
         const double m = case_max_moved(&cases[k], es);
@@ -462,6 +493,7 @@ int etp_bench_quant(bench_t *b, int argc, char **argv)
     BENCH_CHECK(b, etp_mem_free(b->ctx, x.copy_src));
     BENCH_CHECK(b, etp_mem_free(b->ctx, x.copy_dst));
     free(x.t);
+    free(x.h);
     bench_timer_destroy(x.tm);
     BENCH_CHECK(b, etp_stream_destroy(x.s));
     return 0;
