@@ -17,10 +17,11 @@
  * median time to enqueue them (wall clock around the calls), its ratio the
  * event-timed time over it: the flush gives the host a head start, so a
  * ratio near 1 says the host paced the N launches, and well below 1 (a
- * long --flush-mib, 4096 for 64 x [1024, 512]) that the GPU did. Bytes are what the operation must read and write, counted
- * exactly: the input elements, the amaxes read or written (4 bytes per
- * tensor), and every output byte etp_quant_sizes() reports (scale padding
- * included: the kernels write it). The all-reduce's bytes are not counted
+ * long --flush-mib, 4096 for 64 x [1024, 512]) that the GPU did. Bytes
+ * are what the operation must read and write, counted exactly: the input
+ * elements, the amaxes read or written (4 bytes per tensor), and every
+ * output byte etp_quant_sizes() reports (scale padding included: the
+ * kernels write it). The all-reduce's bytes are not counted
  * (its time is). The baseline row of each operation is a device-to-device
  * copy (etp_memcpy_async) of half as many bytes, so it reads and writes as
  * many bytes in all: ratio = copy time / operation time, the share of the
