@@ -25,8 +25,8 @@ if(ETP_WITH_MPI)
   # GPU: no collective). Without CUDA the programs are built for their host
   # variants alone (they include no CUDA header then).
   if(ETP_WITH_CUDA)
-    etp_add_gpu_test(test_quant_gpu gpu/test_quant_gpu.c ON quant 1 2)
-    etp_add_gpu_test(test_quant_swizzle_gpu gpu/test_quant_swizzle_gpu.c ON quant 1)
+    etp_add_gpu_test(test_quant_gpu gpu/test_quant_gpu.c ON quant 1 2 4)
+    etp_add_gpu_test(test_quant_swizzle_gpu gpu/test_quant_swizzle_gpu.c ON quant 1 4)
   else()
     etp_test_target(test_quant_gpu gpu/test_quant_gpu.c ON)
     etp_test_target(test_quant_swizzle_gpu gpu/test_quant_swizzle_gpu.c ON)
@@ -87,7 +87,7 @@ if(ETP_WITH_CUDA AND ETP_WITH_MPI)
   # The captured quantize with CUDA graphs; _compact: every NVFP4 16x16
   # row-major cast compacts its scales, so that the expansion kernel is
   # captured too and skipped with the cast on the noop replay.
-  etp_add_gpu_test(test_quant_graph_gpu gpu/test_quant_graph_gpu.c ON quant 1 2)
+  etp_add_gpu_test(test_quant_graph_gpu gpu/test_quant_graph_gpu.c ON quant 1 2 4)
   if(ETP_GPU_TESTS)
     add_test(NAME test_quant_graph_gpu_np1_compact
       COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 1 --oversubscribe --bind-to none

@@ -8,6 +8,15 @@
 static int g_rank, g_size;
 static uint64_t g_seed;
 static const char *g_test_name = "test";
+#ifdef ETP_SHARD_TEST_CUDA
+/* A CUDA context and its groups take seconds to create at 4 ranks (NCCL
+ * communicators and their warmed-up twins), and a shuffle seed means
+ * nothing there: a CUDA test program shares one context and one two-role
+ * group (tu_test_ctx, tu_test_tp), made at first use and destroyed by
+ * tu_mpi_finish. */
+static etp_context_t *g_cuda_ctx;
+static etp_group_t *g_cuda_tp;
+#endif
 
 static inline void tu_mpi_init(int *argc, char ***argv, const char *name)
 {
@@ -34,6 +43,12 @@ static inline int tu_mpi_finish(int failed)
                 g_test_name, g_rank, g_size, failed, (unsigned long long)g_seed,
                 (unsigned long long)g_seed);
     MPI_Allreduce(&failed, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+#ifdef ETP_SHARD_TEST_CUDA
+    if (g_cuda_tp) ETP_OK(etp_group_destroy(g_cuda_tp));
+    if (g_cuda_ctx) ETP_OK(etp_context_destroy(g_cuda_ctx));
+    g_cuda_tp = NULL;
+    g_cuda_ctx = NULL;
+#endif
     MPI_Finalize();
     return any ? 1 : 0;
 }
@@ -92,21 +107,61 @@ static inline etp_context_t *tu_alloc_ctx(tu_allocator_t *a, int mode, int64_t s
     return ctx;
 }
 
-/* The backend a test file runs on: the host backend in shuffle mode, or,
- * when the file is built for the GPU with ETP_SHARD_TEST_CUDA defined, the
- * CUDA backend (where the seed does not matter). */
+/* The backend a test file runs on: the host backend in shuffle mode (a
+ * context of its own for each run, with the run's seed), or, when the file
+ * is built for the GPU with ETP_SHARD_TEST_CUDA defined, the CUDA backend
+ * (the program's one shared context). Give it back with tu_test_ctx_done. */
 static inline etp_context_t *tu_test_ctx(int64_t seed)
 {
 #ifdef ETP_SHARD_TEST_CUDA
     (void)seed;
-    etp_context_config_t cfg = ETP_CONTEXT_CONFIG_INIT;
-    cfg.backend = ETP_BACKEND_CUDA;
-    etp_context_t *ctx = NULL;
-    ETP_OK(etp_context_create_mpi(MPI_COMM_WORLD, &cfg, &ctx));
-    return ctx;
+    if (g_cuda_ctx == NULL) {
+        etp_context_config_t cfg = ETP_CONTEXT_CONFIG_INIT;
+        cfg.backend = ETP_BACKEND_CUDA;
+        ETP_OK(etp_context_create_mpi(MPI_COMM_WORLD, &cfg, &g_cuda_ctx));
+    }
+    return g_cuda_ctx;
 #else
     return tu_host_ctx(MPI_COMM_WORLD, ETP_HOST_STREAMS_SHUFFLE, seed, -1, -1);
 #endif
 }
+
+static inline void tu_test_ctx_done(etp_context_t *ctx)
+{
+#ifdef ETP_SHARD_TEST_CUDA
+    if (ctx == g_cuda_ctx) return;
+#endif
+    ETP_OK(etp_context_destroy(ctx));
+}
+
+/* Every rank in one group of two roles (all-gather and reduce-scatter) on
+ * ctx's world, named `name`; shared on the CUDA backend like the context.
+ * Give it back with tu_test_tp_done. */
+static inline etp_group_t *tu_test_tp(etp_context_t *ctx, const char *name)
+{
+#ifdef ETP_SHARD_TEST_CUDA
+    if (ctx == g_cuda_ctx && g_cuda_tp) return g_cuda_tp;
+#endif
+    etp_group_t *world, *tp;
+    ETP_OK(etp_context_world(ctx, &world));
+    etp_group_config_t gc = ETP_GROUP_CONFIG_INIT;
+    gc.name = name;
+    gc.num_roles = 2;
+    ETP_OK(etp_group_split(world, 0, g_rank, &gc, &tp));
+#ifdef ETP_SHARD_TEST_CUDA
+    if (ctx == g_cuda_ctx) g_cuda_tp = tp;
+#endif
+    return tp;
+}
+
+static inline void tu_test_tp_done(etp_group_t *tp)
+{
+#ifdef ETP_SHARD_TEST_CUDA
+    if (tp == g_cuda_tp) return;
+#endif
+    ETP_OK(etp_group_destroy(tp));
+}
+
+
 
 #endif

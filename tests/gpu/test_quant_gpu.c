@@ -14,6 +14,8 @@
  * backend, in builds without CUDA too).
  */
 #include <math.h>
+#include <pthread.h>
+#include <unistd.h>
 
 #include "mpi_util.h"
 #include "quant/formats/quant_ref.h"
@@ -153,6 +155,51 @@ static size_t align256(size_t x)
     return (x + 255) / 256 * 256;
 }
 
+/* The host reference is the test's cost (the GPU's work takes
+ * milliseconds): its per-tensor calls run on the cores this rank's share of
+ * the node allows, each tensor on one thread, in no particular order (each
+ * call writes only its own tensor's results). */
+typedef struct {
+    void (*fn)(void *arg, size_t i);
+    void *arg;
+    size_t n, next;
+    pthread_mutex_t lock;
+} par_t;
+
+static void *par_worker(void *p_)
+{
+    par_t *p = p_;
+    for (;;) {
+        pthread_mutex_lock(&p->lock);
+        const size_t i = p->next++;
+        pthread_mutex_unlock(&p->lock);
+        if (i >= p->n) return NULL;
+        p->fn(p->arg, i);
+    }
+}
+
+static void par_for(size_t n, void (*fn)(void *arg, size_t i), void *arg)
+{
+    static int threads; /* the test program's, set once on first use */
+    if (threads == 0) {
+        MPI_Comm node;
+        int local = 1;
+        MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);
+        MPI_Comm_size(node, &local);
+        MPI_Comm_free(&node);
+        const long cores = sysconf(_SC_NPROCESSORS_ONLN);
+        threads = cores > local ? (int)(cores / local) : 1;
+        if (threads > 16) threads = 16;
+    }
+    par_t p = {fn, arg, n, 0, PTHREAD_MUTEX_INITIALIZER};
+    pthread_t t[16];
+    int started = 0;
+    for (; started < threads - 1 && (size_t)started + 1 < n; started++)
+        if (pthread_create(&t[started], NULL, par_worker, &p) != 0) break;
+    par_worker(&p);
+    for (int k = 0; k < started; k++) pthread_join(t[k], NULL);
+}
+
 /* One buffer in the device arena and its host mirror: bytes + 1 guard byte. */
 typedef struct {
     size_t off, bytes;
@@ -233,36 +280,106 @@ static void check_amax(const gpu_t *g, slot_t sl, const float *want, size_t n, c
     }
 }
 
-/* Every output of the n tensors (in the mirror) against the host reference
- * quantizer run on the global amaxes, byte for byte, guard bytes included. */
-static void check_cast(const gpu_t *g, const etp_quantizer_config_t *cfg, size_t n,
-                       const shape_t *sh, const slot_t *sx, slot_t (*so)[4],
-                       const etp_quant_sizes_t *sz, const float *global, uint64_t tag)
+/* The host reference quantizer's image of every output of the n tensors,
+ * run on the global amaxes: ref[i][k] for the four outputs of tensor i
+ * (one allocation per tensor, at ref[i][0]). */
+typedef struct {
+    const etp_quantizer_config_t *cfg;
+    const gpu_t *g;
+    const shape_t *sh;
+    const slot_t *sx;
+    const etp_quant_sizes_t *sz;
+    const float *global;
+    uint8_t *(*ref)[4];
+} ref_job_t;
+
+static void ref_one(void *arg, size_t i)
 {
-    const int nv = cfg->format == ETP_QUANT_NVFP4;
-    for (size_t i = 0; i < n; i++) {
-        const etp_quant_sizes_t *z = &sz[i];
-        uint8_t *ref = malloc(z->rowwise_data_bytes + z->rowwise_scales_bytes +
-                              z->columnwise_data_bytes + z->columnwise_scales_bytes + 4);
-        uint8_t *w[4];
-        w[0] = ref;
-        w[1] = w[0] + z->rowwise_data_bytes;
-        w[2] = w[1] + z->rowwise_scales_bytes;
-        w[3] = w[2] + z->columnwise_data_bytes;
-        etp__qref_cfg_t rc = {nv ? ETP__QB_NVFP4 : ETP__QB_MXFP8,
-                              cfg->mxfp8_elem == ETP_QUANT_ELEM_E5M2,
-                              cfg->nvfp4_block == ETP_QUANT_BLOCK_2D, cfg->swizzle_scales,
-                              cfg->rounding == ETP_QUANT_ROUND_STOCHASTIC, cfg->seed, (uint32_t)i};
-        etp__qref_quantize(&rc, g->host + sx[i].off,
-                           sh[i].dtype == ETP_DTYPE_BF16 ? ETP__QB_BF16 : ETP__QB_F32, sh[i].rows,
-                           sh[i].cols, global[i],
-                           (cfg->directions & ETP_QUANT_ROWWISE) ? w[0] : NULL, w[1],
-                           (cfg->directions & ETP_QUANT_COLUMNWISE) ? w[2] : NULL, w[3]);
-        const char *names[4] = {"rowwise_data", "rowwise_scales", "columnwise_data",
-                                "columnwise_scales"};
-        for (int k = 0; k < 4; k++) check_bytes(g, w[k], so[i][k], names[k], i, &sh[i], tag);
-        free(ref);
-    }
+    const ref_job_t *j = arg;
+    const etp_quantizer_config_t *cfg = j->cfg;
+    const etp_quant_sizes_t *z = &j->sz[i];
+    uint8_t **w = j->ref[i];
+    w[0] = malloc(z->rowwise_data_bytes + z->rowwise_scales_bytes + z->columnwise_data_bytes +
+                  z->columnwise_scales_bytes + 4);
+    w[1] = w[0] + z->rowwise_data_bytes;
+    w[2] = w[1] + z->rowwise_scales_bytes;
+    w[3] = w[2] + z->columnwise_data_bytes;
+    etp__qref_cfg_t rc = {cfg->format == ETP_QUANT_NVFP4 ? ETP__QB_NVFP4 : ETP__QB_MXFP8,
+                          cfg->mxfp8_elem == ETP_QUANT_ELEM_E5M2,
+                          cfg->nvfp4_block == ETP_QUANT_BLOCK_2D, cfg->swizzle_scales,
+                          cfg->rounding == ETP_QUANT_ROUND_STOCHASTIC, cfg->seed, (uint32_t)i};
+    etp__qref_quantize(&rc, j->g->host + j->sx[i].off,
+                       j->sh[i].dtype == ETP_DTYPE_BF16 ? ETP__QB_BF16 : ETP__QB_F32, j->sh[i].rows,
+                       j->sh[i].cols, j->global[i],
+                       (cfg->directions & ETP_QUANT_ROWWISE) ? w[0] : NULL, w[1],
+                       (cfg->directions & ETP_QUANT_COLUMNWISE) ? w[2] : NULL, w[3]);
+}
+
+/* Every output of the n tensors (in the mirror) against the reference
+ * images, byte for byte, guard bytes included. */
+static void check_cast(const gpu_t *g, size_t n, const shape_t *sh, slot_t (*so)[4],
+                       uint8_t *(*ref)[4], uint64_t tag)
+{
+    const char *names[4] = {"rowwise_data", "rowwise_scales", "columnwise_data",
+                            "columnwise_scales"};
+    for (size_t i = 0; i < n; i++)
+        for (int k = 0; k < 4; k++) check_bytes(g, ref[i][k], so[i][k], names[k], i, &sh[i], tag);
+}
+
+/* The expected amax of tensor i, on this rank's data. */
+typedef struct {
+    const gpu_t *g;
+    const shape_t *sh;
+    const slot_t *sx;
+    float *local;
+} amax_job_t;
+
+static void amax_one(void *arg, size_t i)
+{
+    const amax_job_t *j = arg;
+    j->local[i] = etp__qref_amax(j->g->host + j->sx[i].off,
+                                 j->sh[i].dtype == ETP_DTYPE_BF16 ? ETP__QB_BF16 : ETP__QB_F32,
+                                 j->sh[i].rows, j->sh[i].cols);
+}
+
+/* The host reference's dequantization of tensor i's `dir` outputs (read
+ * from the mirror) into dst[i]'s dtype. */
+typedef struct {
+    const etp_quantizer_config_t *cfg;
+    const gpu_t *g;
+    const shape_t *sh;
+    slot_t (*so)[4];
+    const etp_quant_dest_t *dst;
+    const float *global;
+    unsigned dir;
+    uint8_t **want;
+} deq_job_t;
+
+static void deq_one(void *arg, size_t i)
+{
+    const deq_job_t *j = arg;
+    const etp_quantizer_config_t *cfg = j->cfg;
+    etp__qref_cfg_t rc = {cfg->format == ETP_QUANT_NVFP4 ? ETP__QB_NVFP4 : ETP__QB_MXFP8,
+                          cfg->mxfp8_elem == ETP_QUANT_ELEM_E5M2,
+                          cfg->nvfp4_block == ETP_QUANT_BLOCK_2D, cfg->swizzle_scales, 0, 0, 0};
+    j->want[i] = malloc(j->dst[i].bytes + 1);
+    const int k = j->dir == 1 ? 0 : 2;
+    etp__qref_dequantize(&rc, j->dir, j->sh[i].rows, j->sh[i].cols, j->global[i],
+                         j->g->host + j->so[i][k].off, j->g->host + j->so[i][k + 1].off, j->want[i],
+                         j->dst[i].dtype == ETP_DTYPE_BF16 ? ETP__QB_BF16 : ETP__QB_F32);
+}
+
+typedef struct {
+    gpu_t *g;
+    const shape_t *sh;
+    const slot_t *sx;
+    uint64_t tag;
+} fill_job_t;
+
+static void fill_one(void *arg, size_t i)
+{
+    const fill_job_t *j = arg;
+    fill(j->g->host + j->sx[i].off, &j->sh[i], g_rank, i, j->tag);
 }
 
 static void run_config(gpu_t *g, etp_quantizer_config_t cfg, size_t n, uint64_t tag)
@@ -294,7 +411,8 @@ static void run_config(gpu_t *g, etp_quantizer_config_t cfg, size_t n, uint64_t 
     ETP_OK(etp_mem_alloc(g->ctx, cur, ETP_MEM_USER, (void **)&g->dev));
     g->host = malloc(cur);
     tu_poison(g->host, cur);
-    for (size_t i = 0; i < n; i++) fill(g->host + sx[i].off, &sh[i], g_rank, i, tag);
+    fill_job_t fj = {g, sh, sx, tag};
+    par_for(n, fill_one, &fj);
     memset(g->host + s_noop.off, 0, sizeof(int32_t));
     ETP_OK(etp_memcpy_async(g->s, g->dev, g->host, cur));
     ETP_OK(etp_stream_synchronize(g->s));
@@ -310,21 +428,22 @@ static void run_config(gpu_t *g, etp_quantizer_config_t cfg, size_t n, uint64_t 
     }
     float *d_amax = (float *)(g->dev + s_amax.off), *d_amax_col = (float *)(g->dev + s_amax_col.off);
 
-    /* expected amaxes: the host reference, here and replayed for every rank */
+    /* expected amaxes: the host reference on this rank's data; the global
+     * one the largest of every rank's (exchanged by MPI, not by etp), with
+     * NaNs left out as the kernels' amax leaves them */
     float *local = calloc(n, sizeof(float)), *global = calloc(n, sizeof(float));
-    for (size_t i = 0; i < n; i++) {
-        const int qd = sh[i].dtype == ETP_DTYPE_BF16 ? ETP__QB_BF16 : ETP__QB_F32;
-        local[i] = etp__qref_amax(g->host + sx[i].off, qd, sh[i].rows, sh[i].cols);
-        for (int p = 0; p < g_size; p++) {
-            shape_t s = shape_of(&cfg, p, i, tag);
-            void *x = malloc(s.rows * s.cols * 4 + 4);
-            fill(x, &s, p, i, tag);
-            const float a = etp__qref_amax(x, s.dtype == ETP_DTYPE_BF16 ? ETP__QB_BF16 : ETP__QB_F32,
-                                           s.rows, s.cols);
-            if (a > global[i]) global[i] = a;
-            free(x);
-        }
-    }
+    float *all = calloc(n * (size_t)g_size, sizeof(float));
+    amax_job_t aj = {g, sh, sx, local};
+    par_for(n, amax_one, &aj);
+    MPI_Allgather(local, (int)n, MPI_FLOAT, all, (int)n, MPI_FLOAT, MPI_COMM_WORLD);
+    for (size_t i = 0; i < n; i++)
+        for (int p = 0; p < g_size; p++)
+            if (all[(size_t)p * n + i] > global[i]) global[i] = all[(size_t)p * n + i];
+    free(all);
+    /* the cast's expected outputs, computed once for the three casts below */
+    uint8_t *(*ref)[4] = calloc(n, sizeof *ref);
+    ref_job_t rj = {&cfg, g, sh, sx, sz, global, ref};
+    par_for(n, ref_one, &rj);
 
     /* multi-amax */
     ETP_OK(etp_quant_multi_amax(q, n, in, d_amax, d_amax_col, n, g->s));
@@ -345,7 +464,7 @@ static void run_config(gpu_t *g, etp_quantizer_config_t cfg, size_t n, uint64_t 
     ETP_OK(etp_quant_cast_only(q, n, in, nv ? d_amax : NULL, nv ? n : 0, out, g->s));
     down(g);
     check_amax(g, s_amax, global, n, "all-reduced", tag);
-    check_cast(g, &cfg, n, sh, sx, so, sz, global, tag);
+    check_cast(g, n, sh, so, ref, tag);
     /* the chained quantize: d_amax poisoned too, so that the cast must read
      * what this call's multi-amax and all-reduce wrote (the poison, a tiny
      * negative float, gives other scales), and MXFP8 (the cast alone)
@@ -355,7 +474,7 @@ static void run_config(gpu_t *g, etp_quantizer_config_t cfg, size_t n, uint64_t 
     ETP_OK(etp_quant_quantize(q, n, in, d_amax, n, g->world, 0, out, g->s));
     down(g);
     check_amax(g, s_amax, nv ? global : NULL, n, "quantize", tag);
-    check_cast(g, &cfg, n, sh, sx, so, sz, global, tag);
+    check_cast(g, n, sh, so, ref, tag);
     /* dequantize each produced direction */
     for (unsigned dir = 1; dir <= 2; dir++) {
         if (!(cfg.directions & dir)) continue;
@@ -367,20 +486,16 @@ static void run_config(gpu_t *g, etp_quantizer_config_t cfg, size_t n, uint64_t 
         }
         ETP_OK(etp_quant_dequantize(q, n, out, nv ? d_amax : NULL, nv ? n : 0, dir, dst, g->s));
         down(g);
+        uint8_t **want = calloc(n, sizeof *want);
+        deq_job_t dj = {&cfg, g, sh, so, dst, global, dir, want};
+        par_for(n, deq_one, &dj);
         for (size_t i = 0; i < n; i++) {
-            etp__qref_cfg_t rc = {nv ? ETP__QB_NVFP4 : ETP__QB_MXFP8,
-                                  cfg.mxfp8_elem == ETP_QUANT_ELEM_E5M2,
-                                  cfg.nvfp4_block == ETP_QUANT_BLOCK_2D, cfg.swizzle_scales, 0, 0, 0};
-            uint8_t *want = malloc(dst[i].bytes + 1);
-            const int k = dir == 1 ? 0 : 2;
-            etp__qref_dequantize(&rc, dir, sh[i].rows, sh[i].cols, global[i],
-                                 g->host + so[i][k].off, g->host + so[i][k + 1].off, want,
-                                 dst[i].dtype == ETP_DTYPE_BF16 ? ETP__QB_BF16 : ETP__QB_F32);
             slot_t sl = {sy[i].off, dst[i].bytes};
-            check_bytes(g, want, sl, dir == 1 ? "dequantized rowwise" : "dequantized columnwise", i,
-                        &sh[i], tag);
-            free(want);
+            check_bytes(g, want[i], sl, dir == 1 ? "dequantized rowwise" : "dequantized columnwise",
+                        i, &sh[i], tag);
+            free(want[i]);
         }
+        free(want);
     }
     /* the no-op flag, set on the device: nothing is written */
     static const int32_t one = 1, zero = 0;
@@ -408,7 +523,7 @@ static void run_config(gpu_t *g, etp_quantizer_config_t cfg, size_t n, uint64_t 
     down(g);
     check_amax(g, s_amax_col, local, n, "multi-amax with the no-op flag 0", tag);
     check_amax(g, s_amax, nv ? global : NULL, n, "quantize with the no-op flag 0", tag);
-    check_cast(g, &cfg, n, sh, sx, so, sz, global, tag);
+    check_cast(g, n, sh, so, ref, tag);
 
     ETP_OK(etp_quantizer_destroy(q));
     ETP_OK(etp_mem_free(g->ctx, g->dev));
@@ -423,6 +538,8 @@ static void run_config(gpu_t *g, etp_quantizer_config_t cfg, size_t n, uint64_t 
     free(dst);
     free(local);
     free(global);
+    for (size_t i = 0; i < n; i++) free(ref[i][0]);
+    free(ref);
 }
 
 /* Multi-amax over more work than the device holds at once: 256 tensors of

@@ -126,10 +126,7 @@ static void open_run(run_t *r, int64_t seed, int nparams, int depth, int ring, u
                                 : tu_test_ctx(seed);
 #endif
     ETP_OK(etp_context_world(r->ctx, &r->world));
-    etp_group_config_t gc = ETP_GROUP_CONFIG_INIT;
-    gc.name = "etp";
-    gc.num_roles = 2;
-    ETP_OK(etp_group_split(r->world, 0, g_rank, &gc, &r->tp));
+    r->tp = tu_test_tp(r->ctx, "etp");
     ETP_OK(etp_stream_create(r->ctx, ETP_STREAM_PRIORITY_NORMAL, &r->main));
     etp_chain_config_t cc = ETP_CHAIN_CONFIG_INIT;
     cc.name = "layers";
@@ -185,8 +182,8 @@ static void close_run(run_t *r)
     drop_kept(r);
     for (int i = 0; i < r->nparams; i++) ETP_OK(etp_param_destroy(r->p[i]));
     ETP_OK(etp_stream_destroy(r->main));
-    ETP_OK(etp_group_destroy(r->tp));
-    ETP_OK(etp_context_destroy(r->ctx));
+    tu_test_tp_done(r->tp);
+    tu_test_ctx_done(r->ctx);
 }
 
 /* Load step `step`'s weights (every rank passes the full tensor). */
@@ -521,9 +518,7 @@ static void open_record_run(run_t *r, etp_context_t *ctx)
     memset(r, 0, sizeof *r);
     r->ctx = ctx;
     ETP_OK(etp_context_world(r->ctx, &r->world));
-    etp_group_config_t gc = ETP_GROUP_CONFIG_INIT;
-    gc.num_roles = 2;
-    ETP_OK(etp_group_split(r->world, 0, g_rank, &gc, &r->tp));
+    r->tp = tu_test_tp(r->ctx, "etp");
     ETP_OK(etp_stream_create(r->ctx, ETP_STREAM_PRIORITY_NORMAL, &r->main));
     etp_chain_config_t cc = ETP_CHAIN_CONFIG_INIT;
     cc.group = r->tp;

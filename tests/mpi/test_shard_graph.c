@@ -226,11 +226,7 @@ static void run_graph_replay(int64_t seed)
     gfx_t f;
     memset(&f, 0, sizeof f);
     f.ctx = tu_test_ctx(seed);
-    etp_group_t *world;
-    ETP_OK(etp_context_world(f.ctx, &world));
-    etp_group_config_t gc = ETP_GROUP_CONFIG_INIT;
-    gc.num_roles = 2;
-    ETP_OK(etp_group_split(world, 0, g_rank, &gc, &f.tp));
+    f.tp = tu_test_tp(f.ctx, "etp");
     ETP_OK(etp_stream_create(f.ctx, ETP_STREAM_PRIORITY_NORMAL, &f.main));
     etp_chain_config_t cc = ETP_CHAIN_CONFIG_INIT;
     cc.group = f.tp;
@@ -316,8 +312,8 @@ static void run_graph_replay(int64_t seed)
         free(f.got_g[i]);
     }
     ETP_OK(etp_stream_destroy(f.main));
-    ETP_OK(etp_group_destroy(f.tp));
-    ETP_OK(etp_context_destroy(f.ctx));
+    tu_test_tp_done(f.tp);
+    tu_test_ctx_done(f.ctx);
 }
 
 static void test_graph_replay_fresh_versions(void **state)

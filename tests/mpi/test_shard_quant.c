@@ -240,11 +240,8 @@ static long check_param(int i, const qspec_t *q, etp_param_t *p, etp_stream_t *m
 static void run_quant_gathers(int64_t seed)
 {
     etp_context_t *ctx = tu_test_ctx(seed);
-    etp_group_t *world, *tp;
-    ETP_OK(etp_context_world(ctx, &world));
-    etp_group_config_t gc = ETP_GROUP_CONFIG_INIT;
-    gc.num_roles = 2;
-    ETP_OK(etp_group_split(world, 0, g_rank, &gc, &tp));
+    etp_group_t *tp;
+    tp = tu_test_tp(ctx, "etp");
     etp_stream_t *main_s;
     ETP_OK(etp_stream_create(ctx, ETP_STREAM_PRIORITY_NORMAL, &main_s));
     etp_chain_config_t cc = ETP_CHAIN_CONFIG_INIT;
@@ -301,8 +298,8 @@ static void run_quant_gathers(int64_t seed)
     ETP_OK(etp_chain_destroy(chain));
     for (size_t i = 0; i < NQ; i++) ETP_OK(etp_param_destroy(p[i]));
     ETP_OK(etp_stream_destroy(main_s));
-    ETP_OK(etp_group_destroy(tp));
-    ETP_OK(etp_context_destroy(ctx));
+    tu_test_tp_done(tp);
+    tu_test_ctx_done(ctx);
 }
 
 #ifndef ETP_SHARD_TEST_CUDA
@@ -318,11 +315,8 @@ static long cache_reader(int64_t seed, unsigned skip, int cross)
     const qspec_t q = {ETP_PARAM_QUANT_NVFP4, 2, 100, 48, 16, ETP_DTYPE_BF16, 0, 0, 1};
     const int id = 90;
     etp_context_t *ctx = tu_test_ctx(seed);
-    etp_group_t *world, *tp;
-    ETP_OK(etp_context_world(ctx, &world));
-    etp_group_config_t gc = ETP_GROUP_CONFIG_INIT;
-    gc.num_roles = 2;
-    ETP_OK(etp_group_split(world, 0, g_rank, &gc, &tp));
+    etp_group_t *tp;
+    tp = tu_test_tp(ctx, "etp");
     etp_stream_t *main_s, *side;
     ETP_OK(etp_stream_create(ctx, ETP_STREAM_PRIORITY_NORMAL, &main_s));
     ETP_OK(etp_stream_create(ctx, ETP_STREAM_PRIORITY_NORMAL, &side));
@@ -420,8 +414,8 @@ static long cache_reader(int64_t seed, unsigned skip, int cross)
     ETP_OK(etp_event_destroy(ev));
     ETP_OK(etp_stream_destroy(side));
     ETP_OK(etp_stream_destroy(main_s));
-    ETP_OK(etp_group_destroy(tp));
-    ETP_OK(etp_context_destroy(ctx));
+    tu_test_tp_done(tp);
+    tu_test_ctx_done(ctx);
     long all = 0;
     MPI_Allreduce(&bad, &all, 1, MPI_LONG, MPI_SUM, MPI_COMM_WORLD);
     return all;
