@@ -106,16 +106,13 @@ etp_status_t etp_quantizer_create(etp_context_t *ctx, const etp_quantizer_config
     q->cfg = cfg;
     const etp__quant_kernels_t *k = ctx->be->ops->kernels->quant;
     if (k->launch_width) {
-        /* clusters off: not even asked for (a device query the launches
-         * would never use) */
-        etp_status_t st = k->launch_width(ctx->be, &q->sms, ctx->env.quant_cast_clusters ? &q->clusters : NULL);
+        const etp__test_knobs_t *knobs = &ctx->be->test;
+        etp_status_t st = k->launch_width(ctx->be, &q->sms, knobs->quant_no_clusters ? NULL : &q->clusters);
         if (st != ETP_SUCCESS) {
             free(q);
             return st;
         }
-        /* a narrower grid on request (tests: every path of the kernels'
-         * grid-stride loops on small tensors) */
-        if (ctx->env.quant_launch_sms > 0) q->sms = (uint32_t)ctx->env.quant_launch_sms;
+        if (knobs->quant_launch_sms > 0) q->sms = knobs->quant_launch_sms;
     }
     if (k->workspace_bytes) {
         etp_status_t st = etp_mem_alloc(ctx, k->workspace_bytes, ETP_MEM_WORKSPACE, &q->workspace);
@@ -344,9 +341,8 @@ static void batch_header(etp_quantizer_t *q, uint32_t op)
     b->noop = q->cfg.noop_flag;
     b->workspace = q->workspace;
     b->sms = q->sms;
-    b->cast_kernel = (uint32_t)q->ctx->env.quant_cast_kernel;
     b->clusters = q->clusters;
-    b->compact = (uint32_t)q->ctx->env.quant_cast_compact;
+    b->compact_all = q->ctx->be->test.quant_compact_all ? 1u : 0u;
 }
 
 /* Launch the batch's header over tensors [0, n), ETP__QB_MAX at a time; fill(i, t)

@@ -15,6 +15,6 @@ if(ETP_WITH_MPI)
 endif()
 if(ETP_WITH_CUDA AND ETP_WITH_MPI)
   # internal: the MXFP8 steps use the quant module's host reference
-  etp_add_gpu_test(test_ep_gpu gpu/test_ep_gpu.c ON "ep,quant" 1 2 4)
+  etp_add_gpu_test(test_ep_gpu gpu/test_ep_gpu.c ON "ep,quant" 1 2 4 8)
   target_include_directories(test_ep_gpu PRIVATE ${CMAKE_CURRENT_SOURCE_DIR}/mpi)
 endif()

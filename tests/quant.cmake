@@ -25,7 +25,7 @@ if(ETP_WITH_MPI)
   # GPU: no collective). Without CUDA the programs are built for their host
   # variants alone (they include no CUDA header then).
   if(ETP_WITH_CUDA)
-    etp_add_gpu_test(test_quant_gpu gpu/test_quant_gpu.c ON quant 1 2 4)
+    etp_add_gpu_test(test_quant_gpu gpu/test_quant_gpu.c ON quant 1 2 4 8)
     etp_add_gpu_test(test_quant_swizzle_gpu gpu/test_quant_swizzle_gpu.c ON quant 1 4)
   else()
     etp_test_target(test_quant_gpu gpu/test_quant_gpu.c ON)
@@ -47,52 +47,39 @@ if(ETP_WITH_MPI)
 endif()
 
 if(ETP_WITH_CUDA AND ETP_WITH_MPI)
-  # test_quant_gpu on one GPU with the cast's grid sized for 8 multiprocessors:
-  # each block walks many tiles, and more of the test's tensors get runs of
-  # 1 x 4 tiles (with their scale images), partial runs at their edges
-  # included, which a full grid gives only to larger batches. NVFP4 16x16
-  # runs with row-major scales go to thread-block clusters there (sm_90):
-  # _noclu runs the same without them, the path of older devices. Both
-  # compact every NVFP4 16x16 row-major cast's scales (the expansion kernel;
-  # by default only large batches do, which the full-grid test leaves
-  # uncompacted).
+  # test_quant_gpu on one GPU with the cast's grid sized for 8 multiprocessors
+  # (test knobs, tests/common/test_knobs.h): each block walks many tiles, and
+  # more of the test's tensors get runs of 1 x 4 tiles (with their scale
+  # images), partial runs at their edges included, which a full grid gives
+  # only to larger batches. NVFP4 16x16 runs with row-major scales go to
+  # thread-block clusters there: _noclu runs the same without them, the
+  # path of a device that fits none. Both compact every NVFP4 16x16
+  # row-major cast's scales (the expansion kernel; by default only large
+  # batches do, which the full-grid test leaves uncompacted). (The general
+  # kernel meets whole-tile MXFP8 shapes in every variant: test_quant_gpu
+  # gives some of those batches a misaligned buffer or one direction.)
   if(ETP_GPU_TESTS)
-    foreach(clu 1 0)
-      set(name test_quant_gpu_np1_sms8)
-      if(clu EQUAL 0)
-        set(name test_quant_gpu_np1_sms8_noclu)
+    foreach(variant sms8 sms8_noclu)
+      set(knobs "ETP_TEST_QUANT_LAUNCH_SMS=8;ETP_TEST_QUANT_COMPACT_ALL=1")
+      if(variant STREQUAL "sms8_noclu")
+        list(APPEND knobs "ETP_TEST_QUANT_NO_CLUSTERS=1")
       endif()
-      add_test(NAME ${name}
+      add_test(NAME test_quant_gpu_np1_${variant}
         COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 1 --oversubscribe --bind-to none
                 ${MPIEXEC_PREFLAGS} $<TARGET_FILE:test_quant_gpu> ${MPIEXEC_POSTFLAGS})
-      set_tests_properties(${name} PROPERTIES LABELS "gpu;quant"
-        ENVIRONMENT "${ETP_TEST_ENV};NCCL_NVLS_ENABLE=0;ETP_QUANT_LAUNCH_SMS=8;ETP_QUANT_CAST_CLUSTERS=${clu};ETP_QUANT_CAST_COMPACT=2"
-        TIMEOUT 600)
+      set_tests_properties(test_quant_gpu_np1_${variant} PROPERTIES LABELS "gpu;quant"
+        ENVIRONMENT "${ETP_TEST_ENV};NCCL_NVLS_ENABLE=0;${knobs}" TIMEOUT 600)
     endforeach()
-    # The previous cast kernel (kernels/quant/cast_v2.cu), still a
-    # production path (ETP_QUANT_CAST_KERNEL=2), on one GPU.
-    add_test(NAME test_quant_gpu_np1_cast2
-      COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 1 --oversubscribe --bind-to none
-              ${MPIEXEC_PREFLAGS} $<TARGET_FILE:test_quant_gpu> ${MPIEXEC_POSTFLAGS})
-    set_tests_properties(test_quant_gpu_np1_cast2 PROPERTIES LABELS "gpu;quant"
-      ENVIRONMENT "${ETP_TEST_ENV};NCCL_NVLS_ENABLE=0;ETP_QUANT_CAST_KERNEL=2" TIMEOUT 600)
-    # The general v3 kernel on the whole-tile MXFP8 batches too, which by
-    # default take their own kernel (ETP_QUANT_CAST_KERNEL=4).
-    add_test(NAME test_quant_gpu_np1_cast3
-      COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 1 --oversubscribe --bind-to none
-              ${MPIEXEC_PREFLAGS} $<TARGET_FILE:test_quant_gpu> ${MPIEXEC_POSTFLAGS})
-    set_tests_properties(test_quant_gpu_np1_cast3 PROPERTIES LABELS "gpu;quant"
-      ENVIRONMENT "${ETP_TEST_ENV};NCCL_NVLS_ENABLE=0;ETP_QUANT_CAST_KERNEL=3" TIMEOUT 600)
   endif()
   # The captured quantize with CUDA graphs; _compact: every NVFP4 16x16
   # row-major cast compacts its scales, so that the expansion kernel is
   # captured too and skipped with the cast on the noop replay.
-  etp_add_gpu_test(test_quant_graph_gpu gpu/test_quant_graph_gpu.c ON quant 1 2 4)
+  etp_add_gpu_test(test_quant_graph_gpu gpu/test_quant_graph_gpu.c ON quant 1 2 4 8)
   if(ETP_GPU_TESTS)
     add_test(NAME test_quant_graph_gpu_np1_compact
       COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 1 --oversubscribe --bind-to none
               ${MPIEXEC_PREFLAGS} $<TARGET_FILE:test_quant_graph_gpu> ${MPIEXEC_POSTFLAGS})
     set_tests_properties(test_quant_graph_gpu_np1_compact PROPERTIES LABELS "gpu;quant"
-      ENVIRONMENT "${ETP_TEST_ENV};NCCL_NVLS_ENABLE=0;ETP_QUANT_CAST_COMPACT=2" TIMEOUT 600)
+      ENVIRONMENT "${ETP_TEST_ENV};NCCL_NVLS_ENABLE=0;ETP_TEST_QUANT_COMPACT_ALL=1" TIMEOUT 600)
   endif()
 endif()

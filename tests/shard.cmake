@@ -22,19 +22,20 @@ if(ETP_WITH_MPI)
     ENVIRONMENT "${ETP_TEST_ENV};ETP_TEST_STEPS=1000" TIMEOUT 3600)
 endif()
 if(ETP_WITH_CUDA AND ETP_WITH_MPI)
-  etp_add_gpu_test(test_gpu_shard gpu/test_gpu_shard.c ON shard 1 2 4)
-  etp_add_gpu_test(test_gpu_shard_quant gpu/test_gpu_shard_quant.c ON "shard,quant" 1 2 4)
-  etp_add_gpu_test(test_gpu_shard_graph gpu/test_gpu_shard_graph.c ON shard 1 2 4)
-  # The same on 2 and 4 GPUs with every chain buffer a copy-engine window
-  # (the tests' weights are smaller than the 1 MiB a window needs by default).
+  etp_add_gpu_test(test_gpu_shard gpu/test_gpu_shard.c ON shard 1 2 4 8)
+  etp_add_gpu_test(test_gpu_shard_quant gpu/test_gpu_shard_quant.c ON "shard,quant" 1 2 4 8)
+  etp_add_gpu_test(test_gpu_shard_graph gpu/test_gpu_shard_graph.c ON shard 1 2 4 8)
+  # The same on 2, 4 and 8 GPUs with every chain buffer a copy-engine window
+  # (the tests' weights are smaller than the 1 MiB a window needs by default:
+  # the test knob window_any_size, tests/common/test_knobs.h).
   if(ETP_GPU_TESTS)
     foreach(t test_gpu_shard test_gpu_shard_quant test_gpu_shard_graph)
-      foreach(np 2 4)
+      foreach(np 2 4 8)
         add_test(NAME ${t}_ce_np${np}
           COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} ${np} --oversubscribe --bind-to none
                   ${MPIEXEC_PREFLAGS} $<TARGET_FILE:${t}> ${MPIEXEC_POSTFLAGS})
         set_tests_properties(${t}_ce_np${np} PROPERTIES LABELS "gpu;shard"
-          ENVIRONMENT "${ETP_TEST_ENV};NCCL_NVLS_ENABLE=0;ETP_COPY_ENGINE=2" TIMEOUT 600)
+          ENVIRONMENT "${ETP_TEST_ENV};NCCL_NVLS_ENABLE=0;ETP_TEST_WINDOW_ANY_SIZE=1" TIMEOUT 600)
       endforeach()
     endforeach()
   endif()

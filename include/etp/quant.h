@@ -101,7 +101,7 @@ typedef struct etp_quantizer_config {
     int swizzle_scales;            /* 1: scales in cuBLASLt's 128x4 tiled order, the one a
                                       block-scaled GEMM reads. 0: row-major; with 16x16
                                       blocks on sm_90 as fast to cast into for large
-                                      batches (ETP_QUANT_CAST_COMPACT; H200: even to 3%
+                                      batches (scales compacted; H200: even to 3%
                                       faster, H100: 2-5% faster); 3-8% slower where that
                                       does not apply (smaller batches, 1x16 blocks);
                                       docs/PERF.md */

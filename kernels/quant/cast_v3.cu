@@ -3,10 +3,6 @@
  * pass, one launch per input type of the batch, and the expansion of
  * compacted scales; the design is in cast_v3_tile.cuh.
  */
-#ifdef ETP_QUANT_CAST_DIAG
-#include <stdlib.h> /* getenv, strtoul */
-#endif
-
 #include "quant_kernels.h"
 #include "cast_v3_cluster.cuh"
 #include "cast_v3_mxfp8.cuh"
@@ -175,15 +171,15 @@ __global__ void __launch_bounds__(kThreads, kNv ? kCastV3NvBlocksPerSm : kCastV3
         /* every thread has filled the previous run's image: it leaves (the
          * image is filled again two runs on, after at least one more
          * barrier) */
-        if (pend && !ETP__CAST_LEAVE_OUT(8)) run_out_v3(pend_img, pend_scales, pend_ld, pend_r0, pend_kb0, g.tid, b.compact);
+        if (pend) run_out_v3(pend_img, pend_scales, pend_ld, pend_r0, pend_kb0, g.tid, b.compact);
         pend = false;
-        if (act && !ETP__CAST_LEAVE_OUT(8)) {
+        if (act) {
             if (kWide)
                 mx_wide_scales_out_v3(t, fl, r0, c0, st[par]);
             else
                 scales_out_v3<kNv, kClu>(b, t, fl, r0, c0, st[par], rimg_cur, (int)j * kBlocksPerTile, !merged);
         }
-        if (cstage && !ETP__CAST_LEAVE_OUT(2)) stage_out_v3(cstage, t.col_data, t.rows / 2, c0, r0 / 2, g.tid);
+        if (cstage) stage_out_v3(cstage, t.col_data, t.rows / 2, c0, r0 / 2, g.tid);
         if (kImg && rimg_cur && j + 1 == len) { /* the run's last tile */
             const etp__qf_scale_shape_t ss =
                 kNv ? etp__qf_nvfp4_row_scales(t.rows, t.cols) : etp__qf_mxfp8_row_scales(t.rows, t.cols);
@@ -208,7 +204,7 @@ __global__ void __launch_bounds__(kThreads, kNv ? kCastV3NvBlocksPerSm : kCastV3
                     const int jl = g.tid / kBandPieces, h = g.tid % kBandPieces;
                     const uint4 v =
                         *reinterpret_cast<const uint4 *>(&cimg[q * kCimgBytes + (jl >> 4) * (kBand * 8) + 16 * h]);
-                    if (!ETP__CAST_LEAVE_OUT(8) && !ETP__CAST_LEAVE_OUT(32) && (!b.compact || (jl & 15) == 15))
+                    if (!b.compact || (jl & 15) == 15)
                         *reinterpret_cast<uint4 *>(mdst[g.tid]) = v;
                 }
                 cs ^= kPh << q;
@@ -248,7 +244,7 @@ __global__ void __launch_bounds__(kThreads, kNv ? kCastV3NvBlocksPerSm : kCastV3
     }
     if (kImg && pend) {
         __syncthreads();
-        if (!ETP__CAST_LEAVE_OUT(8)) run_out_v3(pend_img, pend_scales, pend_ld, pend_r0, pend_kb0, g.tid, b.compact);
+        run_out_v3(pend_img, pend_scales, pend_ld, pend_r0, pend_kb0, g.tid, b.compact);
     }
     if (kClu) { /* the last tile's merged pieces (and no block leaves while others may write to it) */
         cluster_wait_v3();
@@ -257,7 +253,7 @@ __global__ void __launch_bounds__(kThreads, kNv ? kCastV3NvBlocksPerSm : kCastV3
             mbar_wait_v3(&cbar[q], (cs / (kPh << q)) & 1u);
             const int jl = g.tid / kBandPieces, h = g.tid % kBandPieces;
             const uint4 v = *reinterpret_cast<const uint4 *>(&cimg[q * kCimgBytes + (jl >> 4) * (kBand * 8) + 16 * h]);
-            if (!ETP__CAST_LEAVE_OUT(8) && !ETP__CAST_LEAVE_OUT(32) && (!b.compact || (jl & 15) == 15))
+            if (!b.compact || (jl & 15) == 15)
                 *reinterpret_cast<uint4 *>(mdst[g.tid]) = v;
         }
     }
@@ -327,8 +323,7 @@ uint8_t cast_flags_v3(const etp__qbatch_t *b, const etp__qb_tensor_t &t)
     return f;
 }
 
-/* Runs a resident block from which a launch compacts its scales (the
- * default, ETP_QUANT_CAST_COMPACT=1). */
+/* Runs a resident block from which a launch compacts its scales. */
 constexpr uint64_t kCompactRuns = 4;
 
 /* The expansion's units (16 bytes of one group's source row) of the
@@ -403,15 +398,7 @@ uint64_t plan_tiles_v3(const etp__qbatch_t *batch, int only, uint32_t run, Param
 
 cudaError_t launch_cast_v3(cudaStream_t s, const etp__qbatch_t *batch, Params &p)
 {
-#ifdef ETP_QUANT_CAST_DIAG
-    {
-        const char *d = getenv("ETP_QUANT_CAST_DIAG");
-        const uint32_t bits = d ? (uint32_t)strtoul(d, nullptr, 0) : 0u;
-        const cudaError_t e = cudaMemcpyToSymbolAsync(g_cast_diag, &bits, sizeof bits, 0, cudaMemcpyHostToDevice, s);
-        if (e != cudaSuccess) return e;
-    }
-#endif
-    if (batch->cast_kernel != 3) { /* whole-tile MXFP8 batches: their own kernel */
+    { /* whole-tile MXFP8 batches: their own kernel */
         bool done = false;
         const cudaError_t e = launch_whole_v3(s, batch, p, &done);
         if (e != cudaSuccess || done) return e;
@@ -422,14 +409,14 @@ cudaError_t launch_cast_v3(cudaStream_t s, const etp__qbatch_t *batch, Params &p
     const uint64_t most = (uint64_t)batch->sms * (nv ? kCastV3NvBlocksPerSm : kCastV3MxBlocksPerSm);
     uint64_t totals[2];
     uint32_t runs[2] = {1, 1};
-    /* compact scales (the expansion above), by default (compact 1) for
-     * launches of at least kCompactRuns runs a resident block: smaller
-     * ones, whose outputs L2 holds whole, complete their scale sectors
-     * there and only pay for the second launch (H100, 64 x [1024,
-     * 512]: 50 -> 54 us; 8 x [8192, 4096]: 344 -> 312 us; the
-     * crossover on H100 and H200 near 4 x [8192, 4096], docs/PERF.md);
-     * compact 2: every launch it applies to (tests) */
-    const bool compact = batch->compact && nv && batch->block2d && !batch->swizzle;
+    /* compact scales (the expansion above) for launches of at least
+     * kCompactRuns runs a resident block: smaller ones, whose outputs L2
+     * holds whole, complete their scale sectors there and only pay for
+     * the second launch (H100, 64 x [1024, 512]: 50 -> 54 us; 8 x [8192,
+     * 4096]: 344 -> 312 us; the crossover on H100 and H200 near 4 x
+     * [8192, 4096], docs/PERF.md); compact_all (a test knob): every
+     * launch it applies to */
+    const bool compact = nv && batch->block2d && !batch->swizzle;
     bool compacted[2] = {false, false};
     for (uint32_t k = 0; k < batch->n; k++) p.fl[k] = cast_flags_v3(batch, batch->t[k]);
     for (int dt = 0; dt < 2; dt++) { /* checked before anything is launched */
@@ -443,14 +430,21 @@ cudaError_t launch_cast_v3(cudaStream_t s, const etp__qbatch_t *batch, Params &p
             totals[dt] = plan_tiles_v3(batch, dt, kRunNv, &p, wide);
         }
         compacted[dt] = compact && totals[dt] > 0 &&
-                        (batch->compact == 2 || (runs[dt] == kRunNv && totals[dt] >= kCompactRuns * most));
+                        (batch->compact_all || (runs[dt] == kRunNv && totals[dt] >= kCompactRuns * most));
     }
     const uint64_t expand_units = plan_expand_v3(batch, p.fl, compacted, nullptr);
     if (expand_units > 0x7fffffffu) return cudaErrorInvalidValue;
     for (int dt = 0; dt < 2; dt++) {
         if (totals[dt] == 0) continue;
         /* NVFP4 16x16 blocks, row-major scales, in runs: clusters of
-         * kBand blocks take bands of runs (the kClu kernel) */
+         * kBand blocks take bands of runs (the kClu kernel). Every device
+         * built for (sm_90 and later) launches clusters, but whether a
+         * cluster of these blocks fits is the driver's answer at run time
+         * (etp__cuda_quant_cluster_fit), and a cluster launch that cannot
+         * fit fails. Where it says none fits (clusters 0), the general
+         * kernel: the same bytes in 8-byte scale pieces (6-9% slower),
+         * and it runs every other NVFP4 launch anyway, so the fallback
+         * costs no code (the test knob quant_no_clusters keeps it tested). */
         const bool clu = nv && runs[dt] == kRunNv && batch->clusters && batch->block2d && !batch->swizzle;
         const uint32_t band = clu ? kBand : 1;
         p.b.compact = compacted[dt] ? 1u : 0u;

@@ -13,7 +13,7 @@ namespace etp__qk {
  *
  * NVFP4 16x16 scales in the row-major layout: a tile's columnwise scales are
  * 8 bytes of each of 128 scale rows, a quarter of a 32-byte sector that the
- * three tiles below it complete (docs/PERF.md, seventh session: those
+ * three tiles below it complete (docs/PERF.md: those
  * pieces are the whole gap to the swizzled layout). A cluster of kBand
  * blocks converts the kBand tiles of a band (kBand tile rows, the same
  * columns) at the same time, in the grid-stride order of runs that keeps
@@ -25,13 +25,8 @@ namespace etp__qk {
  * kBandCols i ..), and each block writes its rows' kBand * 8 bytes as
  * 16-byte stores. kBand = 2 (half sectors) measured faster than 4 (whole
  * ones) on an H200: clusters of 4 do not fill every SM (62 of 66 fit, the
- * GPCs' slots not being multiples of 4), clusters of 2 do (docs/PERF.md,
- * eighth session). */
-#ifdef ETP_QUANT_V3_BAND
-constexpr uint32_t kBand = ETP_QUANT_V3_BAND; /* a measuring build's (2, 4 or 8) */
-#else
+ * GPCs' slots not being multiples of 4), clusters of 2 do (docs/PERF.md). */
 constexpr uint32_t kBand = 2;
-#endif
 constexpr int kBandCols = kTileV3 / kBand;         /* the tile columns whose scale rows a block writes */
 constexpr int kBandGroups = kBandCols / 16;        /* their 16-column groups */
 constexpr int kBandPieces = kBand * 8 / 16;        /* 16-byte pieces of a band's scale row */

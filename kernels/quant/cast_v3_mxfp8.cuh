@@ -209,21 +209,17 @@ __device__ __forceinline__ void mx_tile_v3(const etp__qbatch_t &b, const etp__qb
         return;
     }
     if (rowd) {
-        if (!ETP__CAST_LEAVE_OUT(4)) {
-            if (e5m2)
-                mx_codes_out_v3<kBf, true>(t.row_data, t, R, C, w, sr, sc, false);
-            else
-                mx_codes_out_v3<kBf, false>(t.row_data, t, R, C, w, sr, sc, false);
-        }
+        if (e5m2)
+            mx_codes_out_v3<kBf, true>(t.row_data, t, R, C, w, sr, sc, false);
+        else
+            mx_codes_out_v3<kBf, false>(t.row_data, t, R, C, w, sr, sc, false);
         *reinterpret_cast<uint16_t *>(mx_st_row<kWide>(st, g.tc, g.tr + 2 * qr)) = (uint16_t)er;
     }
     if (cold) {
-        if (!ETP__CAST_LEAVE_OUT(2)) {
-            if (e5m2)
-                mx_codes_out_v3<kBf, true>(t.col_data, t, R, C, w, sr, sc, true);
-            else
-                mx_codes_out_v3<kBf, false>(t.col_data, t, R, C, w, sr, sc, true);
-        }
+        if (e5m2)
+            mx_codes_out_v3<kBf, true>(t.col_data, t, R, C, w, sr, sc, true);
+        else
+            mx_codes_out_v3<kBf, false>(t.col_data, t, R, C, w, sr, sc, true);
         *reinterpret_cast<uint16_t *>(mx_st_col<kWide>(st, g.wr, g.tc + 2 * qc)) = (uint16_t)ec;
     }
 }

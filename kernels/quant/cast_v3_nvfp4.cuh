@@ -22,8 +22,8 @@ namespace etp__qk {
  * threads to an output row's 64 contiguous bytes. The 16-byte chunks of a
  * staged row are XOR-swizzled by (row / 8) % 4, which halves the bank
  * conflicts of the threads' 4-byte writes (8 rows apart) and keeps the
- * 16-byte reads conflict-free. The rowwise codes were staged the same way
- * until the sixth session; stored straight from registers (whole sectors
+ * 16-byte reads conflict-free. The rowwise codes were once staged the
+ * same way; stored straight from registers (whole sectors
  * already) they take 8 global stores a thread and tile where staging took
  * 8 shared stores, 2 shared loads and 2 global stores, the last four after
  * the barrier, on SMs that bound the BF16 kernel: 0.836 -> 0.873 of a copy
@@ -66,14 +66,12 @@ __device__ __forceinline__ void stage_out_v3(const uint8_t *stage, void *data, s
 __device__ __forceinline__ void nv_rows_out_v3(const etp__qb_tensor_t &t, size_t R, size_t C,
                                                const uint32_t (&w)[8])
 {
-    if (ETP__CAST_LEAVE_OUT(4)) return;
     nv_out_v3(t.row_data, t.rows, t.cols, R, C, w);
 }
 
 __device__ __forceinline__ void nv_cols_out_v3(const etp__qb_tensor_t &t, size_t R, size_t C,
                                                const uint32_t (&w)[8], uint8_t *stage)
 {
-    if (ETP__CAST_LEAVE_OUT(2)) return;
     if (stage)
         stage_put_v3(stage, (int)(C % kTileV3), (int)(R % kTileV3), w);
     else
@@ -82,7 +80,7 @@ __device__ __forceinline__ void nv_cols_out_v3(const etp__qb_tensor_t &t, size_t
 
 /* ---- v3 NVFP4 ------------------------------------------------------------- */
 
-/* The per-element path (a NaN in the warp's blocks): v2's conversions,
+/* The per-element path (a NaN in the warp's blocks): the codec's conversions,
  * amaxes that skip NaNs, every scale computed where it is used. */
 template <bool kBf>
 __device__ __noinline__ void nv_tile_safe_v3(const etp__qbatch_t &b, const etp__qb_tensor_t &t, GeoV3 g,
@@ -211,11 +209,7 @@ __device__ __forceinline__ void nv_tile_v3(const etp__qbatch_t &b, const etp__qb
          * monotonic): most warps skip the clamp, 64 instructions a thread
          * and 5% of the kernel's time once its stores were staged (H200,
          * 256 MiB). */
-        if (ETP__CAST_LEAVE_OUT(1)) {
-#pragma unroll
-            for (int i = 0; i < 8; i++) o[i] = w[i][0] ^ w[i][1] ^ w[i][2] ^ w[i][3] ^ __float_as_uint(m);
-        } else if (!ETP__CAST_LEAVE_OUT(16) &&
-                   __any_sync(kFull, !(__uint_as_float(a) * m < ETP__QF_E2M1_UNCLAMPED_BELOW))) {
+        if (__any_sync(kFull, !(__uint_as_float(a) * m < ETP__QF_E2M1_UNCLAMPED_BELOW))) {
 #pragma unroll
             for (int i = 0; i < 8; i++) o[i] = e2m1_row_v3<kBf, true>(w[i], mm) | fp4_signs_v3<kBf>(w[i]);
         } else {

@@ -14,10 +14,6 @@ namespace etp__qk {
 __device__ __forceinline__ void scale_word_out_v3(void *base, size_t off, uint32_t v)
 {
     uint8_t *d = static_cast<uint8_t *>(base) + off;
-    if (ETP__CAST_LEAVE_OUT(32)) { /* everything but the store (a store kept for a value never seen) */
-        if (v == 0x9e3779b9u) *static_cast<volatile uint8_t *>(base) = 0;
-        return;
-    }
     st4_v3(d, v, (reinterpret_cast<uintptr_t>(d) & 3u) == 0);
 }
 
@@ -177,10 +173,6 @@ __device__ __forceinline__ void run_out_v3(const uint8_t *rimg, void *scales, si
     const int row = tid / (kRunRowBytes / 16), h = tid % (kRunRowBytes / 16);
     if (compact && (row & 15) != 15) return; /* the expansion's (16x16 blocks) */
     const uint4 v = *reinterpret_cast<const uint4 *>(rimg + row * kRunRowBytes + 16 * h);
-    if (ETP__CAST_LEAVE_OUT(32)) {
-        if (v.x == 0x9e3779b9u) *static_cast<volatile uint8_t *>(scales) = 0;
-        return;
-    }
     *reinterpret_cast<uint4 *>(static_cast<uint8_t *>(scales) + (r0 + row) * ld + kb0 + 16 * h) = v;
 }
 

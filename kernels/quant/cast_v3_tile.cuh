@@ -9,11 +9,12 @@
 
 namespace etp__qk {
 
-/* ---- cast v3 (the default) -------------------------------------------------
+/* ---- cast v3 (rounding to nearest) -----------------------------------------
  *
- * v2 put every tile in shared memory as FP32, converted each element with
- * ~15 instructions (a float-to-int conversion among them) once per
- * direction and stored the columnwise outputs a byte or 8 bytes at a time:
+ * The first cast (the stochastic-rounding one, cast_sr.cu, is what
+ * remains of it) put every tile in shared memory as FP32, converted each
+ * element with ~15 instructions (a float-to-int conversion among them) once
+ * per direction and stored the columnwise outputs a byte or 8 bytes at a time:
  * at 256 MiB it ran at 0.2-0.27 of a device copy, bound by instructions and
  * store transactions rather than by memory. v3 keeps each thread's 8 x 8
  * elements in registers from load to store:
@@ -55,29 +56,14 @@ namespace etp__qk {
  *   place, so neither type's registers crowd the other's.
  * A warp whose blocks hold a NaN (or, MXFP8, whose scale would let an
  * element pass the format's largest value: an infinite amax) converts with
- * the v2 functions instead, element by element. */
-
-#ifdef ETP_QUANT_CAST_DIAG
-/* A measuring build only (-DCMAKE_CUDA_FLAGS=-DETP_QUANT_CAST_DIAG): parts
- * of the v3 cast left out, their outputs wrong, to see where the time goes
- * when instruction counts do not tell (docs/PERF.md, fourth session). The
- * bits of ETP_QUANT_CAST_DIAG in the environment at each launch: 1 the
- * NVFP4 conversion, 2 the columnwise data stores, 4 the rowwise ones, 8 the
- * scale write-out, 16 the NVFP4 clamp, 32 the scale write-out's global
- * stores alone (the words are still gathered and their offsets computed). */
-__constant__ uint32_t g_cast_diag;
-#define ETP__CAST_LEAVE_OUT(bit) ((g_cast_diag & (bit)) != 0u)
-#else
-#define ETP__CAST_LEAVE_OUT(bit) false
-#endif
-
+ * the codec's per-element functions (qf_codec.h) instead. */
 
 /* What the v3 cast would otherwise test of a tensor on every tile (its
  * pointers' alignment, its shape's divisibility, which outputs it has):
  * the launcher's, once per launch. The BF16 NVFP4 kernel is bound by its
  * SMs' instruction issue, and those tests, 64-bit and loaded from the
  * parameter block each time, were 4% of its instructions (with the masks
- * of the old 16x16 amax; ncu, H200, docs/PERF.md ninth session). */
+ * of the old 16x16 amax; ncu, H200, docs/PERF.md). */
 enum : uint8_t {
     kFlX16 = 1,   /* x 16-byte aligned, its rows whole 16-byte multiples: whole 8 x 8 pieces load as vectors */
     kFlRow = 2,   /* rowwise output */
@@ -90,19 +76,9 @@ enum : uint8_t {
 };
 
 constexpr int kTileV3 = 128;          /* v3 tiles: 128 x 128 elements */
-/* resident blocks per SM (launch bounds) of the NVFP4 and the MXFP8
- * kernels; a build may override them to measure the occupancy / register
- * trade-off */
-#ifdef ETP_QUANT_V3_NV_BLOCKS_PER_SM
-constexpr int kCastV3NvBlocksPerSm = ETP_QUANT_V3_NV_BLOCKS_PER_SM;
-#else
+/* resident blocks per SM (launch bounds) of the NVFP4 and the MXFP8 kernels */
 constexpr int kCastV3NvBlocksPerSm = 2;
-#endif
-#ifdef ETP_QUANT_V3_MX_BLOCKS_PER_SM
-constexpr int kCastV3MxBlocksPerSm = ETP_QUANT_V3_MX_BLOCKS_PER_SM;
-#else
 constexpr int kCastV3MxBlocksPerSm = 2;
-#endif
 constexpr uint32_t kFull = 0xffffffffu;
 constexpr uint32_t kAbs2 = 0x7fff7fffu; /* |x| of two BF16 */
 

@@ -37,21 +37,11 @@ namespace etp__qk {
  *   or above 0x7f80 in BF16) take the general kernel's per-element path
  *   (mx_tile_safe_v3), as there.
  * Geometry, registers' layout, scale staging and write-out are the general
- * wide-tile kernel's (cast_v3_tile.cuh), so outputs are the same bytes.
- * The measuring build's ETP_QUANT_CAST_DIAG bits leave nothing out here. */
+ * wide-tile kernel's (cast_v3_tile.cuh), so outputs are the same bytes. */
 
-/* resident blocks per SM (launch bounds) and tiles in flight a block; a
- * build may override them to measure */
-#ifdef ETP_QUANT_V3_WHOLE_BLOCKS_PER_SM
-constexpr int kWholeBlocksPerSm = ETP_QUANT_V3_WHOLE_BLOCKS_PER_SM;
-#else
+/* resident blocks per SM (launch bounds) and tiles in flight a block */
 constexpr int kWholeBlocksPerSm = 2;
-#endif
-#ifdef ETP_QUANT_V3_WHOLE_DEPTH
-constexpr int kWholeDepth = ETP_QUANT_V3_WHOLE_DEPTH;
-#else
 constexpr int kWholeDepth = 2;
-#endif
 constexpr size_t kWholeDyn = (size_t)kWholeDepth * 8 * kThreads * sizeof(uint4);
 
 /* Tensor t qualifies for the whole-tile kernel (an empty one, of any

@@ -92,8 +92,8 @@ inline uint64_t plan_units(const etp__qbatch_t *batch, Params *p, F &&units)
  * the host not synchronized. p: the parameter block, p.b a copy of the
  * batch (its compact field 0), everything else the launcher's to plan. */
 cudaError_t launch_amax(cudaStream_t s, const etp__qbatch_t *batch, Params &p);    /* multi-amax (amax.cu) */
-cudaError_t launch_cast_v2(cudaStream_t s, const etp__qbatch_t *batch, Params &p); /* stochastic rounding (cast_v2.cu) */
-cudaError_t launch_cast_v3(cudaStream_t s, const etp__qbatch_t *batch, Params &p); /* the default cast (cast_v3.cu) */
+cudaError_t launch_cast_sr(cudaStream_t s, const etp__qbatch_t *batch, Params &p); /* stochastic rounding (cast_sr.cu) */
+cudaError_t launch_cast_v3(cudaStream_t s, const etp__qbatch_t *batch, Params &p); /* rounding to nearest (cast_v3.cu) */
 cudaError_t launch_dequant(cudaStream_t s, const etp__qbatch_t *batch, Params &p); /* dequantize (dequant.cu) */
 
 } // namespace etp__qk

@@ -15,8 +15,9 @@
  *
  * This file is the entry point; each operation lives in its own file:
  * amax.cu (multi-amax), cast_v3.cu with the cast_v3_*.cuh pieces (the
- * default cast; cast_v3_whole.cuh: MXFP8 batches of whole tiles),
- * cast_v2.cu (stochastic rounding) and dequant.cu, sharing qk_common.cuh.
+ * cast of every batch rounding to nearest; cast_v3_whole.cuh: MXFP8
+ * batches of whole tiles), cast_sr.cu (stochastic rounding) and
+ * dequant.cu, sharing qk_common.cuh.
  */
 #include <string.h>
 
@@ -40,12 +41,8 @@ extern "C" cudaError_t etp__cuda_quant_launch(cudaStream_t s, const etp__qbatch_
     case ETP__QB_AMAX:
         return launch_amax(s, batch, p);
     case ETP__QB_CAST:
-        /* v3 unless asked for v2 (ETP_QUANT_CAST_KERNEL=2, kept as a
-         * fallback; 3 keeps whole-tile MXFP8 batches on the general v3
-         * kernel); stochastic rounding stays on v2, whose per-element path
-         * draws the random bits */
-        if (batch->cast_kernel != 2 && !batch->stochastic) return launch_cast_v3(s, batch, p);
-        return launch_cast_v2(s, batch, p);
+        if (batch->stochastic) return launch_cast_sr(s, batch, p);
+        return launch_cast_v3(s, batch, p);
     default:
         return launch_dequant(s, batch, p);
     }

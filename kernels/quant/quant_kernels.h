@@ -29,8 +29,8 @@ cudaError_t etp__cuda_quant_launch(cudaStream_t s, const etp__qbatch_t *batch);
 
 /* *clusters: how many thread-block clusters of the NVFP4 cast (16x16
  * blocks, row-major scales) the current device holds at once, 0 where it
- * launches no clusters (before sm_90). A device query: asked once per
- * quantizer, never on the launch path. */
+ * fits none (the cast then launches no clusters). A device query: asked
+ * once per quantizer, never on the launch path. */
 cudaError_t etp__cuda_quant_cluster_fit(uint32_t *clusters);
 
 #ifdef __cplusplus

@@ -50,18 +50,14 @@ typedef struct etp__qbatch {
     uint32_t direction;           /* DEQUANT: ETP_QUANT_ROWWISE or ETP_QUANT_COLUMNWISE */
     uint32_t sms;                 /* the device's multiprocessor count (read once, at
                                      quantizer creation), to size grids; 0: unknown */
-    uint32_t cast_kernel;         /* CAST on CUDA: 2 runs the previous kernel (cast_kernel_v2), 3
-                                     the general v3 for every batch, anything else v3 with
-                                     whole-tile MXFP8 batches in their own kernel
-                                     (ETP_QUANT_CAST_KERNEL) */
     uint32_t clusters;            /* CAST on CUDA: the NVFP4 cast's thread-block clusters the device
-                                     holds at once (read at quantizer creation); 0: no clusters
-                                     (before sm_90, or ETP_QUANT_CAST_CLUSTERS=0) */
-    uint32_t compact;             /* CAST on CUDA, NVFP4 16x16 blocks, row-major scales: the cast
-                                     writes only the last of each 16 equal scale rows of its
-                                     interior tiles, a second kernel copying it over the other
-                                     15; 1: large launches, 2: all, 0: none (ETP_QUANT_CAST_COMPACT;
-                                     the launcher passes its kernels 0 or 1) */
+                                     holds at once (read at quantizer creation); 0: no clusters */
+    uint32_t compact_all;         /* CAST on CUDA: every launch that can compacts its scales (the
+                                     test knob quant_compact_all; else large launches only) */
+    uint32_t compact;             /* CAST on CUDA, NVFP4 16x16 blocks, row-major scales: this
+                                     launch writes only the last of each 16 equal scale rows of its
+                                     interior tiles, a second kernel copying it over the other 15
+                                     (the launcher's choice, for its kernels; 0 from the module) */
     uint64_t seed;
     const int32_t *noop;          /* non-NULL and non-zero at run time: do nothing */
     float *amax_row, *amax_col;   /* AMAX outputs (either may be NULL), index first + i */

@@ -158,6 +158,7 @@ struct etp__be {
     const etp__backend_ops_t *ops;
     etp__logger_t *log;   /* the context's logger */
     etp__be_config_t cfg;
+    etp__test_knobs_t test; /* the context's (etp__context_test_knobs) */
     int rank, size;       /* in the world */
     int failed;           /* set by etp__be_fail: the context is aborted */
     etp_status_t fail_status;

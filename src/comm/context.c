@@ -95,6 +95,11 @@ etp_status_t etp__ctx_init(const etp_context_config_t *config, etp_context_t **o
     return ETP_SUCCESS;
 }
 
+etp__test_knobs_t *etp__context_test_knobs(etp_context_t *ctx)
+{
+    return &ctx->be->test;
+}
+
 void etp__ctx_free(etp_context_t *ctx)
 {
     if (!ctx) return;

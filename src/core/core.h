@@ -1,5 +1,6 @@
 /*
- * Internal core: error reporting, logging, environment settings, time.
+ * Internal core: error reporting, logging, environment settings, test
+ * knobs, time.
  * Everything here is per context or per thread; nothing is process-wide.
  */
 #ifndef ETP__CORE_H
@@ -101,33 +102,48 @@ unsigned etp__log_subsys_parse(const char *s);
 /* ---- environment ------------------------------------------------------ */
 
 /* Every setting etp reads from the environment, read in one place
- * (src/core/env.c) when a context is created. */
+ * (src/core/env.c, whose table gives each its name, default, doc and
+ * parser) when a context is created. */
 typedef struct etp__env {
     int log_level;          /* ETP_LOG_LEVEL */
     unsigned log_subsys;    /* ETP_LOG_SUBSYS */
     double timeout_s;       /* ETP_TIMEOUT_S */
     int check_collectives;  /* ETP_CHECK_COLLECTIVES */
-    int host_streams;       /* ETP_HOST_STREAMS: eager or shuffle */
+    int host_streams;       /* ETP_HOST_STREAMS: ETP_HOST_STREAMS_EAGER or _SHUFFLE */
     int64_t shuffle_seed;   /* ETP_HOST_SHUFFLE_SEED */
     int nccl_fast_launch;   /* ETP_NCCL_FAST_LAUNCH */
-    int copy_engine;        /* ETP_COPY_ENGINE */
-    int quant_cast_kernel;  /* ETP_QUANT_CAST_KERNEL: 2, 3 or 4 */
-    int quant_launch_sms;   /* ETP_QUANT_LAUNCH_SMS: 0 (the device's count) or a count */
-    int quant_cast_clusters; /* ETP_QUANT_CAST_CLUSTERS: 0 or 1 */
-    int quant_cast_compact;  /* ETP_QUANT_CAST_COMPACT: 0, 1 or 2 */
+    int copy_engine;        /* ETP_COPY_ENGINE: 0 or 1 */
 } etp__env_t;
 
-/* One row of the settings table, for docs and `etp-demo --env`. */
-typedef struct etp__env_doc {
-    const char *name;
-    const char *default_value;
-    const char *doc;
-} etp__env_doc_t;
-
-/* Read the settings. A malformed value is an error naming the variable. */
+/* Read the settings (etp_env_setting lists them). A malformed value is an
+ * error naming the variable, and leaves *env as it was. */
 etp_status_t etp__env_load(etp__env_t *env);
-/* The table of settings, terminated by a row whose name is NULL. */
-const etp__env_doc_t *etp__env_docs(void);
+
+/* ---- test knobs ------------------------------------------------------- */
+
+/* Paths that the library takes only for some shapes or devices, forced
+ * for tests. Not settings: no environment variable reaches them, only a
+ * test program linked to the static etp_internal library (the shared
+ * library does not export etp__ names), through etp__context_test_knobs
+ * after creating the context. All zero at creation: the product's paths. */
+typedef struct etp__test_knobs {
+    /* CUDA quantizers created afterwards size their grids for this many
+     * multiprocessors (0: the device's): their grid-stride loops and runs
+     * of tiles then meet the tests' small tensors */
+    uint32_t quant_launch_sms;
+    /* 1: CUDA quantizers created afterwards launch no thread-block
+     * clusters, as on a device that fits none */
+    int quant_no_clusters;
+    /* 1: every CUDA NVFP4 cast with 16x16 blocks and row-major scales
+     * compacts its scales (by default only large launches do) */
+    int quant_compact_all;
+    /* 1: chain buffers of any size are copy-engine windows (by default
+     * 1 MiB and more: the tests' buffers are smaller) */
+    int window_any_size;
+} etp__test_knobs_t;
+
+/* The context's knobs, to set after creating it (src/comm/context.c). */
+etp__test_knobs_t *etp__context_test_knobs(etp_context_t *ctx);
 
 /* ---- time ------------------------------------------------------------- */
 

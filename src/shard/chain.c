@@ -60,12 +60,8 @@ etp_status_t etp_chain_create(etp_context_t *ctx, const etp_chain_config_t *cfg,
     c->num_micro = cfg->num_microbatches;
     c->prefetch_on_update = cfg->prefetch_on_update;
     c->defer_zero = cfg->defer_zero_grad;
-    int rs_prio = ETP_STREAM_PRIORITY_HIGH;
-#ifdef ETP_SHARD_DIAG
-    if (etp__shard_diag(2)) rs_prio = ETP_STREAM_PRIORITY_NORMAL;
-#endif
     etp_status_t st = etp_stream_create(ctx, ETP_STREAM_PRIORITY_HIGH, &c->ag);
-    if (st == ETP_SUCCESS) st = etp_stream_create(ctx, rs_prio, &c->rs);
+    if (st == ETP_SUCCESS) st = etp_stream_create(ctx, ETP_STREAM_PRIORITY_HIGH, &c->rs);
     if (st == ETP_SUCCESS) st = etp_event_create(ctx, &c->scratch);
     if (st == ETP_SUCCESS) {
         c->ring = calloc((size_t)c->ring_n, sizeof *c->ring);
@@ -459,11 +455,7 @@ static etp_status_t issue(etp_chain_t *c, int u, etp_stream_t *caller)
          * writer first; the test-only edge switches keep the copy on the AG
          * stream, where only those edges order it. */
         const unsigned order = ETP__EDGE_SLOT_RELEASE | ETP__EDGE_SHARD_WRITER;
-        int on_caller = s->window && !c->graphed && !(c->skip_edges & order);
-#ifdef ETP_SHARD_DIAG
-        if (etp__shard_diag(16)) on_caller = 0;
-#endif
-        if (on_caller) {
+        if (s->window && !c->graphed && !(c->skip_edges & order)) {
             /* after the slot's last reader's release, which followed its
              * gather; with no release since that gather (issued again into
              * its own slot, or a tenant never gathered: evicted, or left

@@ -176,9 +176,6 @@ etp_status_t etp_reduce_grad(etp_param_t *p, etp_stream_t *stream, float scale)
     etp_status_t st2 = etp_batch_end(p->ctx);
     ETP__TRY(st != ETP_SUCCESS ? st : st2);
     etp__shard_geom_t g = {p->experts, p->shard_rows, p->cols, p->valid_rows, (int64_t)shard_elems};
-#ifdef ETP_SHARD_DIAG
-    if (!etp__shard_diag(1))
-#endif
     ETP__TRY(k->accumulate(be, c->rs->bs, p->main_grad, c->rs_stage, dt, g, R, (int64_t)shard_elems,
                            (int64_t)full_e, scale, p->zero_pending));
     p->zero_pending = 0;

@@ -43,11 +43,7 @@ etp_status_t etp__slot_allgather_copy_on(etp_group_t *g, int role, const void *s
 {
     const size_t bytes = count * etp_dtype_size(dtype);
     char *mine = (char *)dst + (size_t)g->rank * bytes;
-    int copy = bytes && experts > 0;
-#ifdef ETP_SHARD_DIAG
-    if (etp__shard_diag(4)) copy = 0;
-#endif
-    if (copy) {
+    if (bytes && experts > 0) {
         etp__be_t *be = g->ctx->be;
         ETP__TRY(be->ops->kernels->shard->copy2d(be, copy_stream->bs, mine, dst_stride, src, src_stride,
                                                  bytes, (size_t)experts));

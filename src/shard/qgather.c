@@ -19,7 +19,7 @@
  * the same weight version after it move the data alone. On 2 H200s the
  * scales' collective cost 15 us over the data's (MXFP8, a 256 MiB weight)
  * however small: a copy-engine collective synchronizes the ranks before
- * and after (tools/probes/qgather_parts.cu).
+ * and after (docs/PERF.md).
  */
 #include <stdlib.h>
 #include <string.h>

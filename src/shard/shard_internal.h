@@ -7,20 +7,6 @@
 #include "etp/param.h"
 #include "etp/quant.h"
 
-#ifdef ETP_SHARD_DIAG
-#include <stdlib.h>
-/* A measuring build only (-DCMAKE_C_FLAGS=-DETP_SHARD_DIAG, docs/PERF.md):
- * whether `bit` of the environment's ETP_SHARD_DIAG is set. Bits: 1 leave
- * the main_grad sum out, 2 the reduction stream at normal priority, 4 leave
- * the own shard's copy into an in-place slot out, 16 that copy on the AG
- * stream. Results are wrong with 1 and 4: timing only. */
-static inline int etp__shard_diag(int bit)
-{
-    const char *v = getenv("ETP_SHARD_DIAG");
-    return v && (atoi(v) & bit);
-}
-#endif
-
 enum { ETP__TICKET_IDLE = 0, ETP__TICKET_ISSUED, ETP__TICKET_HELD, ETP__TICKET_RELEASED };
 enum { ETP__CHAIN_BUILDING = 0, ETP__CHAIN_RECORDING, ETP__CHAIN_FINALIZED };
 

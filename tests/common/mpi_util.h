@@ -4,6 +4,9 @@
 
 #include "etp/mpi.h"
 #include "test_util.h"
+#ifdef ETP_SHARD_TEST_CUDA
+#include "test_knobs.h"
+#endif
 
 static int g_rank, g_size;
 static uint64_t g_seed;
@@ -115,12 +118,21 @@ static inline etp_context_t *tu_test_ctx(int64_t seed)
 {
 #ifdef ETP_SHARD_TEST_CUDA
     (void)seed;
+<<<<<<< HEAD
     if (g_cuda_ctx == NULL) {
         etp_context_config_t cfg = ETP_CONTEXT_CONFIG_INIT;
         cfg.backend = ETP_BACKEND_CUDA;
         ETP_OK(etp_context_create_mpi(MPI_COMM_WORLD, &cfg, &g_cuda_ctx));
     }
     return g_cuda_ctx;
+=======
+    etp_context_config_t cfg = ETP_CONTEXT_CONFIG_INIT;
+    cfg.backend = ETP_BACKEND_CUDA;
+    etp_context_t *ctx = NULL;
+    ETP_OK(etp_context_create_mpi(MPI_COMM_WORLD, &cfg, &ctx));
+    tu_apply_test_knobs(ctx, g_rank);
+    return ctx;
+>>>>>>> retire
 #else
     return tu_host_ctx(MPI_COMM_WORLD, ETP_HOST_STREAMS_SHUFFLE, seed, -1, -1);
 #endif

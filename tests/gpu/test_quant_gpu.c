@@ -19,6 +19,7 @@
 
 #include "mpi_util.h"
 #include "quant/formats/quant_ref.h"
+#include "test_knobs.h"
 /* gpu_util.h needs the CUDA runtime's headers: a build without CUDA builds
  * the program for its host variant only (ETP_HAVE_CUDA comes from etp.h) */
 #if ETP_HAVE_CUDA
@@ -609,6 +610,7 @@ static void test_quant_kernels_match_host(void **state)
     etp_context_config_t cc = ETP_CONTEXT_CONFIG_INIT;
     cc.backend = host ? ETP_BACKEND_HOST : ETP_BACKEND_CUDA;
     ETP_OK(etp_context_create_mpi(MPI_COMM_WORLD, &cc, &g.ctx));
+    tu_apply_test_knobs(g.ctx, g_rank); /* the CTest variants' forced paths */
     ETP_OK(etp_context_world(g.ctx, &g.world));
     ETP_OK(etp_stream_create(g.ctx, ETP_STREAM_PRIORITY_NORMAL, &g.s));
     uint64_t tag = 0;

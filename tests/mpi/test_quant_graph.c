@@ -30,6 +30,7 @@
 #include <cuda_runtime_api.h>
 
 #include "gpu_util.h"
+#include "test_knobs.h"
 static int backend_present(void)
 {
     int n = 0;
@@ -108,7 +109,7 @@ static void shape_of(const etp_quantizer_config_t *c, int rank, uint64_t tag, si
     if (i == 1 && c->format == ETP_QUANT_NVFP4 && c->nvfp4_block == ETP_QUANT_BLOCK_2D && !c->swizzle_scales) {
         /* scale rows of 16-byte multiples both ways and whole tiles: the
          * cast's compaction and its expansion kernel apply
-         * (ETP_QUANT_CAST_COMPACT=2, test_quant_graph_gpu_np1_compact) */
+         * (ETP_TEST_QUANT_COMPACT_ALL=1, test_quant_graph_gpu_np1_compact) */
         *rows = 256;
         *cols = 256 * (1 + (r >> 50) % 2);
     }
@@ -406,6 +407,7 @@ static int setup(void **state, int mode)
     etp_context_config_t cc = ETP_CONTEXT_CONFIG_INIT;
     cc.backend = ETP_BACKEND_CUDA;
     ETP_OK(etp_context_create_mpi(MPI_COMM_WORLD, &cc, &f->ctx));
+    tu_apply_test_knobs(f->ctx, g_rank);
 #else
     f->ctx = tu_host_ctx(MPI_COMM_WORLD, mode, (int64_t)(g_seed % 1000), -1, -1);
 #endif

@@ -130,9 +130,12 @@ static void test_log_parsing(void **state)
 
 static void clear_env(void)
 {
-    for (const etp__env_doc_t *d = etp__env_docs(); d->name; d++) unsetenv(d->name);
+    const char *name, *def, *doc;
+    for (int k = 0; etp_env_setting(k, &name, &def, &doc) == ETP_SUCCESS; k++) unsetenv(name);
 }
 
+/* The defaults, as the README lists them (the table's text is what is
+ * parsed: these values are written independently of it). */
 static void test_env_defaults_and_docs(void **state)
 {
     (void)state;
@@ -141,22 +144,36 @@ static void test_env_defaults_and_docs(void **state)
     memset(&e, 0x5a, sizeof e);
     assert_int_equal(etp__env_load(&e), ETP_SUCCESS);
     assert_int_equal(e.log_level, ETP_LOG_NONE);
+    assert_int_equal(e.log_subsys, ETP_SUBSYS_ALL);
     assert_true(e.timeout_s == 300.0);
     assert_int_equal(e.check_collectives, 0);
+    assert_int_equal(e.host_streams, ETP_HOST_STREAMS_EAGER);
     assert_int_equal(e.shuffle_seed, 0);
     assert_int_equal(e.nccl_fast_launch, 1);
     assert_int_equal(e.copy_engine, 1);
-    assert_int_equal(e.quant_cast_kernel, 4);
-    assert_int_equal(e.quant_launch_sms, 0);
-    assert_int_equal(e.quant_cast_clusters, 1);
-    assert_int_equal(e.quant_cast_compact, 1);
+    /* every row documented, named once, and its default accepted when set
+     * explicitly (the same parser as a user's value) */
+    const char *name, *def, *doc;
     int n = 0;
-    for (const etp__env_doc_t *d = etp__env_docs(); d->name; d++, n++) {
-        assert_non_null(d->default_value);
-        assert_true(strlen(d->doc) > 10);
-        assert_int_equal(strncmp(d->name, "ETP_", 4), 0);
+    for (; etp_env_setting(n, &name, &def, &doc) == ETP_SUCCESS; n++) {
+        assert_non_null(def);
+        assert_true(strlen(doc) > 10);
+        assert_int_equal(strncmp(name, "ETP_", 4), 0);
+        const char *other, *od, *odoc;
+        for (int k = 0; k < n; k++) {
+            assert_int_equal(etp_env_setting(k, &other, &od, &odoc), ETP_SUCCESS);
+            assert_string_not_equal(name, other);
+        }
+        setenv(name, def, 1);
+        etp__env_t set;
+        assert_int_equal(etp__env_load(&set), ETP_SUCCESS);
+        assert_memory_equal(&set, &e, sizeof e);
+        unsetenv(name);
     }
-    assert_true(n >= 7);
+    assert_int_equal(n, 8);
+    ETP_EXPECT(etp_env_setting(n, &name, &def, &doc), ETP_ERR_INVALID_ARGUMENT);
+    ETP_EXPECT(etp_env_setting(-1, &name, &def, &doc), ETP_ERR_INVALID_ARGUMENT);
+    ETP_EXPECT(etp_env_setting(0, NULL, &def, &doc), ETP_ERR_INVALID_ARGUMENT);
 }
 
 static void test_env_values(void **state)
@@ -167,13 +184,10 @@ static void test_env_values(void **state)
     setenv("ETP_LOG_SUBSYS", "comm", 1);
     setenv("ETP_TIMEOUT_S", "2.5", 1);
     setenv("ETP_CHECK_COLLECTIVES", "1", 1);
-    setenv("ETP_HOST_STREAMS", "shuffle", 1);
+    setenv("ETP_HOST_STREAMS", "SHUFFLE", 1);
     setenv("ETP_HOST_SHUFFLE_SEED", "42", 1);
     setenv("ETP_NCCL_FAST_LAUNCH", "0", 1);
-    setenv("ETP_COPY_ENGINE", "2", 1);
-    setenv("ETP_QUANT_LAUNCH_SMS", "8", 1);
-    setenv("ETP_QUANT_CAST_CLUSTERS", "0", 1);
-    setenv("ETP_QUANT_CAST_COMPACT", "2", 1);
+    setenv("ETP_COPY_ENGINE", "0", 1);
     etp__env_t e;
     assert_int_equal(etp__env_load(&e), ETP_SUCCESS);
     assert_int_equal(e.log_level, ETP_LOG_DEBUG);
@@ -183,25 +197,34 @@ static void test_env_values(void **state)
     assert_int_equal(e.host_streams, ETP_HOST_STREAMS_SHUFFLE);
     assert_int_equal(e.shuffle_seed, 42);
     assert_int_equal(e.nccl_fast_launch, 0);
-    assert_int_equal(e.copy_engine, 2);
-    assert_int_equal(e.quant_launch_sms, 8);
-    assert_int_equal(e.quant_cast_clusters, 0);
-    assert_int_equal(e.quant_cast_compact, 2);
+    assert_int_equal(e.copy_engine, 0);
+    /* an empty value is unset */
+    setenv("ETP_LOG_LEVEL", "", 1);
+    assert_int_equal(etp__env_load(&e), ETP_SUCCESS);
+    assert_int_equal(e.log_level, ETP_LOG_NONE);
     clear_env();
 }
 
+/* A malformed value fails, naming the variable, the value and what it
+ * takes, and leaves the settings untouched. */
 static void test_env_rejects_bad_values(void **state)
 {
     (void)state;
-    const char *bad[][2] = {
-        {"ETP_LOG_LEVEL", "loud"},        {"ETP_LOG_SUBSYS", "nothing"},
-        {"ETP_TIMEOUT_S", "-1"},          {"ETP_TIMEOUT_S", "soon"},
-        {"ETP_CHECK_COLLECTIVES", "2"},   {"ETP_HOST_STREAMS", "lazy"},
-        {"ETP_HOST_SHUFFLE_SEED", "-3"},  {"ETP_HOST_SHUFFLE_SEED", "7x"},
-        {"ETP_NCCL_FAST_LAUNCH", "2"}, {"ETP_QUANT_CAST_KERNEL", "1"}, {"ETP_QUANT_CAST_KERNEL", "5"},
-        {"ETP_COPY_ENGINE", "3"},          {"ETP_QUANT_LAUNCH_SMS", "-1"},
-        {"ETP_QUANT_LAUNCH_SMS", "many"}, {"ETP_QUANT_CAST_CLUSTERS", "2"},
-        {"ETP_QUANT_CAST_COMPACT", "3"},
+    const char *bad[][3] = {
+        {"ETP_LOG_LEVEL", "loud", "none, error, warn, info, debug or trace"},
+        {"ETP_LOG_SUBSYS", "nothing", "comma list"},
+        {"ETP_TIMEOUT_S", "-1", "seconds >= 0"},
+        {"ETP_TIMEOUT_S", "soon", "seconds >= 0"},
+        {"ETP_TIMEOUT_S", "inf", "seconds >= 0"},
+        {"ETP_CHECK_COLLECTIVES", "2", "0 or 1"},
+        {"ETP_CHECK_COLLECTIVES", "1 ", "0 or 1"},
+        {"ETP_HOST_STREAMS", "lazy", "eager or shuffle"},
+        {"ETP_HOST_SHUFFLE_SEED", "-3", "an integer >= 0"},
+        {"ETP_HOST_SHUFFLE_SEED", "7x", "an integer >= 0"},
+        {"ETP_HOST_SHUFFLE_SEED", "99999999999999999999", "an integer >= 0"},
+        {"ETP_NCCL_FAST_LAUNCH", "2", "0 or 1"},
+        {"ETP_COPY_ENGINE", "2", "0 or 1"}, /* any-size windows: a test knob now */
+        {"ETP_COPY_ENGINE", "-1", "0 or 1"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         clear_env();
@@ -209,7 +232,12 @@ static void test_env_rejects_bad_values(void **state)
         etp__env_t e = {0};
         etp__env_t before = e;
         assert_int_equal(etp__env_load(&e), ETP_ERR_INVALID_ARGUMENT);
-        assert_non_null(strstr(etp_last_error(), bad[i][0]));
+        char want[128];
+        snprintf(want, sizeof want, "%s='%s'", bad[i][0], bad[i][1]);
+        if (!strstr(etp_last_error(), want) || !strstr(etp_last_error(), bad[i][2]))
+            print_error("%s=%s: %s\n", bad[i][0], bad[i][1], etp_last_error());
+        assert_non_null(strstr(etp_last_error(), want));
+        assert_non_null(strstr(etp_last_error(), bad[i][2]));
         assert_memory_equal(&e, &before, sizeof e); /* untouched on failure */
     }
     clear_env();

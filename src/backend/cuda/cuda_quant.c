@@ -18,7 +18,7 @@ static etp_status_t cuda_quant_workspace_init(etp__be_t *be, void *ws)
 
 /* The multiprocessor count of the context's device and (clusters
  * non-NULL) how many of the cast's thread-block clusters it holds at once
- * (0 before sm_90), asked once per quantizer (a device query on every
+ * (0: none fits), asked once per quantizer (a device query on every
  * launch would cost host time). */
 static etp_status_t cuda_quant_launch_width(etp__be_t *be, uint32_t *sms, uint32_t *clusters)
 {

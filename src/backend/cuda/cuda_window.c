@@ -94,8 +94,8 @@ etp_status_t etp__cuda_win_alloc(etp__be_t *be, etp__bcomm_t *c, size_t bytes, v
 {
     etp__cuda_t *cb = etp__cuda_of(be);
     /* The same answer on every rank: these depend only on shared settings. */
-    const int mode = cb->base.cfg.copy_engine; /* 0 off, 1 from 1 MiB, 2 any size */
-    if (mode == 0 || (mode == 1 && bytes < ETP__CUDA_WIN_MIN_BYTES) || c->size < 2 || c->nccl == NULL)
+    if (!cb->base.cfg.copy_engine || (bytes < ETP__CUDA_WIN_MIN_BYTES && !cb->base.test.window_any_size) ||
+        c->size < 2 || c->nccl == NULL)
         return ETP_ERR_UNSUPPORTED;
     ETP__TRY(etp__cuda_set_device(cb));
     struct etp__cuda_win *w = calloc(1, sizeof *w);

@@ -1,7 +1,10 @@
 /*
- * The v2 cast (the default before v3, kept for stochastic rounding, whose
- * per-element path draws the random bits, and as ETP_QUANT_CAST_KERNEL=2):
- * 64 x 64 tiles through shared memory as FP32, one launch for the batch.
+ * The stochastic-rounding cast (NVFP4 elements only: the quantizer refuses
+ * it for MXFP8): 64 x 64 tiles through shared memory as FP32, one launch
+ * for the batch, each element's random word drawn by Philox as the host
+ * reference draws it (etp__qf_sr_bits). The general cast (cast_v3.cu)
+ * rounds to nearest only: its register-blocked conversion of 8 x 8
+ * pieces has no room for a random word per element.
  */
 #include "qk_common.cuh"
 
@@ -16,17 +19,15 @@ constexpr int kCastBlocksPerSm = 4;     /* resident blocks per SM (launch bounds
 /* Element extents a tensor's tiles cover: the data and every produced scale
  * matrix with its padding (padding scales are written as zeros by the tiles
  * that cover them). Multiples of 64. */
-__host__ __device__ inline void cast_extent(const etp__qbatch_t &b, const etp__qb_tensor_t &t,
-                                            size_t *re, size_t *ce)
+inline void cast_extent_sr(const etp__qb_tensor_t &t, size_t *re, size_t *ce)
 {
     size_t r = 0, c = 0;
-    const bool nv = b.format == ETP__QB_NVFP4;
-    if (t.row_data) { /* scale rows padded to 128; scale columns to 4 blocks */
+    if (t.row_data) { /* [roundup(M,128), roundup(K/16,4)] */
         r = etp__qf_roundup(t.rows, 128);
-        c = etp__qf_roundup(t.cols, nv ? 64 : 128);
+        c = etp__qf_roundup(t.cols, 64);
     }
-    if (t.col_data) { /* NVFP4: [roundup(K,128), roundup(M/16,4)]; MXFP8: [roundup(M/32,4), roundup(K,128)] */
-        const size_t cr = etp__qf_roundup(t.rows, nv ? 64 : 128);
+    if (t.col_data) { /* [roundup(K,128), roundup(M/16,4)] */
+        const size_t cr = etp__qf_roundup(t.rows, 64);
         const size_t cc = etp__qf_roundup(t.cols, 128);
         r = r > cr ? r : cr;
         c = c > cc ? c : cc;
@@ -41,7 +42,7 @@ __device__ __forceinline__ uint32_t sr_bits(const etp__qbatch_t &b, uint32_t k, 
     return etp__qf_sr_bits(b.seed, b.first + k, dir, (uint64_t)i * cols + j);
 }
 
-struct CastSharedV2 {
+struct CastSharedSr {
     float x[kTile][kTile + 1];
     float seg[kTile][4];                 /* NVFP4: amax of each row's 16-element segments */
     float blk2d[kTile / 16][kTile / 16]; /* NVFP4 16x16 block amaxes */
@@ -90,7 +91,7 @@ __device__ __forceinline__ void tile_prefetch(const etp__qb_tensor_t &t, size_t 
  * else element by element, zeros outside the tensor (zeros do not change an
  * amax). */
 __device__ __forceinline__ void tile_store(const etp__qb_tensor_t &t, size_t r0, size_t c0,
-                                           const TileRegs &tr, CastSharedV2 &sh)
+                                           const TileRegs &tr, CastSharedSr &sh)
 {
     if (tr.fast) {
         const bool bf = tr.dtype == ETP__QB_BF16;
@@ -136,15 +137,15 @@ __device__ __forceinline__ void store_fp4x16(uint8_t *dst, uint32_t w0, uint32_t
     }
 }
 
-/* 16 NVFP4 elements v[0..15] with multiplier m into two words of codes;
- * (i, j) of element 0 and its step (di, dj) for stochastic rounding. */
+/* 16 NVFP4 elements v[0..15] with multiplier m into two words of codes,
+ * rounded stochastically; (i, j) of element 0 and its step (di, dj). */
 __device__ __forceinline__ void fp4x16(const etp__qbatch_t &b, uint32_t k, const float *v, float m,
                                        uint32_t dir, size_t i, size_t j, size_t di, size_t dj,
                                        size_t cols, uint32_t *w0, uint32_t *w1)
 {
     uint32_t w[2] = {0u, 0u};
     const uint64_t idx0 = (uint64_t)i * cols + j;
-    if (b.stochastic && dj == 1 && (idx0 & 3u) == 0) {
+    if (dj == 1 && (idx0 & 3u) == 0) {
         /* a row's 16 elements from 4 aligned groups of 4: one Philox call
          * gives a group's 4 words (etp__qf_sr_bits' definition) */
 #pragma unroll
@@ -158,16 +159,12 @@ __device__ __forceinline__ void fp4x16(const etp__qbatch_t &b, uint32_t k, const
                 w[c / 8] |= (uint32_t)etp__qf_e2m1_sr_satfinite_fast(v[c] * m, r[x]) << (4 * (c % 8));
             }
         }
-    } else if (b.stochastic) {
+    } else {
 #pragma unroll /* constant indices: v and w stay in registers */
         for (int c = 0; c < 16; c++)
             w[c / 8] |= (uint32_t)etp__qf_e2m1_sr_satfinite_fast(v[c] * m, sr_bits(b, k, dir, i + c * di,
                                                                                     j + c * dj, cols))
                         << (4 * (c % 8));
-    } else {
-#pragma unroll
-        for (int c = 0; c < 16; c++)
-            w[c / 8] |= (uint32_t)etp__qf_e2m1_rne_satfinite_fast(v[c] * m) << (4 * (c % 8));
     }
     *w0 = w[0];
     *w1 = w[1];
@@ -191,8 +188,8 @@ __device__ __forceinline__ void fp4x16_bits(const float *v, float m, const uint3
  * of those columns (consecutive threads, the same rows) share: each makes
  * 4 of the 16 calls and they trade the words through shared memory, 4
  * calls a thread instead of 16. Called by all 4 threads of the group. */
-__device__ __forceinline__ void sr_col_bits_v2(const etp__qbatch_t &b, uint32_t k, size_t row0, size_t gj,
-                                               size_t K, CastSharedV2 &sh, uint32_t (&rb)[16])
+__device__ __forceinline__ void sr_col_bits(const etp__qbatch_t &b, uint32_t k, size_t row0, size_t gj,
+                                            size_t K, CastSharedSr &sh, uint32_t (&rb)[16])
 {
     const unsigned lane = threadIdx.x & 31u, x = lane & 3u;
     const unsigned mask = 0xFu << (lane & 28u);
@@ -219,138 +216,77 @@ __device__ __forceinline__ float amax16(const float *v)
     return __uint_as_float(a);
 }
 
-/* One tile in shared memory, quantized: NVFP4 (every thread: a 16-element
- * row segment, then a 16-element column segment) or MXFP8 (threads 0-127: a
- * 32-element row segment; 128-255: a 32-element column segment). Scale
- * entries of the padding that the tile covers are written as zeros. */
+/* One tile in shared memory, quantized, every thread a 16-element row
+ * segment, then a 16-element column segment. Scale entries of the padding
+ * that the tile covers are written as zeros. */
 __device__ __forceinline__ void cast_tile(const etp__qbatch_t &b, uint32_t k, size_t r0, size_t c0,
-                                          CastSharedV2 &sh)
+                                          CastSharedSr &sh)
 {
     const etp__qb_tensor_t &t = b.t[k];
     const size_t M = t.rows, K = t.cols;
-    if (b.format == ETP__QB_NVFP4) {
-        const float amax = b.amax[b.first + k];
-        const float s_enc = etp__qf_nvfp4_s_enc(amax);
-        const float s_enc_6 = etp__qf_nvfp4_s_enc_6(s_enc), s_dec = 1.0f / s_enc;
-        const int rr = threadIdx.x / 4, seg = threadIdx.x % 4; /* 64 rows x 4 segments of 16 */
-        float v[16];
+    const float amax = b.amax[b.first + k];
+    const float s_enc = etp__qf_nvfp4_s_enc(amax);
+    const float s_enc_6 = etp__qf_nvfp4_s_enc_6(s_enc), s_dec = 1.0f / s_enc;
+    const int rr = threadIdx.x / 4, seg = threadIdx.x % 4; /* 64 rows x 4 segments of 16 */
+    float v[16];
 #pragma unroll
-        for (int c = 0; c < 16; c++) v[c] = sh.x[rr][seg * 16 + c];
-        const float ra = amax16(v);
-        if (b.block2d) { /* 16x16 amax = the max of its 16 row segments' amaxes */
-            sh.seg[rr][seg] = ra;
-            __syncthreads();
-            if (threadIdx.x < 16) {
-                const int br = threadIdx.x / 4, bc = threadIdx.x % 4;
-                uint32_t a = 0;
-                for (int r = 0; r < 16; r++) a = amax_bits(a, etp__qf_bits(sh.seg[br * 16 + r][bc]));
-                sh.blk2d[br][bc] = __uint_as_float(a);
-            }
-            __syncthreads();
+    for (int c = 0; c < 16; c++) v[c] = sh.x[rr][seg * 16 + c];
+    const float ra = amax16(v);
+    if (b.block2d) { /* 16x16 amax = the max of its 16 row segments' amaxes */
+        sh.seg[rr][seg] = ra;
+        __syncthreads();
+        if (threadIdx.x < 16) {
+            const int br = threadIdx.x / 4, bc = threadIdx.x % 4;
+            uint32_t a = 0;
+            for (int r = 0; r < 16; r++) a = amax_bits(a, etp__qf_bits(sh.seg[br * 16 + r][bc]));
+            sh.blk2d[br][bc] = __uint_as_float(a);
         }
-        if (t.row_data) {
-            const etp__qf_scale_shape_t ss = etp__qf_nvfp4_row_scales(M, K);
-            const size_t gi = r0 + rr, kb = c0 / 16 + seg;
-            if (gi < ss.rows && kb < ss.cols) {
-                uint8_t *scales = static_cast<uint8_t *>(t.row_scales);
-                const size_t off = etp__qf_scale_offset(gi, kb, ss.cols, b.swizzle);
-                if (gi < M && kb < K / 16) {
-                    const float a = b.block2d ? sh.blk2d[rr / 16][seg] : ra;
-                    const uint8_t sc = etp__qf_nvfp4_block_scale(a, s_enc_6);
-                    const float m = etp__qf_nvfp4_multiplier(sc, s_dec);
-                    scales[off] = sc;
-                    uint32_t w0, w1;
-                    fp4x16(b, k, v, m, 0, gi, kb * 16, 0, 1, K, &w0, &w1);
-                    store_fp4x16(static_cast<uint8_t *>(t.row_data) + gi * (K / 2) + kb * 8, w0, w1);
-                } else {
-                    scales[off] = 0;
-                }
-            }
-        }
-        if (t.col_data) {
-            const etp__qf_scale_shape_t ss = etp__qf_nvfp4_col_scales(M, K);
-            const int cc = threadIdx.x % kTile, cseg = threadIdx.x / kTile; /* 64 cols x 4 segments */
-            const size_t gj = c0 + cc, mb = r0 / 16 + cseg;
-            if (gj < ss.rows && mb < ss.cols) {
-                uint8_t *scales = static_cast<uint8_t *>(t.col_scales);
-                const size_t off = etp__qf_scale_offset(gj, mb, ss.cols, b.swizzle);
-                if (gj < K && mb < M / 16) {
-#pragma unroll
-                    for (int r = 0; r < 16; r++) v[r] = sh.x[cseg * 16 + r][cc];
-                    const float a = b.block2d ? sh.blk2d[cseg][cc / 16] : amax16(v);
-                    const uint8_t sc = etp__qf_nvfp4_block_scale(a, s_enc_6);
-                    const float m = etp__qf_nvfp4_multiplier(sc, s_dec);
-                    scales[off] = sc;
-                    uint32_t w0, w1;
-                    /* (K a multiple of 4: the 4 threads of a column group
-                     * all take this branch, or none does) */
-                    if (b.stochastic && (K & 3) == 0) {
-                        uint32_t rb[16];
-                        sr_col_bits_v2(b, k, mb * 16, gj, K, sh, rb);
-                        fp4x16_bits(v, m, rb, &w0, &w1);
-                    } else {
-                        fp4x16(b, k, v, m, 1, mb * 16, gj, 1, 0, K, &w0, &w1);
-                    }
-                    store_fp4x16(static_cast<uint8_t *>(t.col_data) + gj * (M / 2) + mb * 8, w0, w1);
-                } else {
-                    scales[off] = 0;
-                }
-            }
-        }
-        return;
+        __syncthreads();
     }
-
-    const int e5m2 = (int)b.e5m2;
-    const float inv_max = etp__qf_mxfp8_inv_max(e5m2);
-    if (t.row_data && threadIdx.x < 128) {
-        const etp__qf_scale_shape_t ss = etp__qf_mxfp8_row_scales(M, K);
-        const int rr = threadIdx.x / 2, seg = threadIdx.x % 2;
-        const size_t gi = r0 + rr, kb = c0 / 32 + seg;
+    if (t.row_data) {
+        const etp__qf_scale_shape_t ss = etp__qf_nvfp4_row_scales(M, K);
+        const size_t gi = r0 + rr, kb = c0 / 16 + seg;
         if (gi < ss.rows && kb < ss.cols) {
             uint8_t *scales = static_cast<uint8_t *>(t.row_scales);
             const size_t off = etp__qf_scale_offset(gi, kb, ss.cols, b.swizzle);
-            if (gi < M && kb < K / 32) {
-                uint32_t a = 0;
-                for (int c = 0; c < 32; c++) a = amax_bits(a, etp__qf_bits(sh.x[rr][seg * 32 + c]) & 0x7fffffffu);
-                const uint8_t e = etp__qf_mxfp8_scale(__uint_as_float(a), inv_max);
-                const float s = etp__qf_mxfp8_multiplier(e);
-                scales[off] = e;
-                uint32_t w[8] = {0u, 0u, 0u, 0u, 0u, 0u, 0u, 0u};
-#pragma unroll
-                for (int c = 0; c < 32; c++)
-                    w[c / 4] |= (uint32_t)etp__qf_mxfp8_encode_fast(sh.x[rr][seg * 32 + c], s, e5m2)
-                                << (8 * (c % 4));
-                uint8_t *dst = static_cast<uint8_t *>(t.row_data) + gi * K + kb * 32;
-                if ((reinterpret_cast<uintptr_t>(dst) & 15u) == 0) {
-                    reinterpret_cast<uint4 *>(dst)[0] = make_uint4(w[0], w[1], w[2], w[3]);
-                    reinterpret_cast<uint4 *>(dst)[1] = make_uint4(w[4], w[5], w[6], w[7]);
-                } else {
-#pragma unroll
-                    for (int c = 0; c < 32; c++) dst[c] = (uint8_t)(w[c / 4] >> (8 * (c % 4)));
-                }
+            if (gi < M && kb < K / 16) {
+                const float a = b.block2d ? sh.blk2d[rr / 16][seg] : ra;
+                const uint8_t sc = etp__qf_nvfp4_block_scale(a, s_enc_6);
+                const float m = etp__qf_nvfp4_multiplier(sc, s_dec);
+                scales[off] = sc;
+                uint32_t w0, w1;
+                fp4x16(b, k, v, m, 0, gi, kb * 16, 0, 1, K, &w0, &w1);
+                store_fp4x16(static_cast<uint8_t *>(t.row_data) + gi * (K / 2) + kb * 8, w0, w1);
             } else {
                 scales[off] = 0;
             }
         }
     }
-    if (t.col_data && threadIdx.x >= 128) {
-        const etp__qf_scale_shape_t ss = etp__qf_mxfp8_col_scales(M, K);
-        const int cc = (threadIdx.x - 128) % kTile, cseg = (threadIdx.x - 128) / kTile;
-        const size_t gj = c0 + cc, mb = r0 / 32 + cseg;
-        if (mb < ss.rows && gj < ss.cols) {
+    if (t.col_data) {
+        const etp__qf_scale_shape_t ss = etp__qf_nvfp4_col_scales(M, K);
+        const int cc = threadIdx.x % kTile, cseg = threadIdx.x / kTile; /* 64 cols x 4 segments */
+        const size_t gj = c0 + cc, mb = r0 / 16 + cseg;
+        if (gj < ss.rows && mb < ss.cols) {
             uint8_t *scales = static_cast<uint8_t *>(t.col_scales);
-            const size_t off = etp__qf_mxfp8_col_scale_offset(mb, gj, ss, b.swizzle);
-            if (gj < K && mb < M / 32) {
-                uint32_t a = 0;
-                for (int r = 0; r < 32; r++) a = amax_bits(a, etp__qf_bits(sh.x[cseg * 32 + r][cc]) & 0x7fffffffu);
-                const uint8_t e = etp__qf_mxfp8_scale(__uint_as_float(a), inv_max);
-                const float s = etp__qf_mxfp8_multiplier(e);
-                scales[off] = e;
-                /* a warp writes 32 consecutive bytes of a row per store: whole sectors */
-                uint8_t *dst = static_cast<uint8_t *>(t.col_data);
-#pragma unroll 8
-                for (int r = 0; r < 32; r++)
-                    dst[(mb * 32 + r) * K + gj] = etp__qf_mxfp8_encode_fast(sh.x[cseg * 32 + r][cc], s, e5m2);
+            const size_t off = etp__qf_scale_offset(gj, mb, ss.cols, b.swizzle);
+            if (gj < K && mb < M / 16) {
+#pragma unroll
+                for (int r = 0; r < 16; r++) v[r] = sh.x[cseg * 16 + r][cc];
+                const float a = b.block2d ? sh.blk2d[cseg][cc / 16] : amax16(v);
+                const uint8_t sc = etp__qf_nvfp4_block_scale(a, s_enc_6);
+                const float m = etp__qf_nvfp4_multiplier(sc, s_dec);
+                scales[off] = sc;
+                uint32_t w0, w1;
+                /* (K a multiple of 4: the 4 threads of a column group
+                 * all take this branch, or none does) */
+                if ((K & 3) == 0) {
+                    uint32_t rb[16];
+                    sr_col_bits(b, k, mb * 16, gj, K, sh, rb);
+                    fp4x16_bits(v, m, rb, &w0, &w1);
+                } else {
+                    fp4x16(b, k, v, m, 1, mb * 16, gj, 1, 0, K, &w0, &w1);
+                }
+                store_fp4x16(static_cast<uint8_t *>(t.col_data) + gj * (M / 2) + mb * 8, w0, w1);
             } else {
                 scales[off] = 0;
             }
@@ -361,11 +297,11 @@ __device__ __forceinline__ void cast_tile(const etp__qbatch_t &b, uint32_t k, si
 /* Tiles blockIdx.x, + gridDim.x, ...: each iteration puts the tile loaded
  * ahead into shared memory, starts the loads of the next one, then
  * quantizes the current one while they are in flight. */
-__global__ void __launch_bounds__(kThreads, kCastBlocksPerSm) cast_kernel_v2(const __grid_constant__ Params p)
+__global__ void __launch_bounds__(kThreads, kCastBlocksPerSm) cast_kernel_sr(const __grid_constant__ Params p)
 {
     const etp__qbatch_t &b = p.b;
     if (skipped(b)) return;
-    __shared__ CastSharedV2 sh;
+    __shared__ CastSharedSr sh;
     const uint32_t total = p.tile_start[b.n];
     uint32_t tile = blockIdx.x;
     if (tile >= total) return;
@@ -397,11 +333,12 @@ __global__ void __launch_bounds__(kThreads, kCastBlocksPerSm) cast_kernel_v2(con
 
 } // namespace
 
-cudaError_t launch_cast_v2(cudaStream_t s, const etp__qbatch_t *batch, Params &p)
+cudaError_t launch_cast_sr(cudaStream_t s, const etp__qbatch_t *batch, Params &p)
 {
+    if (batch->format != ETP__QB_NVFP4 || !batch->stochastic) return cudaErrorInvalidValue;
     const uint64_t total = plan_units(batch, &p, [&](uint32_t k) -> uint64_t {
         size_t re, ce;
-        cast_extent(*batch, batch->t[k], &re, &ce);
+        cast_extent_sr(batch->t[k], &re, &ce);
         p.tiles_c[k] = ce / kTile ? (uint32_t)(ce / kTile) : 1;
         return (uint64_t)(re / kTile) * (ce / kTile);
     });
@@ -415,7 +352,7 @@ cudaError_t launch_cast_v2(cudaStream_t s, const etp__qbatch_t *batch, Params &p
         grid = total < most ? total : most;
     }
     void *args[] = {&p};
-    return cudaLaunchKernel((const void *)cast_kernel_v2, dim3((unsigned)grid), dim3(kThreads), args, 0, s);
+    return cudaLaunchKernel((const void *)cast_kernel_sr, dim3((unsigned)grid), dim3(kThreads), args, 0, s);
 }
 
 } // namespace etp__qk
