@@ -118,21 +118,13 @@ static inline etp_context_t *tu_test_ctx(int64_t seed)
 {
 #ifdef ETP_SHARD_TEST_CUDA
     (void)seed;
-<<<<<<< HEAD
     if (g_cuda_ctx == NULL) {
         etp_context_config_t cfg = ETP_CONTEXT_CONFIG_INIT;
         cfg.backend = ETP_BACKEND_CUDA;
         ETP_OK(etp_context_create_mpi(MPI_COMM_WORLD, &cfg, &g_cuda_ctx));
+        tu_apply_test_knobs(g_cuda_ctx, g_rank);
     }
     return g_cuda_ctx;
-=======
-    etp_context_config_t cfg = ETP_CONTEXT_CONFIG_INIT;
-    cfg.backend = ETP_BACKEND_CUDA;
-    etp_context_t *ctx = NULL;
-    ETP_OK(etp_context_create_mpi(MPI_COMM_WORLD, &cfg, &ctx));
-    tu_apply_test_knobs(ctx, g_rank);
-    return ctx;
->>>>>>> retire
 #else
     return tu_host_ctx(MPI_COMM_WORLD, ETP_HOST_STREAMS_SHUFFLE, seed, -1, -1);
 #endif
