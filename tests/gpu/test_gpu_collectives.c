@@ -205,7 +205,14 @@ typedef struct fixture {
     etp_group_t *grp;  /* all ranks, keys reversed, 2 roles */
     int grank, gsize;
     etp_stream_t *st[2];
+    int check;
 } fixture_t;
+
+/* A CUDA context and its split take seconds to create at 4 ranks (NCCL
+ * communicators and their warmed-up twins): the tests share one fixture
+ * for each setting of collective checking, made at first use, replaced
+ * only after a test aborted it, destroyed at the end (fx_release_all). */
+static fixture_t *g_fx[2];
 
 static etp_context_config_t cuda_config(double timeout_s, int check)
 {
@@ -216,11 +223,18 @@ static etp_context_config_t cuda_config(double timeout_s, int check)
     return cfg;
 }
 
+static int fx_destroy(fixture_t *f);
+
 static int fx_setup_check(void **state, int check)
 {
     *state = NULL;
+    if (g_fx[check]) {
+        *state = g_fx[check];
+        return 0;
+    }
     fixture_t *f = calloc(1, sizeof *f);
     if (f == NULL) return -1;
+    f->check = check;
     /* A generous timeout: a rank that fails an assertion leaves the others
      * with a timeout error instead of a hang. */
     etp_context_config_t cfg = cuda_config(120.0, check);
@@ -241,6 +255,7 @@ static int fx_setup_check(void **state, int check)
                 etp_last_error());
         return -1;
     }
+    g_fx[check] = f;
     *state = f;
     return 0;
 }
@@ -255,10 +270,33 @@ static int fx_setup_checked(void **state)
     return fx_setup_check(state, 1);
 }
 
+/* After each test: the shared fixture stays unless the test aborted its
+ * context (on purpose or by failing), whose streams must also be idle. */
 static int fx_teardown(void **state)
 {
     fixture_t *f = *state;
     if (f == NULL) return 0;
+    if (etp_context_check(f->ctx) == ETP_SUCCESS &&
+        etp_stream_synchronize(f->st[0]) == ETP_SUCCESS &&
+        etp_stream_synchronize(f->st[1]) == ETP_SUCCESS)
+        return 0;
+    g_fx[f->check] = NULL;
+    return fx_destroy(f);
+}
+
+static int fx_release_all(void)
+{
+    int bad = 0;
+    for (int c = 0; c < 2; c++)
+        if (g_fx[c]) {
+            bad |= fx_destroy(g_fx[c]) != 0;
+            g_fx[c] = NULL;
+        }
+    return bad;
+}
+
+static int fx_destroy(fixture_t *f)
+{
     /* A test may leave the context aborted on purpose; then ETP_ERR_ABORTED
      * from a destroy call is expected, anything else is not. */
     int aborted = f->ctx && etp_context_check(f->ctx) != ETP_SUCCESS;
@@ -916,6 +954,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_timeout),
     };
     int failed = cmocka_run_group_tests(tests, NULL, NULL);
+    if (fx_release_all()) failed++;
     int any = 0;
     MPI_Allreduce(&failed, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
     MPI_Finalize();
