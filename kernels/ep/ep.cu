@@ -299,21 +299,28 @@ __device__ __forceinline__ void zero_row(char *dst, int64_t bytes)
     }
 }
 
+/* The weights of token t's copy to rank d, at send row `row` (if weighted). */
+__device__ __forceinline__ void pack_weights(const etp__ep_pack_args_t &a, int64_t t, int d,
+                                             int64_t row)
+{
+    if (!a.send_w) return;
+    for (int j = threadIdx.x; j < a.k; j += blockDim.x)
+        a.send_w[row * a.k + j] = etp__ep_slot_weight(a.slot_dest + t * a.k, a.weights + t * a.k, j, d);
+}
+
 /* One block per token. */
 __global__ void pack_kernel(etp__ep_pack_args_t a)
 {
     const int64_t t = blockIdx.x;
     if (t >= tokens_of(a.t_dev, a.t_max)) return;
-    const int R = a.ranks, k = a.k;
+    const int R = a.ranks;
     const int64_t rb = a.hidden * etp__ep_esize(a.dtype);
     for (int d = 0; d < R; d++) {
         const int64_t row = etp__ep_send_row(a.send_pos, a.send_base, R, t, d);
         if (row < 0) continue;
         copy_row(static_cast<char *>(a.send_tok) + row * rb,
                  static_cast<const char *>(a.tokens) + t * rb, rb);
-        if (a.send_w)
-            for (int j = threadIdx.x; j < k; j += blockDim.x)
-                a.send_w[row * k + j] = etp__ep_slot_weight(a.slot_dest + t * k, a.weights + t * k, j, d);
+        pack_weights(a, t, d, row);
     }
 }
 
@@ -324,7 +331,7 @@ __global__ void pack_mx_kernel(etp__ep_pack_args_t a)
 {
     const int64_t t = blockIdx.x;
     if (t >= tokens_of(a.t_dev, a.t_max)) return;
-    const int R = a.ranks, k = a.k;
+    const int R = a.ranks;
     const int64_t H = a.hidden, nb = H / ETP__EP_MX_BLOCK, rb = ETP__EP_MX_ROW_BYTES(H);
     char *send = static_cast<char *>(a.send_tok);
     const bool vec = a.dtype == ETP__EP_BF16 && (reinterpret_cast<uintptr_t>(a.tokens) & 15u) == 0;
@@ -376,9 +383,7 @@ __global__ void pack_mx_kernel(etp__ep_pack_args_t a)
         const int64_t row = etp__ep_send_row(a.send_pos, a.send_base, R, t, d);
         if (row < 0) continue;
         for (int64_t i = H + nb + threadIdx.x; i < rb; i += blockDim.x) send[row * rb + i] = 0;
-        if (a.send_w)
-            for (int j = threadIdx.x; j < k; j += blockDim.x)
-                a.send_w[row * k + j] = etp__ep_slot_weight(a.slot_dest + t * k, a.weights + t * k, j, d);
+        pack_weights(a, t, d, row);
     }
 }
 

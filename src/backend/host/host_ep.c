@@ -101,22 +101,28 @@ static void clip_run(void *p)
 
 /* ---- layout ------------------------------------------------------------- */
 
+/* The local expert received slot x = i*k + j selects, or -1 (none, or row
+ * i holds no token). */
+static int32_t slot_expert(const etp__ep_layout_args_t *a, int64_t x)
+{
+    const int64_t i = x / a->k;
+    if (!etp__ep_recv_valid(a->recv_base, a->recv_cnt, a->ranks, a->exact, a->slab, i)) return -1;
+    return etp__ep_recv_expert(a->recv_meta, a->k, a->local_experts, i, (int)(x % a->k));
+}
+
 static void layout_run(void *p)
 {
     const etp__ep_layout_args_t *a = p;
     const int R = a->ranks, k = a->k;
-    const int64_t L = a->local_experts;
+    const int64_t L = a->local_experts, slots = a->tok_cap * k;
     for (int s = 0; s < R; s++) a->recv_cnt[s] = (int32_t)etp__ep_accepted(a->C, R, a->tok_cap, s, a->me);
     etp__ep_block_bases(a->recv_cnt, R, a->exact, a->slab, a->recv_base);
-    for (int64_t i = 0; i < a->tok_cap * k; i++) a->recv_row[i] = -1;
+    for (int64_t x = 0; x < slots; x++) a->recv_row[x] = -1;
     for (int64_t r = 0; r < a->rows_cap; r++) a->row_src[r] = -1;
     for (int64_t e = 0; e < L; e++) a->counts[e] = 0;
-    for (int64_t i = 0; i < a->tok_cap; i++) {
-        if (!etp__ep_recv_valid(a->recv_base, a->recv_cnt, R, a->exact, a->slab, i)) continue;
-        for (int j = 0; j < k; j++) {
-            const int32_t e = etp__ep_recv_expert(a->recv_meta, k, L, i, j);
-            if (e >= 0) a->counts[e]++;
-        }
+    for (int64_t x = 0; x < slots; x++) {
+        const int32_t e = slot_expert(a, x);
+        if (e >= 0) a->counts[e]++;
     }
     const etp__ep_layout_need_t need =
         etp__ep_layout_offsets(a->counts, a->offsets, L, a->alignment, a->fixed_slots, a->rows_cap);
@@ -126,17 +132,12 @@ static void layout_run(void *p)
      * expert; the first counts[e] kept */
     int32_t *next = a->scratch;
     for (int64_t e = 0; e < L; e++) next[e] = 0;
-    for (int64_t i = 0; i < a->tok_cap; i++) {
-        if (!etp__ep_recv_valid(a->recv_base, a->recv_cnt, R, a->exact, a->slab, i)) continue;
-        for (int j = 0; j < k; j++) {
-            const int32_t e = etp__ep_recv_expert(a->recv_meta, k, L, i, j);
-            if (e < 0) continue;
-            const int32_t q = next[e]++;
-            if (q >= a->counts[e]) continue;
-            const int64_t row = (int64_t)a->offsets[e] + q;
-            a->recv_row[i * k + j] = (int32_t)row;
-            a->row_src[row] = (int32_t)(i * k + j);
-        }
+    for (int64_t x = 0; x < slots; x++) {
+        const int32_t e = slot_expert(a, x);
+        if (e < 0 || next[e]++ >= a->counts[e]) continue;
+        const int64_t row = (int64_t)a->offsets[e] + next[e] - 1;
+        a->recv_row[x] = (int32_t)row;
+        a->row_src[row] = (int32_t)x;
     }
     for (int64_t i = 0; i < a->tok_cap; i++) etp__ep_sort_rows(a->recv_row + i * k, k, a->tok_rows + i * k);
 }
