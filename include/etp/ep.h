@@ -177,7 +177,8 @@ typedef struct etp_ep_group_config {
  * same config). Allocates the transport buffers (ETP_MEM_EP_BUFFERS) and an
  * event of the context. The group must outlive the EP group.
  * Errors: ETP_ERR_INVALID_ARGUMENT (NULLs, a config of the wrong size, E not
- * a multiple of R, sizes <= 0, a role the group lacks, capacity_factor <= 0,
+ * a multiple of R, sizes <= 0, sizes past the 32-bit row indices and
+ * expert ids, a role the group lacks, capacity_factor <= 0,
  * a token dtype other than BF16/F32/ETP_EP_TOKEN_MXFP8, MXFP8 with a hidden
  * size that is not a multiple of 32), ETP_ERR_OUT_OF_MEMORY,
  * ETP_ERR_ABORTED. On failure nothing is left allocated and *ep is
@@ -212,10 +213,12 @@ ETP_API etp_status_t etp_ep_group_info(const etp_ep_group_t *ep, etp_ep_group_in
  * (etp_ep_dispatch, etp_ep_dispatch_ex), combine and dispatch_bwd call
  * fn(user, point, stream) at their points (ETP_TRACE_EP_*, etp/trace.h
  * says when and what fn may do), on the calling thread, with the call's
- * stream; prepare and combine_bwd report no points. While fn runs, EP
- * calls of this group fail with ETP_ERR_INVALID_STATE. `user` is passed
- * back as given (not owned; ignored when fn is NULL). Local: no
- * communication, nothing enqueued; ranks may trace differently.
+ * stream; prepare and combine_bwd report no points. While fn runs, the
+ * calls of this group and its layers that enqueue work, make or destroy a
+ * layer or the group, or set the trace fail with ETP_ERR_INVALID_STATE
+ * (poll, check, info, etp_ep_layer_rows and etp_ep_layout work). `user` is passed back as
+ * given (not owned; ignored when fn is NULL). Local: no communication,
+ * nothing enqueued; ranks may trace differently.
  * Errors: ETP_ERR_INVALID_ARGUMENT (ep NULL), ETP_ERR_INVALID_STATE (called
  * from the group's own trace callback). */
 ETP_API etp_status_t etp_ep_group_set_trace(etp_ep_group_t *ep, etp_trace_fn_t fn, void *user);

@@ -20,8 +20,9 @@
  * - may record events on `stream` (etp_event_record, or cudaEventRecord on
  *   the CUDA stream under it), read host clocks, and, outside a capture,
  *   synchronize `stream`; it must not call functions of the module that
- *   reported the point (an EP call of the same EP group is refused with
- *   ETP_ERR_INVALID_STATE), nor enqueue other work on `stream`;
+ *   reported the point (those of the same EP group that enqueue work or
+ *   change its objects are refused with ETP_ERR_INVALID_STATE), nor enqueue
+ *   other work on `stream`;
  * - returns nothing: its own errors are its business.
  *
  * Points are reported in the order listed for each call, each at most once
