@@ -148,7 +148,8 @@ __global__ void route_scan(etp__ep_route_args_t a)
         if (sp) {
             *sp = flag ? etp__ep_slab_pos(pos, a.slab) : -1;
             if (flag && *sp < 0) {
-                stat_add(a.stats, ETP__EP_ST_TRANSPORT_DROPPED, etp__ep_slots_to(a.slot_dest + t * k, k, d));
+                stat_add(a.stats, ETP__EP_ST_TRANSPORT_DROPPED,
+                         etp__ep_slots_to(a.slot_dest + t * k, k, d));
                 stat_flag(a.stats, ETP__EP_F_TRANSPORT_FULL);
             }
         }
@@ -414,7 +415,8 @@ __global__ void expand_kernel(etp__ep_expand_args_t a)
         if (a.scale_w) {
             const float w = a.scale_w[r];
             for (int64_t h = threadIdx.x; h < H; h += blockDim.x)
-                etp__ep_store(a.out, a.dtype, r * H + h, w * etp__ep_load(a.recv_tok, a.dtype, i * H + h));
+                etp__ep_store(a.out, a.dtype, r * H + h,
+                              w * etp__ep_load(a.recv_tok, a.dtype, i * H + h));
         } else {
             copy_row(o, static_cast<const char *>(a.recv_tok) + i * rb, rb);
         }
@@ -431,7 +433,8 @@ __global__ void expand_kernel(etp__ep_expand_args_t a)
 __global__ void presum_kernel(etp__ep_presum_args_t a)
 {
     const int64_t i = blockIdx.x, H = a.hidden;
-    for (int64_t h = threadIdx.x; h < H; h += blockDim.x) a.partial[i * H + h] = etp__ep_presum_elem(&a, i, h);
+    for (int64_t h = threadIdx.x; h < H; h += blockDim.x)
+        a.partial[i * H + h] = etp__ep_presum_elem(&a, i, h);
 }
 
 /* 16 bytes of input as V = 8 BF16 or 4 FP32 values. */
@@ -542,8 +545,11 @@ __global__ void __launch_bounds__(128) reduce_vec(etp__ep_reduce_args_t a)
             acc[3] = acc[3] + v.w;
         }
         if (a.dtype == ETP__EP_BF16) {
-            const uint32_t lo = (uint32_t)etp__qf_f32_to_bf16(acc[0]) | (uint32_t)etp__qf_f32_to_bf16(acc[1]) << 16;
-            const uint32_t hi = (uint32_t)etp__qf_f32_to_bf16(acc[2]) | (uint32_t)etp__qf_f32_to_bf16(acc[3]) << 16;
+            uint32_t h2[2];
+            for (int q = 0; q < 2; q++)
+                h2[q] = (uint32_t)etp__qf_f32_to_bf16(acc[2 * q]) |
+                        (uint32_t)etp__qf_f32_to_bf16(acc[2 * q + 1]) << 16;
+            const uint32_t lo = h2[0], hi = h2[1];
             reinterpret_cast<uint2 *>(a.out)[t * nv + c] = make_uint2(lo, hi);
         } else {
             reinterpret_cast<float4 *>(a.out)[t * nv + c] = make_float4(acc[0], acc[1], acc[2], acc[3]);

@@ -115,7 +115,8 @@ static void layout_run(void *p)
     const etp__ep_layout_args_t *a = p;
     const int R = a->ranks, k = a->k;
     const int64_t L = a->local_experts, slots = a->tok_cap * k;
-    for (int s = 0; s < R; s++) a->recv_cnt[s] = (int32_t)etp__ep_accepted(a->C, R, a->tok_cap, s, a->me);
+    for (int s = 0; s < R; s++)
+        a->recv_cnt[s] = (int32_t)etp__ep_accepted(a->C, R, a->tok_cap, s, a->me);
     etp__ep_block_bases(a->recv_cnt, R, a->exact, a->slab, a->recv_base);
     for (int64_t x = 0; x < slots; x++) a->recv_row[x] = -1;
     for (int64_t r = 0; r < a->rows_cap; r++) a->row_src[r] = -1;
@@ -139,7 +140,8 @@ static void layout_run(void *p)
         a->recv_row[x] = (int32_t)row;
         a->row_src[row] = (int32_t)x;
     }
-    for (int64_t i = 0; i < a->tok_cap; i++) etp__ep_sort_rows(a->recv_row + i * k, k, a->tok_rows + i * k);
+    for (int64_t i = 0; i < a->tok_cap; i++)
+        etp__ep_sort_rows(a->recv_row + i * k, k, a->tok_rows + i * k);
 }
 
 /* ---- data movement ------------------------------------------------------ */
@@ -150,7 +152,8 @@ static void mx_quantize_row(const void *x, int dtype, int64_t H, uint8_t *row)
     const int64_t nb = H / ETP__EP_MX_BLOCK;
     for (int64_t b = 0; b < nb; b++) {
         float v[ETP__EP_MX_BLOCK];
-        for (int c = 0; c < ETP__EP_MX_BLOCK; c++) v[c] = etp__ep_load(x, dtype, b * ETP__EP_MX_BLOCK + c);
+        for (int c = 0; c < ETP__EP_MX_BLOCK; c++)
+            v[c] = etp__ep_load(x, dtype, b * ETP__EP_MX_BLOCK + c);
         row[H + b] = etp__ep_mx_block(v, row + b * ETP__EP_MX_BLOCK);
     }
     memset(row + H + nb, 0, (size_t)(ETP__EP_MX_ROW_BYTES(H) - H - nb));
@@ -181,7 +184,8 @@ static void pack_run(void *p)
             }
             if (a->send_w)
                 for (int j = 0; j < k; j++)
-                    a->send_w[row * k + j] = etp__ep_slot_weight(a->slot_dest + t * k, a->weights + t * k, j, d);
+                    a->send_w[row * k + j] =
+                        etp__ep_slot_weight(a->slot_dest + t * k, a->weights + t * k, j, d);
         }
     }
 }
@@ -210,7 +214,8 @@ static void expand_run(void *p)
         const char *in = (const char *)a->recv_tok + (size_t)i * ib;
         if (a->scale_w) {
             const float sw = a->scale_w[r];
-            for (int64_t h = 0; h < H; h++) etp__ep_store(a->out, a->dtype, r * H + h, sw * etp__ep_load(in, a->dtype, h));
+            for (int64_t h = 0; h < H; h++)
+                etp__ep_store(a->out, a->dtype, r * H + h, sw * etp__ep_load(in, a->dtype, h));
         } else {
             memcpy(o, in, ob);
         }
@@ -222,7 +227,8 @@ static void presum_run(void *p)
 {
     const etp__ep_presum_args_t *a = p;
     for (int64_t i = 0; i < a->ntok; i++)
-        for (int64_t h = 0; h < a->hidden; h++) a->partial[i * a->hidden + h] = etp__ep_presum_elem(a, i, h);
+        for (int64_t h = 0; h < a->hidden; h++)
+            a->partial[i * a->hidden + h] = etp__ep_presum_elem(a, i, h);
 }
 
 static void reduce_run(void *p)
@@ -230,7 +236,8 @@ static void reduce_run(void *p)
     const etp__ep_reduce_args_t *a = p;
     const int64_t T = tokens_of(a->t_dev, a->t_max), H = a->hidden;
     for (int64_t t = 0; t < T; t++)
-        for (int64_t h = 0; h < H; h++) etp__ep_store(a->out, a->dtype, t * H + h, etp__ep_reduce_elem(a, t, h));
+        for (int64_t h = 0; h < H; h++)
+            etp__ep_store(a->out, a->dtype, t * H + h, etp__ep_reduce_elem(a, t, h));
 }
 
 static void wgrad_run(void *p)
@@ -248,7 +255,8 @@ static void wgrad_run(void *p)
             } else if (r >= 0) {
                 const char *x = (const char *)a->recv_tok + (size_t)(i * H) * es;
                 const char *y = (const char *)a->rows_in + (size_t)((int64_t)r * H) * es;
-                for (int l = 0; l < ETP__EP_DOT_LANES; l++) lane[l] = etp__ep_dot_lane(x, y, a->dtype, H, l);
+                for (int l = 0; l < ETP__EP_DOT_LANES; l++)
+                    lane[l] = etp__ep_dot_lane(x, y, a->dtype, H, l);
                 for (int w = ETP__EP_DOT_LANES / 2; w >= 1; w /= 2)
                     for (int l = 0; l < w; l++) etp__ep_dot_fold(lane, l, w);
                 g = lane[0];
