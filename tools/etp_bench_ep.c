@@ -26,7 +26,7 @@
  *                communicator of the bench's own (MPI_Alltoallv on the host
  *                backend) moving dispatch's inter-rank bytes, peer by peer
  *   prepare      etp_ep_prepare (EXACT includes its host synchronization)
- *   dispatch     etp_ep_dispatch, split by the EP phase hook (src/ep/ep_hook.h)
+ *   dispatch     etp_ep_dispatch, split by the EP trace points (etp/trace.h)
  *                into pack | exchange | expand
  *   baseline C   the same baseline moving combine's inter-rank bytes
  *   combine      etp_ep_combine, split into pre-sum | exchange | token sum
@@ -59,8 +59,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../kernels/ep/ep_args.h"
-#include "../src/ep/ep_hook.h"
+#include "../src/backend/ep_args.h"
 #include "etp/ep.h"
 #include "etp_bench.h"
 #if ETP_HAVE_CUDA
@@ -137,7 +136,7 @@ static void phases_fini(phases_t *p)
     (void)p;
 }
 
-/* Mark i on stream s (the call's stream: the hook passes it). */
+/* Mark i on stream s (the call's stream: the trace callback passes it). */
 static void phases_mark(phases_t *p, int i, etp_stream_t *s)
 {
     p->marked[i] = 1;
@@ -153,10 +152,14 @@ static void phases_mark(phases_t *p, int i, etp_stream_t *s)
     p->t[i] = MPI_Wtime();
 }
 
-static void phase_hook(void *user, int phase, etp_stream_t *s)
+/* The trace points around the exchange of dispatch and combine. */
+static void phase_trace(void *user, etp_trace_point_t point, etp_stream_t *s)
 {
     phases_t *p = user;
-    phases_mark(p, phase == ETP__EP_PHASE_EXCHANGE_BEGIN ? 1 : 2, s);
+    if (point == ETP_TRACE_EP_DISPATCH_EXCHANGE || point == ETP_TRACE_EP_COMBINE_EXCHANGE)
+        phases_mark(p, 1, s);
+    else if (point == ETP_TRACE_EP_DISPATCH_EXPAND || point == ETP_TRACE_EP_COMBINE_SUM)
+        phases_mark(p, 2, s);
 }
 
 static void phases_start(phases_t *p)
@@ -169,7 +172,7 @@ static void phases_start(phases_t *p)
 static void phases_stop(phases_t *p, double out[4])
 {
     phases_mark(p, 3, p->s);
-    if (!p->marked[1] || !p->marked[2]) die(p->b, "the EP phase hook was not called");
+    if (!p->marked[1] || !p->marked[2]) die(p->b, "the EP trace callback was not called");
     BENCH_CHECK(p->b, etp_stream_synchronize(p->s));
     for (int i = 0; i < 4; i++) {
         int a = i < 3 ? i : 0, z = i < 3 ? i + 1 : 3;
@@ -464,7 +467,7 @@ static void run_case(bench_t *b, const opts_t *o, case_t *c, etp_group_t *world,
     BENCH_CHECK(b, etp_ep_layer_create(ep, &lc, &ly));
     int64_t rows = 0;
     BENCH_CHECK(b, etp_ep_layer_rows(ly, &rows));
-    BENCH_CHECK(b, etp__ep_set_phase_hook(ep, phase_hook, ph));
+    BENCH_CHECK(b, etp_ep_group_set_trace(ep, phase_trace, ph));
 
     /* Rows that actually cross: CAPACITY sends at most a slab per peer. */
     for (int d = 0; d < R; d++)
@@ -658,7 +661,7 @@ static void run_case(bench_t *b, const opts_t *o, case_t *c, etp_group_t *world,
 
     free(smp);
     BENCH_CHECK(b, etp_stream_synchronize(s));
-    BENCH_CHECK(b, etp__ep_set_phase_hook(ep, NULL, NULL));
+    BENCH_CHECK(b, etp_ep_group_set_trace(ep, NULL, NULL));
     BENCH_CHECK(b, etp_ep_layer_destroy(ly));
     BENCH_CHECK(b, etp_ep_group_destroy(ep));
     void *bufs[] = {tokens, topk_idx, topk_w, recv, recv_w, out, copy_dst, base->send, base->recv};

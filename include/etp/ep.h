@@ -88,6 +88,10 @@
  * Thread safety: an EP group and its layers are used by one thread at a
  * time, like their context.
  *
+ * Tracing: etp_ep_group_set_trace() sets a callback (etp/trace.h) that
+ * dispatch, combine and dispatch_bwd call at their phase boundaries, with
+ * their stream, so that a caller can time the phases with events.
+ *
  * MXFP8 dispatch: a group made with token_dtype ETP_EP_TOKEN_MXFP8 takes
  * BF16 tokens in dispatch (etp_ep_dispatch_ex), quantizes each token row once
  * on its rank (MXFP8 rowwise, E4M3 elements, one E8M0 scale per 32 elements:
@@ -104,6 +108,7 @@
 #define ETP_EP_H
 
 #include "etp/comm.h"
+#include "etp/trace.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -144,7 +149,7 @@ typedef struct etp_ep_group_config {
     size_t size;                   /* sizeof(etp_ep_group_config_t) */
     const char *name;              /* copied; in messages ("ep"); NULL: the group's name */
     int role;                      /* the group role whose communicator EP uses */
-    int64_t num_experts;           /* E, a multiple of the group size R; E / R <= 65536 */
+    int64_t num_experts;           /* E, a multiple of the group size R, below 2^31 */
     int64_t hidden;                /* H, elements per token row */
     etp_dtype_t token_dtype;       /* ETP_DTYPE_BF16, ETP_DTYPE_F32, or ETP_EP_TOKEN_MXFP8
                                     * (BF16 in, MXFP8 out of dispatch; BF16 elsewhere) */
@@ -172,7 +177,8 @@ typedef struct etp_ep_group_config {
  * same config). Allocates the transport buffers (ETP_MEM_EP_BUFFERS) and an
  * event of the context. The group must outlive the EP group.
  * Errors: ETP_ERR_INVALID_ARGUMENT (NULLs, a config of the wrong size, E not
- * a multiple of R, sizes <= 0, a role the group lacks, capacity_factor <= 0,
+ * a multiple of R, sizes <= 0, sizes past the 32-bit row indices and
+ * expert ids, a role the group lacks, capacity_factor <= 0,
  * a token dtype other than BF16/F32/ETP_EP_TOKEN_MXFP8, MXFP8 with a hidden
  * size that is not a multiple of 32), ETP_ERR_OUT_OF_MEMORY,
  * ETP_ERR_ABORTED. On failure nothing is left allocated and *ep is
@@ -201,6 +207,21 @@ typedef struct etp_ep_group_info {
 #define ETP_EP_GROUP_INFO_INIT {sizeof(etp_ep_group_info_t), 0, 0, 0, 0, 0, 0, 0, 0}
 
 ETP_API etp_status_t etp_ep_group_info(const etp_ep_group_t *ep, etp_ep_group_info_t *info);
+
+/* Set (fn != NULL) or clear (fn == NULL) the trace callback of every layer
+ * of `ep`, replacing the previous one. From the next call on, dispatch
+ * (etp_ep_dispatch, etp_ep_dispatch_ex), combine and dispatch_bwd call
+ * fn(user, point, stream) at their points (ETP_TRACE_EP_*, etp/trace.h
+ * says when and what fn may do), on the calling thread, with the call's
+ * stream; prepare and combine_bwd report no points. While fn runs, the
+ * calls of this group and its layers that enqueue work, make or destroy a
+ * layer or the group, or set the trace fail with ETP_ERR_INVALID_STATE
+ * (poll, check, info, etp_ep_layer_rows and etp_ep_layout work). `user` is passed back as
+ * given (not owned; ignored when fn is NULL). Local: no communication,
+ * nothing enqueued; ranks may trace differently.
+ * Errors: ETP_ERR_INVALID_ARGUMENT (ep NULL), ETP_ERR_INVALID_STATE (called
+ * from the group's own trace callback). */
+ETP_API etp_status_t etp_ep_group_set_trace(etp_ep_group_t *ep, etp_trace_fn_t fn, void *user);
 
 typedef enum etp_ep_layout {
     ETP_EP_LAYOUT_PACKED = 0,      /* expert blocks back to back at aligned offsets */

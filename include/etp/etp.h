@@ -9,6 +9,7 @@
 #include "etp/core.h"
 #include "etp/context.h"
 #include "etp/comm.h"
+#include "etp/trace.h"
 #include "etp/ep.h"
 #include "etp/quant.h"
 #include "etp/param.h"

@@ -1,20 +1,21 @@
 /*
- * The EP kernels (ep_args.h defines what each computes). Every FP32 sum
- * runs in the order of the host reference (src/backend/host/host_ep.c):
- * one thread owns one output element and walks its terms in order, so the
- * results are bit-identical; the weight-gradient dot product uses the
- * fixed 256-lane order (ETP__EP_DOT_LANES). Each kernel takes its argument
- * struct by value; T and the counts are read on the device, so a captured
- * graph replays with new routing. MXFP8 dispatch quantizes with the quant
- * module's codecs (quant/formats/qf_codec.h), shared with the host
- * reference; this file is compiled with --fmad=false (src/ep/sources.cmake)
- * so that no multiply and add are contracted where the host does not
- * (every FMA here is an explicit fmaf).
+ * The EP kernels (src/backend/ep_args.h defines what each computes). The
+ * rules they apply, per slot, token, row and element, are those of
+ * src/ep/ep_rules.h, which the host backend runs too; what is here is how
+ * the work is spread over threads: one thread owns one output element and
+ * walks its terms in the rules' order, so the results are bit-identical to
+ * the host's; the weight-gradient dot product folds its 256 lanes
+ * (ETP__EP_DOT_LANES, one block's threads) in the rules' order. Each kernel
+ * takes its argument struct by value; T and the counts are read on the
+ * device, so a captured graph replays with new routing. This file is
+ * compiled with --fmad=false (src/ep/sources.cmake) so that no multiply and
+ * add are contracted where the host does not (every FMA is an explicit
+ * fmaf).
  */
 #include <stdint.h>
 
+#include "ep/ep_rules.h"
 #include "ep_kernels.h"
-#include "quant/formats/qf_codec.h"
 
 namespace {
 
@@ -28,38 +29,9 @@ constexpr int kVecMaxRanks = 64;
 
 static_assert(ETP__EP_DOT_LANES == kThreads, "the dot product's lanes are one block's threads");
 
-/* The host's conversions (src/core/half.h), bit for bit, NaN included. */
-__device__ __forceinline__ float bf16_to_f32(uint16_t h)
-{
-    return __uint_as_float((uint32_t)h << 16);
-}
-
-__device__ __forceinline__ uint16_t f32_to_bf16(float f)
-{
-    uint32_t u = __float_as_uint(f);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u);
-    u += 0x7fffu + ((u >> 16) & 1u);
-    return (uint16_t)(u >> 16);
-}
-
-__device__ __forceinline__ float load(const void *p, int dtype, int64_t i)
-{
-    if (dtype == ETP__EP_BF16) return bf16_to_f32(static_cast<const uint16_t *>(p)[i]);
-    return static_cast<const float *>(p)[i];
-}
-
-__device__ __forceinline__ void store(void *p, int dtype, int64_t i, float v)
-{
-    if (dtype == ETP__EP_BF16)
-        static_cast<uint16_t *>(p)[i] = f32_to_bf16(v);
-    else
-        static_cast<float *>(p)[i] = v;
-}
-
 __device__ __forceinline__ int64_t tokens_of(const int32_t *t_dev, int64_t t_max)
 {
-    int64_t t = *t_dev;
-    return t < 0 ? 0 : t > t_max ? t_max : t;
+    return etp__ep_clamp_tokens(*t_dev, t_max);
 }
 
 __device__ __forceinline__ unsigned long long *u64(int64_t *p)
@@ -110,18 +82,6 @@ __device__ int block_excl_scan(int v, int *total)
     return before + x - v;
 }
 
-/* Tokens rank s may send to d when d receives at most tok_cap rows, filled
- * in source rank order. */
-__device__ int64_t accepted(const int32_t *C, int R, int64_t tok_cap, int s, int d)
-{
-    int64_t before = 0;
-    for (int s2 = 0; s2 < s; s2++) before += C[(int64_t)s2 * R + d];
-    int64_t room = tok_cap - before;
-    if (room < 0) room = 0;
-    int64_t c = C[(int64_t)s * R + d];
-    return c < room ? c : room;
-}
-
 unsigned blocks_for(int64_t n, int per)
 {
     int64_t b = (n + per - 1) / per;
@@ -143,12 +103,11 @@ cudaError_t launch(void (*k)(A), unsigned grid, unsigned block, cudaStream_t s, 
 __global__ void route_mark(etp__ep_route_args_t a)
 {
     const int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    int64_t T = a.t_in ? *a.t_in : a.t_value;
-    const bool bad_T = T < 0 || T > a.t_max;
-    T = T < 0 ? 0 : T > a.t_max ? a.t_max : T;
+    const int64_t raw = a.t_in ? *a.t_in : a.t_value;
+    const int64_t T = etp__ep_clamp_tokens(raw, a.t_max);
     if (t == 0) {
         *a.t_dev = (int32_t)T;
-        if (bad_T) stat_flag(a.stats, ETP__EP_F_BAD_TOKENS);
+        if (T != raw) stat_flag(a.stats, ETP__EP_F_BAD_TOKENS);
         stat_add(a.stats, ETP__EP_ST_PREPARES, 1);
     }
     if (t >= a.t_max) return;
@@ -156,27 +115,14 @@ __global__ void route_mark(etp__ep_route_args_t a)
     int32_t *sd = a.slot_dest + t * k;
     int32_t *sp = a.send_pos + t * R;
     for (int d = 0; d < R; d++) sp[d] = 0;
-    for (int j = 0; j < k; j++) sd[j] = -1;
-    if (t >= T) return;
-    const int64_t *idx = a.topk_idx + t * k;
-    int bad = 0, dup = 0;
-    for (int j = 0; j < k; j++) {
-        int64_t e = idx[j];
-        if (e == -1) continue;
-        if (e < -1 || e >= a.num_experts) {
-            bad++;
-            continue;
-        }
-        bool rep = false;
-        for (int j2 = 0; j2 < j && !rep; j2++) rep = sd[j2] >= 0 && idx[j2] == e;
-        if (rep) {
-            dup++;
-            continue;
-        }
-        int d = (int)(e / a.local_experts);
-        sd[j] = d;
-        sp[d] = 1;
+    if (t >= T) {
+        for (int j = 0; j < k; j++) sd[j] = -1;
+        return;
     }
+    int bad, dup;
+    etp__ep_route_token(a.topk_idx + t * k, k, a.num_experts, a.local_experts, sd, &bad, &dup);
+    for (int j = 0; j < k; j++)
+        if (sd[j] >= 0) sp[sd[j]] = 1;
     if (bad) {
         stat_add(a.stats, ETP__EP_ST_BAD_INDEX, bad);
         stat_flag(a.stats, ETP__EP_F_BAD_INDEX);
@@ -200,15 +146,10 @@ __global__ void route_scan(etp__ep_route_args_t a)
         int total = 0;
         const int64_t pos = running + block_excl_scan(flag, &total);
         if (sp) {
-            if (!flag) {
-                *sp = -1;
-            } else if (pos < a.slab) {
-                *sp = (int32_t)pos;
-            } else {
-                *sp = -1;
-                int n = 0;
-                for (int j = 0; j < k; j++) n += a.slot_dest[t * k + j] == d;
-                stat_add(a.stats, ETP__EP_ST_TRANSPORT_DROPPED, n);
+            *sp = flag ? etp__ep_slab_pos(pos, a.slab) : -1;
+            if (flag && *sp < 0) {
+                stat_add(a.stats, ETP__EP_ST_TRANSPORT_DROPPED,
+                         etp__ep_slots_to(a.slot_dest + t * k, k, d));
                 stat_flag(a.stats, ETP__EP_F_TRANSPORT_FULL);
             }
         }
@@ -216,17 +157,13 @@ __global__ void route_scan(etp__ep_route_args_t a)
     }
     if (threadIdx.x == 0) {
         if (!a.exact) stat_max(a.stats, ETP__EP_ST_TRANSPORT_NEEDED, running);
-        a.send_cnt[d] = (int32_t)(running < a.slab ? running : a.slab);
+        a.send_cnt[d] = (int32_t)etp__ep_min(running, a.slab);
     }
 }
 
 __global__ void route_base(etp__ep_route_args_t a)
 {
-    int64_t base = 0;
-    for (int d = 0; d < a.ranks; d++) {
-        a.send_base[d] = (int32_t)(a.exact ? base : (int64_t)d * a.slab);
-        base += a.send_cnt[d];
-    }
+    etp__ep_block_bases(a.send_cnt, a.ranks, a.exact, a.slab, a.send_base);
 }
 
 __global__ void route_meta(etp__ep_route_args_t a)
@@ -234,14 +171,11 @@ __global__ void route_meta(etp__ep_route_args_t a)
     const int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (t >= tokens_of(a.t_dev, a.t_max)) return;
     const int R = a.ranks, k = a.k;
-    const int32_t *sd = a.slot_dest + t * k;
-    const int64_t *idx = a.topk_idx + t * k;
     for (int d = 0; d < R; d++) {
-        const int32_t sp = a.send_pos[t * R + d];
-        if (sp < 0) continue;
-        int32_t *m = a.send_meta + ((int64_t)a.send_base[d] + sp) * k;
-        for (int j = 0; j < k; j++)
-            m[j] = sd[j] == d ? (int32_t)(idx[j] - (int64_t)d * a.local_experts) : -1;
+        const int64_t row = etp__ep_send_row(a.send_pos, a.send_base, R, t, d);
+        if (row >= 0)
+            etp__ep_meta_row(a.topk_idx + t * k, a.slot_dest + t * k, k, d, a.local_experts,
+                             a.send_meta + row * k);
     }
 }
 
@@ -253,22 +187,18 @@ __global__ void clip_kernel(etp__ep_clip_args_t a)
     const int R = a.ranks, k = a.k;
     if (t == 0) {
         for (int d = 0; d < R; d++) {
-            if (accepted(a.C, R, a.tok_cap, a.me, d) == a.C[(int64_t)a.me * R + d]) continue;
-            int64_t need = 0;
-            for (int s = 0; s < R; s++) need += a.C[(int64_t)s * R + d];
-            stat_max(a.stats, ETP__EP_ST_TRANSPORT_NEEDED, need);
+            if (etp__ep_accepted(a.C, R, a.tok_cap, a.me, d) == a.C[(int64_t)a.me * R + d]) continue;
+            stat_max(a.stats, ETP__EP_ST_TRANSPORT_NEEDED, etp__ep_wanted_by(a.C, R, d));
             stat_flag(a.stats, ETP__EP_F_TRANSPORT_FULL);
         }
     }
     if (t >= tokens_of(a.t_dev, a.t_max)) return;
     for (int d = 0; d < R; d++) {
-        const int64_t acc = accepted(a.C, R, a.tok_cap, a.me, d);
+        const int64_t acc = etp__ep_accepted(a.C, R, a.tok_cap, a.me, d);
         int32_t *sp = a.send_pos + t * R + d;
         if (*sp < acc) continue;
         *sp = -1;
-        int n = 0;
-        for (int j = 0; j < k; j++) n += a.slot_dest[t * k + j] == d;
-        stat_add(a.stats, ETP__EP_ST_TRANSPORT_DROPPED, n);
+        stat_add(a.stats, ETP__EP_ST_TRANSPORT_DROPPED, etp__ep_slots_to(a.slot_dest + t * k, k, d));
     }
 }
 
@@ -276,31 +206,17 @@ __global__ void clip_kernel(etp__ep_clip_args_t a)
 
 __global__ void layout_bases(etp__ep_layout_args_t a)
 {
-    int64_t base = 0;
-    for (int s = 0; s < a.ranks; s++) {
-        a.recv_cnt[s] = (int32_t)accepted(a.C, a.ranks, a.tok_cap, s, a.me);
-        a.recv_base[s] = (int32_t)(a.exact ? base : (int64_t)s * a.slab);
-        base += a.recv_cnt[s];
-    }
-}
-
-/* Row i of the receive buffer holds a token (rows are in (source, token)
- * order in both transports; CAPACITY slabs have unused tails). */
-__device__ __forceinline__ bool row_valid(const etp__ep_layout_args_t &a, int64_t i)
-{
-    if (a.exact) {
-        const int last = a.ranks - 1;
-        return i < (int64_t)a.recv_base[last] + a.recv_cnt[last];
-    }
-    return i % a.slab < a.recv_cnt[i / a.slab];
+    for (int s = 0; s < a.ranks; s++)
+        a.recv_cnt[s] = (int32_t)etp__ep_accepted(a.C, a.ranks, a.tok_cap, s, a.me);
+    etp__ep_block_bases(a.recv_cnt, a.ranks, a.exact, a.slab, a.recv_base);
 }
 
 /* The slot of received row i that selects local expert e, or -1. */
 __device__ __forceinline__ int slot_of(const etp__ep_layout_args_t &a, int64_t i, int e)
 {
-    if (!row_valid(a, i)) return -1;
+    if (!etp__ep_recv_valid(a.recv_base, a.recv_cnt, a.ranks, a.exact, a.slab, i)) return -1;
     for (int j = 0; j < a.k; j++)
-        if (a.recv_meta[i * a.k + j] == e) return j;
+        if (etp__ep_recv_expert(a.recv_meta, a.k, a.local_experts, i, j) == e) return j;
     return -1;
 }
 
@@ -322,29 +238,11 @@ __global__ void layout_count(etp__ep_layout_args_t a)
 
 __global__ void layout_offsets(etp__ep_layout_args_t a)
 {
-    const int64_t L = a.local_experts, al = a.alignment;
-    int64_t off = 0, need = 0, dropped = 0, maxn = 0;
-    for (int64_t e = 0; e < L; e++) {
-        const int64_t n = a.counts[e];
-        need += (n + al - 1) / al * al;
-        if (n > maxn) maxn = n;
-        int64_t kept;
-        if (a.fixed_slots > 0) {
-            off = e * a.fixed_slots;
-            kept = n < a.fixed_slots ? n : a.fixed_slots;
-        } else {
-            const int64_t room = a.rows_cap - off;
-            kept = n < room ? n : room;
-        }
-        a.offsets[e] = (int32_t)off;
-        a.counts[e] = (int32_t)kept;
-        dropped += n - kept;
-        if (a.fixed_slots == 0) off += (kept + al - 1) / al * al;
-    }
-    a.offsets[L] = (int32_t)(a.fixed_slots > 0 ? L * a.fixed_slots : off);
-    stat_max(a.stats, ETP__EP_ST_ROWS_NEEDED, a.fixed_slots > 0 ? (maxn + al - 1) / al * al : need);
-    if (dropped) {
-        stat_add(a.stats, ETP__EP_ST_ROWS_DROPPED, dropped);
+    const etp__ep_layout_need_t need = etp__ep_layout_offsets(
+        a.counts, a.offsets, a.local_experts, a.alignment, a.fixed_slots, a.rows_cap);
+    stat_max(a.stats, ETP__EP_ST_ROWS_NEEDED, need.needed);
+    if (need.dropped) {
+        stat_add(a.stats, ETP__EP_ST_ROWS_DROPPED, need.dropped);
         stat_flag(a.stats, ETP__EP_F_ROWS_FULL);
     }
 }
@@ -375,19 +273,7 @@ __global__ void layout_sort(etp__ep_layout_args_t a)
 {
     const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= a.tok_cap) return;
-    const int k = a.k;
-    int32_t *o = a.tok_rows + i * k;
-    int m = 0;
-    for (int j = 0; j < k; j++) {
-        const int32_t r = a.recv_row[i * k + j];
-        if (r < 0) continue;
-        int q = m++;
-        while (q > 0 && o[q - 1] > r) {
-            o[q] = o[q - 1];
-            q--;
-        }
-        o[q] = r;
-    }
+    etp__ep_sort_rows(a.recv_row + i * a.k, a.k, a.tok_rows + i * a.k);
 }
 
 /* ---- data movement ------------------------------------------------------ */
@@ -414,9 +300,13 @@ __device__ __forceinline__ void zero_row(char *dst, int64_t bytes)
     }
 }
 
-__device__ __forceinline__ int64_t esize(int dtype)
+/* The weights of token t's copy to rank d, at send row `row` (if weighted). */
+__device__ __forceinline__ void pack_weights(const etp__ep_pack_args_t &a, int64_t t, int d,
+                                             int64_t row)
 {
-    return dtype == ETP__EP_BF16 ? 2 : 4;
+    if (!a.send_w) return;
+    for (int j = threadIdx.x; j < a.k; j += blockDim.x)
+        a.send_w[row * a.k + j] = etp__ep_slot_weight(a.slot_dest + t * a.k, a.weights + t * a.k, j, d);
 }
 
 /* One block per token. */
@@ -424,32 +314,27 @@ __global__ void pack_kernel(etp__ep_pack_args_t a)
 {
     const int64_t t = blockIdx.x;
     if (t >= tokens_of(a.t_dev, a.t_max)) return;
-    const int R = a.ranks, k = a.k;
-    const int64_t rb = a.hidden * esize(a.dtype);
+    const int R = a.ranks;
+    const int64_t rb = a.hidden * etp__ep_esize(a.dtype);
     for (int d = 0; d < R; d++) {
-        const int32_t sp = a.send_pos[t * R + d];
-        if (sp < 0) continue;
-        const int64_t row = (int64_t)a.send_base[d] + sp;
+        const int64_t row = etp__ep_send_row(a.send_pos, a.send_base, R, t, d);
+        if (row < 0) continue;
         copy_row(static_cast<char *>(a.send_tok) + row * rb,
                  static_cast<const char *>(a.tokens) + t * rb, rb);
-        if (a.send_w)
-            for (int j = threadIdx.x; j < k; j += blockDim.x)
-                a.send_w[row * k + j] = a.slot_dest[t * k + j] == d ? a.weights[t * k + j] : 0.0f;
+        pack_weights(a, t, d, row);
     }
 }
 
 /* MXFP8 dispatch, one block per token: each thread quantizes 32-element
- * blocks of the token once (ep_args.h: etp__ep_pack_args_t) and stores the
- * 32 data bytes and the scale byte in every send row of the token. */
+ * blocks of the token once (etp__ep_mx_block) and stores the 32 data bytes
+ * and the scale byte in every send row of the token. */
 __global__ void pack_mx_kernel(etp__ep_pack_args_t a)
 {
     const int64_t t = blockIdx.x;
     if (t >= tokens_of(a.t_dev, a.t_max)) return;
-    const int R = a.ranks, k = a.k;
+    const int R = a.ranks;
     const int64_t H = a.hidden, nb = H / ETP__EP_MX_BLOCK, rb = ETP__EP_MX_ROW_BYTES(H);
-    const int32_t *sp = a.send_pos + t * R;
     char *send = static_cast<char *>(a.send_tok);
-    const float inv_max = etp__qf_mxfp8_inv_max(0);
     const bool vec = a.dtype == ETP__EP_BF16 && (reinterpret_cast<uintptr_t>(a.tokens) & 15u) == 0;
     /* rows are 16-byte multiples: 16-byte stores when the buffer is aligned
      * (always with the default allocators; a user allocator might not be) */
@@ -471,21 +356,18 @@ __global__ void pack_mx_kernel(etp__ep_pack_args_t a)
             }
         } else {
 #pragma unroll
-            for (int c = 0; c < ETP__EP_MX_BLOCK; c++) x[c] = load(a.tokens, a.dtype, h0 + c);
+            for (int c = 0; c < ETP__EP_MX_BLOCK; c++) x[c] = etp__ep_load(a.tokens, a.dtype, h0 + c);
         }
-        float amax = 0.0f;
-#pragma unroll
-        for (int c = 0; c < ETP__EP_MX_BLOCK; c++) amax = etp__qf_amax_step(amax, x[c]);
-        const uint8_t e = etp__qf_mxfp8_scale(amax, inv_max);
-        const float s = etp__qf_mxfp8_multiplier(e);
+        uint8_t q[ETP__EP_MX_BLOCK];
+        const uint8_t e = etp__ep_mx_block(x, q);
         uint32_t w[8] = {0, 0, 0, 0, 0, 0, 0, 0};
 #pragma unroll
-        for (int c = 0; c < ETP__EP_MX_BLOCK; c++)
-            w[c / 4] |= (uint32_t)etp__qf_mxfp8_encode_fast(x[c], s, 0) << (8 * (c % 4));
+        for (int c = 0; c < ETP__EP_MX_BLOCK; c++) w[c / 4] |= (uint32_t)q[c] << (8 * (c % 4));
         const uint4 lo = make_uint4(w[0], w[1], w[2], w[3]), hi = make_uint4(w[4], w[5], w[6], w[7]);
         for (int d = 0; d < R; d++) {
-            if (sp[d] < 0) continue;
-            char *row = send + ((int64_t)a.send_base[d] + sp[d]) * rb;
+            const int64_t srow = etp__ep_send_row(a.send_pos, a.send_base, R, t, d);
+            if (srow < 0) continue;
+            char *row = send + srow * rb;
             if (vst) {
                 uint4 *dst = reinterpret_cast<uint4 *>(row + b * ETP__EP_MX_BLOCK);
                 dst[0] = lo;
@@ -499,12 +381,10 @@ __global__ void pack_mx_kernel(etp__ep_pack_args_t a)
         }
     }
     for (int d = 0; d < R; d++) {
-        if (sp[d] < 0) continue;
-        const int64_t row = (int64_t)a.send_base[d] + sp[d];
+        const int64_t row = etp__ep_send_row(a.send_pos, a.send_base, R, t, d);
+        if (row < 0) continue;
         for (int64_t i = H + nb + threadIdx.x; i < rb; i += blockDim.x) send[row * rb + i] = 0;
-        if (a.send_w)
-            for (int j = threadIdx.x; j < k; j += blockDim.x)
-                a.send_w[row * k + j] = a.slot_dest[t * k + j] == d ? a.weights[t * k + j] : 0.0f;
+        pack_weights(a, t, d, row);
     }
 }
 
@@ -513,7 +393,7 @@ __global__ void expand_kernel(etp__ep_expand_args_t a)
 {
     const int64_t r = blockIdx.x;
     const int32_t src = a.row_src[r];
-    const int64_t H = a.hidden, rb = H * esize(a.dtype);
+    const int64_t H = a.hidden, rb = H * etp__ep_esize(a.dtype);
     char *o = static_cast<char *>(a.out) + r * rb;
     if (a.mx) {
         /* MXFP8: H data bytes and H/32 scale bytes per row */
@@ -535,36 +415,26 @@ __global__ void expand_kernel(etp__ep_expand_args_t a)
         if (a.scale_w) {
             const float w = a.scale_w[r];
             for (int64_t h = threadIdx.x; h < H; h += blockDim.x)
-                store(a.out, a.dtype, r * H + h, w * load(a.recv_tok, a.dtype, i * H + h));
+                etp__ep_store(a.out, a.dtype, r * H + h,
+                              w * etp__ep_load(a.recv_tok, a.dtype, i * H + h));
         } else {
             copy_row(o, static_cast<const char *>(a.recv_tok) + i * rb, rb);
         }
     }
     if (threadIdx.x == 0) {
-        const float w = src >= 0 && a.recv_w ? a.recv_w[src] : 0.0f;
+        const float w = etp__ep_row_weight(a.recv_w, src);
         if (a.out_w) a.out_w[r] = w;
         if (a.keep_w) a.keep_w[r] = w;
     }
 }
 
-/* One block per received token row; each thread owns columns and walks
- * the token's rows in order, like the reference. The general case (any
- * alignment); presum_vec below is the fast one. */
+/* One block per received token row; each thread owns columns. The general
+ * case (any alignment); presum_vec below is the fast one. */
 __global__ void presum_kernel(etp__ep_presum_args_t a)
 {
     const int64_t i = blockIdx.x, H = a.hidden;
-    const int32_t *rows = a.tok_rows + i * a.k;
-    float *out = a.partial + i * H;
-    for (int64_t h = threadIdx.x; h < H; h += blockDim.x) {
-        float acc = 0.0f;
-        for (int m = 0; m < a.k; m++) {
-            const int32_t r = rows[m];
-            if (r < 0) break;
-            const float x = load(a.in, a.dtype, (int64_t)r * H + h);
-            acc = a.row_w ? fmaf(a.row_w[r], x, acc) : __fadd_rn(acc, x);
-        }
-        out[h] = acc;
-    }
+    for (int64_t h = threadIdx.x; h < H; h += blockDim.x)
+        a.partial[i * H + h] = etp__ep_presum_elem(&a, i, h);
 }
 
 /* 16 bytes of input as V = 8 BF16 or 4 FP32 values. */
@@ -575,8 +445,8 @@ __device__ __forceinline__ void unpack16(uint4 v, float *x)
 #pragma unroll
     for (int j = 0; j < 4; j++) {
         if (V == 8) {
-            x[2 * j] = __uint_as_float(w[j] << 16);
-            x[2 * j + 1] = __uint_as_float(w[j] & 0xffff0000u);
+            x[2 * j] = etp__qf_bf16_to_f32((uint16_t)(w[j] & 0xffffu));
+            x[2 * j + 1] = etp__qf_bf16_to_f32((uint16_t)(w[j] >> 16));
         } else {
             x[j] = __uint_as_float(w[j]);
         }
@@ -587,8 +457,9 @@ constexpr int kPresumBatch = 4; /* expert rows loaded together (in flight at onc
 
 /* presum_kernel with 16-byte loads (V elements of one row) and the token's
  * rows loaded kPresumBatch at a time before they are summed, so that a
- * thread has several loads in flight; the sum order per element is the
- * reference's. Needs 16-byte aligned rows (checked by the launcher). */
+ * thread has several loads in flight; each element's terms are added in the
+ * order of etp__ep_presum_elem. Needs 16-byte aligned rows (checked by the
+ * launcher). */
 template <int V>
 __global__ void __launch_bounds__(128) presum_vec(etp__ep_presum_args_t a)
 {
@@ -626,7 +497,7 @@ __global__ void __launch_bounds__(128) presum_vec(etp__ep_presum_args_t a)
                 unpack16<V>(v[u], x);
 #pragma unroll
                 for (int j = 0; j < V; j++)
-                    acc[j] = a.row_w ? fmaf(w[m0 + u], x[j], acc[j]) : __fadd_rn(acc[j], x[j]);
+                    acc[j] = etp__ep_presum_step(acc[j], a.row_w != nullptr, w[m0 + u], x[j]);
             }
         }
 #pragma unroll
@@ -639,20 +510,14 @@ __global__ void reduce_kernel(etp__ep_reduce_args_t a)
 {
     const int64_t t = blockIdx.x, H = a.hidden;
     if (t >= tokens_of(a.t_dev, a.t_max)) return;
-    const int R = a.ranks;
-    for (int64_t h = threadIdx.x; h < H; h += blockDim.x) {
-        float acc = 0.0f;
-        for (int d = 0; d < R; d++) {
-            const int32_t sp = a.send_pos[t * R + d];
-            if (sp >= 0) acc = __fadd_rn(acc, a.partial[((int64_t)a.send_base[d] + sp) * H + h]);
-        }
-        store(a.out, a.dtype, t * H + h, acc);
-    }
+    for (int64_t h = threadIdx.x; h < H; h += blockDim.x)
+        etp__ep_store(a.out, a.dtype, t * H + h, etp__ep_reduce_elem(&a, t, h));
 }
 
 /* reduce_kernel on 4 columns per thread: 16-byte loads of the partials and
- * 8-byte (BF16) or 16-byte (FP32) stores. Needs H % 4 == 0 and aligned
- * buffers (checked by the launcher). */
+ * 8-byte (BF16) or 16-byte (FP32) stores, each element's partials added in
+ * the order of etp__ep_reduce_elem. Needs H % 4 == 0 and aligned buffers
+ * (checked by the launcher). */
 __global__ void __launch_bounds__(128) reduce_vec(etp__ep_reduce_args_t a)
 {
     __shared__ int64_t src[kVecMaxRanks];
@@ -662,8 +527,8 @@ __global__ void __launch_bounds__(128) reduce_vec(etp__ep_reduce_args_t a)
     if (threadIdx.x == 0) {
         int n = 0;
         for (int d = 0; d < a.ranks; d++) {
-            const int32_t sp = a.send_pos[t * a.ranks + d];
-            if (sp >= 0) src[n++] = ((int64_t)a.send_base[d] + sp) * nv;
+            const int64_t row = etp__ep_send_row(a.send_pos, a.send_base, a.ranks, t, d);
+            if (row >= 0) src[n++] = row * nv;
         }
         nsrc = n;
     }
@@ -674,14 +539,17 @@ __global__ void __launch_bounds__(128) reduce_vec(etp__ep_reduce_args_t a)
         float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
         for (int d = 0; d < n; d++) {
             const float4 v = __ldg(p + src[d] + c);
-            acc[0] = __fadd_rn(acc[0], v.x);
-            acc[1] = __fadd_rn(acc[1], v.y);
-            acc[2] = __fadd_rn(acc[2], v.z);
-            acc[3] = __fadd_rn(acc[3], v.w);
+            acc[0] = acc[0] + v.x;
+            acc[1] = acc[1] + v.y;
+            acc[2] = acc[2] + v.z;
+            acc[3] = acc[3] + v.w;
         }
         if (a.dtype == ETP__EP_BF16) {
-            const uint32_t lo = (uint32_t)f32_to_bf16(acc[0]) | (uint32_t)f32_to_bf16(acc[1]) << 16;
-            const uint32_t hi = (uint32_t)f32_to_bf16(acc[2]) | (uint32_t)f32_to_bf16(acc[3]) << 16;
+            uint32_t h2[2];
+            for (int q = 0; q < 2; q++)
+                h2[q] = (uint32_t)etp__qf_f32_to_bf16(acc[2 * q]) |
+                        (uint32_t)etp__qf_f32_to_bf16(acc[2 * q + 1]) << 16;
+            const uint32_t lo = h2[0], hi = h2[1];
             reinterpret_cast<uint2 *>(a.out)[t * nv + c] = make_uint2(lo, hi);
         } else {
             reinterpret_cast<float4 *>(a.out)[t * nv + c] = make_float4(acc[0], acc[1], acc[2], acc[3]);
@@ -701,21 +569,20 @@ __global__ void wgrad_gather(etp__ep_wgrad_args_t a)
 __global__ void wgrad_dot(etp__ep_wgrad_args_t a)
 {
     __shared__ float lane[ETP__EP_DOT_LANES];
-    const int64_t i = blockIdx.x, H = a.hidden;
+    const int64_t i = blockIdx.x, H = a.hidden, es = etp__ep_esize(a.dtype);
     const int l = threadIdx.x;
+    const char *x = static_cast<const char *>(a.recv_tok) + i * H * es;
     for (int j = 0; j < a.k; j++) {
         const int32_t r = a.recv_row[i * a.k + j];
         if (r < 0) {
             if (l == 0) a.g[i * a.k + j] = 0.0f;
             continue;
         }
-        float acc = 0.0f;
-        for (int64_t h = l; h < H; h += ETP__EP_DOT_LANES)
-            acc = fmaf(load(a.recv_tok, a.dtype, i * H + h), load(a.rows_in, a.dtype, (int64_t)r * H + h), acc);
-        lane[l] = acc;
+        const char *y = static_cast<const char *>(a.rows_in) + (int64_t)r * H * es;
+        lane[l] = etp__ep_dot_lane(x, y, a.dtype, H, l);
         __syncthreads();
         for (int w = ETP__EP_DOT_LANES / 2; w >= 1; w /= 2) {
-            if (l < w) lane[l] = __fadd_rn(lane[l], lane[l + w]);
+            if (l < w) etp__ep_dot_fold(lane, l, w);
             __syncthreads();
         }
         if (l == 0) a.g[i * a.k + j] = lane[0];
@@ -726,12 +593,9 @@ __global__ void wgrad_dot(etp__ep_wgrad_args_t a)
 __global__ void wscatter_kernel(etp__ep_wscatter_args_t a)
 {
     const int64_t x = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    const int k = a.k, R = a.ranks;
+    const int k = a.k;
     if (x >= tokens_of(a.t_dev, a.t_max) * k) return;
-    const int64_t t = x / k;
-    const int32_t d = a.slot_dest[x];
-    const int32_t sp = d >= 0 ? a.send_pos[t * R + d] : -1;
-    a.out[x] = sp >= 0 ? a.g_recv[((int64_t)a.send_base[d] + sp) * k + (x % k)] : 0.0f;
+    a.out[x] = etp__ep_slot_grad(&a, x / k, (int)(x % k));
 }
 
 } // namespace
@@ -759,7 +623,6 @@ extern "C" cudaError_t etp__cuda_ep_layout(cudaStream_t s, const etp__ep_layout_
 {
     const size_t per_tok = (size_t)a->tok_cap * (size_t)a->k * sizeof(int32_t);
     ETP__TRY_CUDA(cudaMemsetAsync(a->recv_row, 0xff, per_tok, s));
-    ETP__TRY_CUDA(cudaMemsetAsync(a->tok_rows, 0xff, per_tok, s));
     ETP__TRY_CUDA(cudaMemsetAsync(a->row_src, 0xff, (size_t)a->rows_cap * sizeof(int32_t), s));
     ETP__TRY_CUDA(launch(layout_bases, 1, 1, s, *a));
     ETP__TRY_CUDA(launch(layout_count, (unsigned)a->local_experts, kScanThreads, s, *a));

@@ -1,16 +1,17 @@
 /*
  * The EP kernels on a CUDA stream (kernels/ep/ep.cu), C-callable; the CUDA
  * backend reaches them through its ep table (src/backend/cuda/cuda_ep.c).
- * Each implements the definition of its argument struct (ep_args.h) with
- * the host reference's arithmetic order, so results match bit for bit.
- * None allocates or synchronizes: all are capturable into a CUDA graph.
+ * Each implements the definition of its argument struct
+ * (src/backend/ep_args.h) with the rules of src/ep/ep_rules.h, which the
+ * host backend runs too, so results match bit for bit. None allocates or
+ * synchronizes: all are capturable into a CUDA graph.
  */
 #ifndef ETP__EP_KERNELS_H
 #define ETP__EP_KERNELS_H
 
 #include <cuda_runtime_api.h>
 
-#include "ep_args.h"
+#include "backend/ep_args.h"
 
 #ifdef __cplusplus
 extern "C" {

@@ -1,13 +1,14 @@
 /* The ep module's kernels: one table, implemented by each backend in
- * host/host_ep.c (the reference) and cuda/cuda_ep.c (kernels/ep/). Owned by
- * the ep module. Every kernel enqueues on a stream; the argument structs
- * (kernels/ep/ep_args.h) are copied at launch, the buffers they point to
- * are read and written when the kernel runs. */
+ * host/host_ep.c and cuda/cuda_ep.c (kernels/ep/), both applying the rules
+ * of src/ep/ep_rules.h. Owned by the ep module. Every kernel enqueues on a
+ * stream; the argument structs (ep_args.h, which defines what each kernel
+ * computes) are copied at launch, the buffers they point to are read and
+ * written when the kernel runs. */
 #ifndef ETP__KERNELS_EP_H
 #define ETP__KERNELS_EP_H
 
 #include "backend.h"
-#include "kernels/ep/ep_args.h"
+#include "ep_args.h"
 
 struct etp__ep_kernels {
     etp_status_t (*route)(etp__be_t *be, etp__bstream_t *s, const etp__ep_route_args_t *a);
@@ -24,9 +25,5 @@ struct etp__ep_kernels {
     etp_status_t (*pinned_alloc)(etp__be_t *be, size_t bytes, void **ptr);
     void (*pinned_free)(etp__be_t *be, void *ptr);
 };
-
-/* The fixed-order dot product of combine_bwd's weight gradient (host
- * reference, ETP__EP_DOT_LANES): x and y hold n elements of dtype. */
-float etp__host_ep_dot(const void *x, const void *y, int dtype, int64_t n);
 
 #endif

@@ -3,10 +3,11 @@
  * combine and their backward (etp/ep.h, docs/EP.md).
  *
  * Written once against the backend: the layout and data-movement steps are
- * kernels of the backend's ep table (host reference or CUDA), the exchanges
- * are etp's own collectives (etp_allgather, etp_alltoallv in a batch) on the
- * EP group's role, all enqueued on the caller's stream in order. So the
- * host backend's shuffle mode sees every dependency as stream order.
+ * kernels of the backend's ep table (host or CUDA, both applying the rules
+ * of ep_rules.h), the exchanges are etp's own collectives (etp_allgather,
+ * etp_alltoallv in a batch) on the EP group's role, all enqueued on the
+ * caller's stream in order. So the host backend's shuffle mode sees every
+ * dependency as stream order.
  *
  * Buffers: the group owns four transport buffers shared by its layers (each
  * call finishes with them before the next call starts, in stream order):
@@ -28,11 +29,8 @@
 
 #include "backend/kernels_ep.h"
 #include "comm/comm_internal.h"
-#include "ep/ep_hook.h"
+#include "ep/ep_rules.h"
 #include "etp/ep.h"
-
-/* Local experts a rank: the host reference counts them on its stack. */
-#define ETP__EP_MAX_LOCAL_EXPERTS 65536
 
 enum { EP_NAME_MAX = 64 };
 
@@ -55,9 +53,11 @@ struct etp_ep_group {
     etp_event_t *last_ev;
     uint64_t last_stream; /* the id of the stream of the group's last call; 0: none */
     int layers, next_layer_id;
-    /* the benchmark's phase hook (ep_hook.h), or NULL */
-    etp__ep_phase_fn_t hook;
-    void *hook_user;
+    /* the caller's trace callback (etp_ep_group_set_trace), or NULL; tracing
+     * while it runs (the group's calls refuse to re-enter) */
+    etp_trace_fn_t trace_fn;
+    void *trace_user;
+    int tracing;
 };
 
 enum { LAYER_EMPTY = 0, LAYER_PREPARED = 1 };
@@ -73,6 +73,7 @@ struct etp_ep_layer {
     void *state;                /* one device allocation, carved below */
     int32_t *t_dev, *slot_dest, *send_pos, *send_cnt, *send_base, *C, *recv_cnt, *recv_base;
     int32_t *counts, *offsets, *recv_row, *tok_rows, *row_src;
+    int32_t *layout_scratch;    /* [E/R] for the layout kernel (etp__ep_layout_args_t) */
     float *row_w;
     int64_t *stats;
     void *pinned;               /* host: stats mirror, then (EXACT) the count matrix */
@@ -89,19 +90,21 @@ struct etp_ep_layer {
 
 /* ---- helpers ------------------------------------------------------------ */
 
-/* Tokens rank s may send to rank d when d's receive buffer holds tok_cap
- * rows, filled in source rank order (the kernels use the same rule). */
-static int64_t accepted(const int32_t *C, int R, int64_t tok_cap, int s, int d)
+/* The group's calls that enqueue work or change its objects are refused
+ * inside its trace callback: they would run in the middle of the call that
+ * reports the point, on its buffers. */
+static etp_status_t not_tracing(const etp_ep_group_t *ep, const char *fn)
 {
-    int64_t before = 0;
-    for (int s2 = 0; s2 < s; s2++) before += C[(int64_t)s2 * R + d];
-    int64_t room = tok_cap - before;
-    if (room < 0) room = 0;
-    return C[(int64_t)s * R + d] < room ? C[(int64_t)s * R + d] : room;
+    if (ep->tracing)
+        return etp__err(ETP_ERR_INVALID_STATE,
+                        "%s: called from the trace callback of EP group '%s' (not allowed: the "
+                        "traced call is still enqueuing its work)", fn, ep->name);
+    return ETP_SUCCESS;
 }
 
 static etp_status_t check_stream(etp_ep_group_t *ep, etp_stream_t *s, const char *fn)
 {
+    ETP__TRY(not_tracing(ep, fn));
     if (!s) return etp__err(ETP_ERR_INVALID_ARGUMENT, "%s: argument 'stream' is NULL", fn);
     if (s->ctx != ep->ctx)
         return etp__err(ETP_ERR_INVALID_ARGUMENT,
@@ -133,16 +136,20 @@ static etp_status_t leave(etp_ep_group_t *ep, etp_stream_t *s)
     return ETP_SUCCESS;
 }
 
-static void phase(etp_ep_group_t *ep, int which, etp_stream_t *s)
+static void trace(etp_ep_group_t *ep, etp_trace_point_t point, etp_stream_t *s)
 {
-    if (ep->hook) ep->hook(ep->hook_user, which, s);
+    if (!ep->trace_fn) return;
+    ep->tracing = 1;
+    ep->trace_fn(ep->trace_user, point, s);
+    ep->tracing = 0;
 }
 
-etp_status_t etp__ep_set_phase_hook(etp_ep_group_t *ep, etp__ep_phase_fn_t fn, void *user)
+etp_status_t etp_ep_group_set_trace(etp_ep_group_t *ep, etp_trace_fn_t fn, void *user)
 {
-    ETP__CHECK_NULL(ep, "etp__ep_set_phase_hook");
-    ep->hook = fn;
-    ep->hook_user = fn ? user : NULL;
+    ETP__CHECK_NULL(ep, "etp_ep_group_set_trace");
+    ETP__TRY(not_tracing(ep, "etp_ep_group_set_trace"));
+    ep->trace_fn = fn;
+    ep->trace_user = fn ? user : NULL;
     return ETP_SUCCESS;
 }
 
@@ -355,11 +362,9 @@ etp_status_t etp_ep_group_create(etp_group_t *group, const etp_ep_group_config_t
     ETP__CHECK_ARG(c.max_tokens_per_rank < lim && c.hidden < lim,
                    "%s: max_tokens_per_rank %lld and hidden %lld must be below 2^31", fn,
                    (long long)c.max_tokens_per_rank, (long long)c.hidden);
-    /* expert ids are int32 on the device; per-expert counters of a rank's
-     * layout live on the host reference's stack */
-    ETP__CHECK_ARG(c.num_experts < lim && c.num_experts / R <= ETP__EP_MAX_LOCAL_EXPERTS,
-                   "%s: num_experts %lld over %d ranks: at most %d local experts a rank", fn,
-                   (long long)c.num_experts, R, ETP__EP_MAX_LOCAL_EXPERTS);
+    /* expert ids are int32 on the device */
+    ETP__CHECK_ARG(c.num_experts < lim, "%s: num_experts %lld must be below 2^31", fn,
+                   (long long)c.num_experts);
     const int64_t L = c.num_experts / R, T = c.max_tokens_per_rank, K = c.max_topk;
     int64_t slab = 0, tok_cap, send_rows;
     if (c.transport == ETP_EP_TRANSPORT_CAPACITY) {
@@ -427,6 +432,7 @@ etp_status_t etp_ep_group_create(etp_group_t *group, const etp_ep_group_config_t
 etp_status_t etp_ep_group_destroy(etp_ep_group_t *ep)
 {
     if (!ep) return ETP_SUCCESS;
+    ETP__TRY(not_tracing(ep, "etp_ep_group_destroy"));
     ETP__TRY(etp__ctx_no_capture(ep->ctx, "etp_ep_group_destroy"));
     if (ep->layers > 0)
         return etp__err(ETP_ERR_BUSY, "etp_ep_group_destroy: EP group '%s' still has %d layer(s)",
@@ -485,6 +491,7 @@ etp_status_t etp_ep_layer_create(etp_ep_group_t *ep, const etp_ep_layer_config_t
     ETP__CHECK_ARG(config->size == sizeof *config,
                    "%s: config->size %zu (expected %zu; use ETP_EP_LAYER_CONFIG_INIT)", fn,
                    config->size, sizeof *config);
+    ETP__TRY(not_tracing(ep, fn));
     const etp_ep_layer_config_t c = *config;
     ETP__CHECK_ARG(c.topk >= 1 && c.topk <= ep->cfg.max_topk,
                    "%s: topk %d not in [1, max_topk %d] of EP group '%s'", fn, c.topk,
@@ -545,6 +552,7 @@ etp_status_t etp_ep_layer_create(etp_ep_group_t *ep, const etp_ep_layer_config_t
         {(void **)&ly->send_base, R, 4},      {(void **)&ly->C, (int64_t)R * R, 4},
         {(void **)&ly->recv_cnt, R, 4},       {(void **)&ly->recv_base, R, 4},
         {(void **)&ly->counts, L, 4},         {(void **)&ly->offsets, L + 1, 4},
+        {(void **)&ly->layout_scratch, L, 4},
         {(void **)&ly->recv_row, tc * k, 4},  {(void **)&ly->tok_rows, tc * k, 4},
         {(void **)&ly->row_src, rows, 4},     {(void **)&ly->row_w, rows, 4},
         {(void **)&ly->stats, ETP__EP_ST_COUNT, 8},
@@ -584,6 +592,7 @@ etp_status_t etp_ep_layer_create(etp_ep_group_t *ep, const etp_ep_layer_config_t
 etp_status_t etp_ep_layer_destroy(etp_ep_layer_t *ly)
 {
     if (!ly) return ETP_SUCCESS;
+    ETP__TRY(not_tracing(ly->ep, "etp_ep_layer_destroy"));
     ETP__TRY(etp__ctx_no_capture(ly->ep->ctx, "etp_ep_layer_destroy"));
     if (ly->graph_refs > 0)
         return etp__err(ETP_ERR_BUSY,
@@ -612,10 +621,10 @@ static void exact_rows(etp_ep_layer_t *ly)
     const int32_t *C = ly->host_C;
     int64_t *h = ly->rows_host, soff = 0, roff = 0;
     for (int p = 0; p < R; p++) {
-        h[0 * R + p] = accepted(C, R, ep->tok_cap, me, p);
+        h[0 * R + p] = etp__ep_accepted(C, R, ep->tok_cap, me, p);
         h[1 * R + p] = soff;
         soff += C[(int64_t)me * R + p];
-        h[2 * R + p] = accepted(C, R, ep->tok_cap, p, me);
+        h[2 * R + p] = etp__ep_accepted(C, R, ep->tok_cap, p, me);
         h[3 * R + p] = roff;
         roff += h[2 * R + p];
     }
@@ -697,7 +706,7 @@ etp_status_t etp_ep_prepare(etp_ep_layer_t *ly, const void *topk_idx, etp_dtype_
         .fixed_slots = ly->slots, .k = ly->k, .ranks = ep->R, .me = ep->rank, .exact = exact,
         .recv_cnt = ly->recv_cnt, .recv_base = ly->recv_base, .counts = ly->counts,
         .offsets = ly->offsets, .recv_row = ly->recv_row, .tok_rows = ly->tok_rows,
-        .row_src = ly->row_src, .stats = ly->stats};
+        .row_src = ly->row_src, .scratch = ly->layout_scratch, .stats = ly->stats};
     ETP__TRY(kt->layout(be, s->bs, &la));
     ETP__TRY(etp_memcpy_async(s, (void *)ly->host_stats, ly->stats,
                               ETP__EP_ST_COUNT * sizeof(int64_t)));
@@ -801,10 +810,11 @@ static etp_status_t dispatch(etp_ep_layer_t *ly, const etp_ep_dispatch_args_t *a
     etp__be_t *be = ep->be;
     const void *topk_weights = a->topk_weights;
     ETP__TRY(join(ep, s));
+    trace(ep, ETP_TRACE_EP_DISPATCH_PACK, s);
     etp__ep_pack_args_t pa = pack_args(ly, a->tokens, topk_weights);
     pa.mx = ep->mx;
     ETP__TRY(kt->pack(be, s->bs, &pa));
-    phase(ep, ETP__EP_PHASE_EXCHANGE_BEGIN, s);
+    trace(ep, ETP_TRACE_EP_DISPATCH_EXCHANGE, s);
     ETP__TRY(etp_batch_begin(ep->ctx));
     /* MXFP8: a wire row of data, scales and padding, as bytes */
     etp_status_t st =
@@ -816,13 +826,14 @@ static etp_status_t dispatch(etp_ep_layer_t *ly, const etp_ep_dispatch_args_t *a
     etp_status_t st_end = etp_batch_end(ep->ctx);
     ETP__TRY(st);
     ETP__TRY(st_end);
-    phase(ep, ETP__EP_PHASE_EXCHANGE_END, s);
+    trace(ep, ETP_TRACE_EP_DISPATCH_EXPAND, s);
     etp__ep_expand_args_t xa = {
         .recv_tok = ep->recv_tok, .recv_w = topk_weights ? ep->recv_small : NULL,
         .row_src = ly->row_src, .rows = ly->rows, .hidden = ep->cfg.hidden, .k = ly->k,
         .dtype = (int)ep->dt, .mx = ep->mx, .out = a->recv_tokens, .out_scales = a->recv_scales,
         .out_w = a->recv_weights, .keep_w = topk_weights ? ly->row_w : NULL};
     ETP__TRY(kt->expand(be, s->bs, &xa));
+    trace(ep, ETP_TRACE_EP_DISPATCH_END, s);
     ly->weights_kept = topk_weights != NULL;
     return leave(ep, s);
 }
@@ -852,12 +863,15 @@ etp_status_t etp_ep_dispatch_ex(etp_ep_layer_t *ly, const etp_ep_dispatch_args_t
 }
 
 /* Expert rows -> per (token, rank) FP32 partials -> back -> sum in rank
- * order: combine, and the token gradient of dispatch_bwd. */
+ * order: combine, and the token gradient of dispatch_bwd. `first` is the
+ * call's first trace point; its others follow it in etp_trace_point_t
+ * (exchange, sum, end). */
 static etp_status_t rows_to_tokens(etp_ep_layer_t *ly, const void *in, const float *row_w,
                                    const float *grad_row_w, void *out, float *grad_topk_w,
-                                   etp_stream_t *s)
+                                   etp_trace_point_t first, etp_stream_t *s)
 {
     etp_ep_group_t *ep = ly->ep;
+    trace(ep, first, s);
     const etp__ep_kernels_t *kt = ep->kt;
     etp__be_t *be = ep->be;
     etp__ep_presum_args_t pa = {.in = in, .row_w = row_w, .tok_rows = ly->tok_rows,
@@ -871,7 +885,7 @@ static etp_status_t rows_to_tokens(etp_ep_layer_t *ly, const void *in, const flo
                                    .g = ep->recv_small};
         ETP__TRY(kt->wgrad(be, s->bs, &wa));
     }
-    phase(ep, ETP__EP_PHASE_EXCHANGE_BEGIN, s);
+    trace(ep, (etp_trace_point_t)(first + 1), s);
     ETP__TRY(etp_batch_begin(ep->ctx));
     etp_status_t st = exchange(ly, 0, ep->recv_tok, ep->send_tok, ep->cfg.hidden, ETP_DTYPE_F32, s);
     if (st == ETP_SUCCESS && grad_topk_w)
@@ -879,7 +893,7 @@ static etp_status_t rows_to_tokens(etp_ep_layer_t *ly, const void *in, const flo
     etp_status_t st_end = etp_batch_end(ep->ctx);
     ETP__TRY(st);
     ETP__TRY(st_end);
-    phase(ep, ETP__EP_PHASE_EXCHANGE_END, s);
+    trace(ep, (etp_trace_point_t)(first + 2), s);
     etp__ep_reduce_args_t ra = {.partial = ep->send_tok, .t_dev = ly->t_dev,
                                 .send_pos = ly->send_pos, .send_base = ly->send_base,
                                 .t_max = ep->cfg.max_tokens_per_rank, .hidden = ep->cfg.hidden,
@@ -893,6 +907,7 @@ static etp_status_t rows_to_tokens(etp_ep_layer_t *ly, const void *in, const flo
                                       .ranks = ep->R, .out = grad_topk_w};
         ETP__TRY(kt->wscatter(be, s->bs, &wa));
     }
+    trace(ep, (etp_trace_point_t)(first + 3), s);
     return ETP_SUCCESS;
 }
 
@@ -917,7 +932,8 @@ etp_status_t etp_ep_combine(etp_ep_layer_t *ly, const void *expert_out, etp_dtyp
                         "%s: EP layer '%s' is weighted and has not dispatched weights since its "
                         "prepare", fn, ly->name);
     ETP__TRY(join(ly->ep, s));
-    ETP__TRY(rows_to_tokens(ly, expert_out, ly->weighted ? ly->row_w : NULL, NULL, out, NULL, s));
+    ETP__TRY(rows_to_tokens(ly, expert_out, ly->weighted ? ly->row_w : NULL, NULL, out, NULL,
+                            ETP_TRACE_EP_COMBINE_PRESUM, s));
     return leave(ly->ep, s);
 }
 
@@ -937,7 +953,7 @@ etp_status_t etp_ep_dispatch_bwd(etp_ep_layer_t *ly, const void *grad_rows, etp_
                    fn);
     ETP__TRY(join(ly->ep, s));
     ETP__TRY(rows_to_tokens(ly, grad_rows, NULL, grad_row_weights, grad_tokens, grad_topk_weights,
-                            s));
+                            ETP_TRACE_EP_DISPATCH_BWD_PRESUM, s));
     return leave(ly->ep, s);
 }
 

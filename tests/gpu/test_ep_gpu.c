@@ -11,7 +11,8 @@
  * scales compared byte for byte with the quant module's host reference
  * (so the CUDA quantization equals the host's), top-k 1, 2, 8, both
  * transports and layouts, aligned and misaligned tokens, H with and without
- * wire-row padding; and the captured step with MXFP8 dispatch.
+ * wire-row padding; and the captured step with MXFP8 dispatch; and more
+ * than 2^16 local experts.
  */
 #include <cuda_runtime_api.h>
 
@@ -129,6 +130,13 @@ static void test_mx_steps(void **state)
                 }
 }
 
+/* More than 2^16 local experts (one layout block per expert in the CUDA
+ * layout kernels' grids), checked as on the host backend. */
+static void test_many_experts(void **state)
+{
+    ep_many_experts(*state, 58000);
+}
+
 int main(int argc, char **argv)
 {
     tu_mpi_init(&argc, &argv, "test_ep_gpu");
@@ -138,6 +146,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_mx_steps),
         cmocka_unit_test(test_graph_replay),
         cmocka_unit_test(test_exact_prepare_in_capture),
+        cmocka_unit_test(test_many_experts),
     };
     int failed = cmocka_run_group_tests_name("ep_gpu", tests, setup, teardown);
     return tu_mpi_finish(failed);

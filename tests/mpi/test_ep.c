@@ -6,8 +6,9 @@
  * layouts, weighted and unweighted, both transports, BF16 and F32; two
  * layers of different top-k and alignment interleaved on two streams;
  * adjoints; overflow and bad indices under both policies; T on the device;
- * many steps with an unchanged memory report; bad input. Everything runs in
- * eager and in shuffle stream mode.
+ * many steps with an unchanged memory report; bad input; more than 2^16
+ * local experts; the trace callback. Everything runs in eager and in
+ * shuffle stream mode.
  *
  * ETP_EP_STEPS sets the number of steps of the memory test (default 100;
  * the soak registration uses 10000).
@@ -394,8 +395,8 @@ static void test_bad_input(void **state)
     bad.hidden = (int64_t)1 << 40;
     ETP_EXPECT_MSG(etp_ep_group_create(f->world, &bad, &ep), ETP_ERR_INVALID_ARGUMENT, "below 2^31");
     bad = c;
-    bad.num_experts = (int64_t)g_size * 65537;
-    ETP_EXPECT_MSG(etp_ep_group_create(f->world, &bad, &ep), ETP_ERR_INVALID_ARGUMENT, "local experts");
+    bad.num_experts = (int64_t)g_size << 31; /* expert ids are int32 */
+    ETP_EXPECT_MSG(etp_ep_group_create(f->world, &bad, &ep), ETP_ERR_INVALID_ARGUMENT, "num_experts");
     assert_null(ep);
 
     g.cap = c.recv_capacity_per_rank;
@@ -493,6 +494,104 @@ static void test_bad_input(void **state)
     ETP_OK(etp_ep_group_destroy(ep));
 }
 
+/* More than 2^16 local experts (ep_many_experts). */
+static void test_many_experts(void **state)
+{
+    ep_many_experts(*state, 9800);
+}
+
+/* What a trace callback saw: the points, their streams, and for each point
+ * whether the output of the call it belongs to was still all poison (0xA5)
+ * once the stream had run everything enqueued before the point. */
+typedef struct {
+    etp_ep_group_t *ep;
+    etp_ep_layer_t *ly;
+    const uint8_t *watch[3]; /* dispatch's recv_tokens, combine's out, dispatch_bwd's grad_tokens */
+    size_t watch_bytes[3];
+    int n;
+    etp_trace_point_t pt[32];
+    etp_stream_t *st[32];
+    int poisoned[32];
+    etp_status_t reenter[3]; /* EP calls of the group from inside the callback */
+} trace_log_t;
+
+static void trace_record(void *user, etp_trace_point_t point, etp_stream_t *s)
+{
+    trace_log_t *log = user;
+    if (log->n == 32) fail_msg("more than 32 trace points");
+    const int call = (int)(point - ETP_TRACE_EP_DISPATCH_PACK) / 16;
+    if (call < 0 || call > 2) fail_msg("unknown trace point 0x%x", (unsigned)point);
+    /* the host backend's device memory is host memory */
+    ETP_OK(etp_stream_synchronize(s));
+    int all = 1;
+    for (size_t i = 0; i < log->watch_bytes[call]; i++) all &= log->watch[call][i] == 0xA5;
+    log->pt[log->n] = point;
+    log->st[log->n] = s;
+    log->poisoned[log->n] = all;
+    if (log->n == 0) {
+        log->reenter[0] = etp_ep_reset_report(log->ly, s);
+        log->reenter[1] = etp_ep_group_set_trace(log->ep, NULL, NULL);
+        log->reenter[2] = etp_ep_layer_destroy(log->ly);
+    }
+    log->n++;
+}
+
+/* The trace callback (etp_ep_group_set_trace): dispatch, combine and
+ * dispatch_bwd report their points in order, with the call's stream, at
+ * the boundaries of their phases (the call's output is untouched until its
+ * last phase, written by its end); prepare and combine_bwd report none;
+ * EP calls from inside the callback are refused; NULL turns it off. The
+ * steps are checked against the reference as everywhere. */
+static void test_trace(void **state)
+{
+    ep_fx_t *f = *state;
+    gcfg_t g = base_cfg(ep_experts_for(2), 24, 2, ETP_DTYPE_BF16, ETP_EP_TRANSPORT_CAPACITY);
+    g.cf = 4.0;
+    lcfg_t l = {.k = 2, .align = 2, .weighted = 1, .layout = ETP_EP_LAYOUT_PACKED};
+    etp_ep_group_t *ep = ep_make_group(f, &g);
+    etp_ep_layer_t *ly = ep_make_layer(ep, &g, &l, "traced");
+    ep_bufs_t b;
+    ep_bufs_alloc(f, &g, l.rows, l.k, &b);
+    ETP_EXPECT_MSG(etp_ep_group_set_trace(NULL, trace_record, NULL), ETP_ERR_INVALID_ARGUMENT, "ep");
+    int64_t Ts[64];
+    for (int r = 0; r < g_size; r++) Ts[r] = g.tmax; /* every output has rows to write */
+    const ep_step_opts_t o = {.route_mode = ROUTE_UNIFORM, .fixed_T = Ts, .check_report = 1};
+    trace_log_t log = {.ep = ep, .ly = ly};
+    const size_t es = 2;
+    log.watch[0] = b.recv;
+    log.watch_bytes[0] = (size_t)(l.rows * g.H) * es;
+    log.watch[1] = b.out;
+    log.watch[2] = b.gtok;
+    log.watch_bytes[1] = log.watch_bytes[2] = (size_t)(g.tmax * g.H) * es;
+    ETP_OK(etp_ep_group_set_trace(ep, trace_record, &log));
+    /* on the second stream: the points must carry the call's */
+    ep_step(f, &g, &l, ly, f->s1, &b, 9850, &o);
+    static const etp_trace_point_t want[12] = {
+        ETP_TRACE_EP_DISPATCH_PACK,       ETP_TRACE_EP_DISPATCH_EXCHANGE,
+        ETP_TRACE_EP_DISPATCH_EXPAND,     ETP_TRACE_EP_DISPATCH_END,
+        ETP_TRACE_EP_COMBINE_PRESUM,      ETP_TRACE_EP_COMBINE_EXCHANGE,
+        ETP_TRACE_EP_COMBINE_SUM,         ETP_TRACE_EP_COMBINE_END,
+        ETP_TRACE_EP_DISPATCH_BWD_PRESUM, ETP_TRACE_EP_DISPATCH_BWD_EXCHANGE,
+        ETP_TRACE_EP_DISPATCH_BWD_SUM,    ETP_TRACE_EP_DISPATCH_BWD_END};
+    assert_int_equal(log.n, 12);
+    for (int i = 0; i < 12; i++) {
+        if (log.pt[i] != want[i] || log.st[i] != f->s1 || log.poisoned[i] != (i % 4 != 3)) {
+            print_error("trace point %d: 0x%x on stream %p, output %s; expected 0x%x on %p, %s\n", i,
+                        (unsigned)log.pt[i], (void *)log.st[i],
+                        log.poisoned[i] ? "untouched" : "written", (unsigned)want[i],
+                        (void *)f->s1, i % 4 != 3 ? "untouched" : "written");
+            fail();
+        }
+    }
+    for (int i = 0; i < 3; i++) assert_int_equal(log.reenter[i], ETP_ERR_INVALID_STATE);
+    ETP_OK(etp_ep_group_set_trace(ep, NULL, &log));
+    ep_step(f, &g, &l, ly, f->s0, &b, 9851, &o);
+    assert_int_equal(log.n, 12);
+    ep_bufs_free(f, &b);
+    ETP_OK(etp_ep_layer_destroy(ly));
+    ETP_OK(etp_ep_group_destroy(ep));
+}
+
 /* docs/EP.md's worked example, literally (2 ranks only). */
 static void test_doc_example(void **state)
 {
@@ -547,6 +646,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_empty_ranks),    cmocka_unit_test(test_two_layers),
         cmocka_unit_test(test_overflow_drop),  cmocka_unit_test(test_overflow_error),
         cmocka_unit_test(test_device_tokens),  cmocka_unit_test(test_memory_steady),
+        cmocka_unit_test(test_many_experts),   cmocka_unit_test(test_trace),
     };
     int failed = cmocka_run_group_tests_name("eager", tests, ep_host_setup_eager, ep_host_teardown);
     failed += cmocka_run_group_tests_name("shuffle", tests, ep_host_setup_shuffle, ep_host_teardown);

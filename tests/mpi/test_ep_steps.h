@@ -356,8 +356,7 @@ static inline void ep_step(ep_fx_t *f, const gcfg_t *g, const lcfg_t *l, etp_ep_
     assert_true(ep_same_report(&m0, &m1));
 
     /* layout */
-    int32_t cnt[256], off[257];
-    assert_true(L <= 256);
+    int32_t *cnt = malloc((size_t)L * sizeof *cnt), *off = malloc((size_t)(L + 1) * sizeof *off);
     ETP_OK(etp_ep_layout_host(ly, s, cnt, off));
     for (int64_t e = 0; e < L; e++) {
         if (cnt[e] != rf.counts[me][e] || off[e] != rf.offsets[me][e]) {
@@ -368,6 +367,8 @@ static inline void ep_step(ep_fx_t *f, const gcfg_t *g, const lcfg_t *l, etp_ep_
         }
     }
     assert_int_equal(off[L], rf.offsets[me][L]);
+    free(cnt);
+    free(off);
 
     /* dispatch: row r holds the token of (s, t) whose slot landed there */
     uint8_t *hrecv = malloc((size_t)((rows + 2) * H) * es);
@@ -646,6 +647,34 @@ static inline void ep_device_tokens(ep_fx_t *f, gcfg_t *g, lcfg_t *l, const char
         tags[v] = tag + (uint64_t)v;
     }
     ep_run_steps(f, g, l, name, opts, tags, 3, NULL);
+}
+
+/* More than 2^16 local experts (E/R = 70,000) and a few tokens a rank: no
+ * backend may bound the experts by an array of them on a stack (or by a
+ * grid dimension). Both transports and layouts, every output against the
+ * reference (which drops the same rows: FIXED_SLOTS keeps one per expert). */
+static inline void ep_many_experts(ep_fx_t *f, uint64_t tag)
+{
+    for (int v = 0; v < 2; v++) {
+        gcfg_t g = {0};
+        g.R = g_size;
+        g.me = g_rank;
+        g.L = 70000;
+        g.E = g.L * g_size;
+        g.H = 8;
+        g.tmax = 5;
+        g.maxk = 2;
+        g.dt = v ? ETP_DTYPE_F32 : ETP_DTYPE_BF16;
+        g.transport = v ? ETP_EP_TRANSPORT_CAPACITY : ETP_EP_TRANSPORT_EXACT;
+        g.overflow = ETP_EP_OVERFLOW_DROP;
+        g.cf = 4.0;
+        lcfg_t l = {.k = 2, .align = v ? 1 : 2, .weighted = 1,
+                    .layout = v ? ETP_EP_LAYOUT_FIXED_SLOTS : ETP_EP_LAYOUT_PACKED};
+        /* PACKED: room for every row, each padded to the alignment;
+         * FIXED_SLOTS: one slot an expert */
+        g.cap = v ? g.L : 2 * (int64_t)g_size * g.tmax * l.k;
+        ep_two_steps(f, &g, &l, "wide", ROUTE_UNIFORM, 0, tag + 10 * (uint64_t)v);
+    }
 }
 
 /* The drop policy never fails check or poll. */

@@ -1,7 +1,9 @@
 /*
- * Arguments of the EP kernels, shared by the host reference kernels
- * (src/backend/host/host_ep.c) and the CUDA kernels (kernels/ep/ep.cu), so
- * both implement one definition. Plain C, no dependencies.
+ * Arguments of the ep module's kernels (the table of kernels_ep.h), shared
+ * by the host backend's kernels (src/backend/host/host_ep.c) and the CUDA
+ * kernels (kernels/ep/ep.cu); each struct's comment defines what its kernel
+ * computes, and the rules both apply are written once in src/ep/ep_rules.h.
+ * Plain C, no dependencies.
  *
  * Notation: R ranks, `me` this rank, L local experts per rank, k the
  * layer's top-k, H the hidden size, T the tokens of this step (read on the
@@ -94,12 +96,16 @@ typedef struct etp__ep_clip_args {
 
 /* Layout, expert side: received counts and bases (from C), per local expert
  * counts, kept rows and offsets, recv_row, tok_rows, row_src.
- * fixed_slots > 0: expert e owns rows [e*fixed_slots, ...); else packed. */
+ * fixed_slots > 0: expert e owns rows [e*fixed_slots, ...); else packed.
+ * scratch: local_experts int32 of the layer's memory that a kernel may use
+ * as it likes (the host's per-expert cursors), so that no backend needs
+ * memory sized by the experts on a stack or per call. */
 typedef struct etp__ep_layout_args {
     const int32_t *C, *recv_meta;
     int64_t tok_cap, slab, rows_cap, local_experts, alignment, fixed_slots;
     int k, ranks, me, exact;
     int32_t *recv_cnt, *recv_base, *counts, *offsets, *recv_row, *tok_rows, *row_src;
+    int32_t *scratch;
     int64_t *stats;
 } etp__ep_layout_args_t;
 
@@ -107,10 +113,8 @@ typedef struct etp__ep_layout_args {
  * of send_tok for every d it goes to; weights (optional) likewise, k per
  * row, 0 in slots that target another rank.
  * mx: tokens are BF16 (dtype); a token sent anywhere is quantized once to
- * MXFP8 rowwise E4M3 (per 32-element block b: amax with etp__qf_amax_step,
- * scale e = etp__qf_mxfp8_scale(amax, 1/448), elements
- * etp__qf_mxfp8_encode(x, etp__qf_mxfp8_multiplier(e), E4M3)) and the same
- * ETP__EP_MX_ROW_BYTES(H) bytes go to each of its send rows. */
+ * MXFP8 rowwise E4M3 (each 32-element block by etp__ep_mx_block) and the
+ * same ETP__EP_MX_ROW_BYTES(H) bytes go to each of its send rows. */
 typedef struct etp__ep_pack_args {
     const void *tokens;
     const float *weights;
