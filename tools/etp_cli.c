@@ -96,7 +96,7 @@ int etp_cli_next(etp_cli_t *c)
         return ETP_CLI_END;
     }
     if (v == 'h') {
-        etp_cli_usage(c, stdout);
+        if (!c->quiet) etp_cli_usage(c, stdout);
         return ETP_CLI_HELP;
     }
     if (v >= VAL_BASE) return returning(c, v - VAL_BASE, optarg);

@@ -43,7 +43,7 @@ typedef struct etp_cli {
     const char *about; /* the usage's paragraphs ('\n' separates them) */
     const etp_cli_opt_t *tables[ETP_CLI_MAX_TABLES]; /* in usage order; NULL: none */
     const char *titles[ETP_CLI_MAX_TABLES];          /* each table's heading; NULL: "Options" */
-    int quiet;         /* print no messages (MPI ranks but 0); --help still prints */
+    int quiet;         /* print nothing, not even --help's usage (MPI ranks but 0) */
     int argc;
     char **argv;
     /* set by etp_cli_next() for the option it returns */
@@ -60,7 +60,7 @@ typedef struct etp_cli {
 #define ETP_CLI_INDEX(k) ((k) & 0xff)
 #define ETP_CLI_TABLE(k) ((k) >> 8)
 #define ETP_CLI_END (-1)   /* every option is read */
-#define ETP_CLI_HELP (-2)  /* -h or --help: the usage is printed on stdout (exit 0) */
+#define ETP_CLI_HELP (-2)  /* -h or --help: the usage is printed on stdout unless quiet (exit 0) */
 #define ETP_CLI_ERROR (-3) /* a bad option or a stray argument, said on stderr (exit 2) */
 
 /* The next option: first every default of the tables (def set), then the
