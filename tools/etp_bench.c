@@ -2,6 +2,8 @@
  * etp-bench: benchmarks of etp against baselines measured in the same run.
  *
  *   mpirun -np N etp-bench SUBCOMMAND [--iters N] [--warmup N] [--csv FILE] [--json FILE] [options]
+ *   etp-bench --help, etp-bench SUBCOMMAND --help: the options (made from
+ *   the tables that the parser reads, tools/etp_cli.h)
  *
  * Subcommands: gather (sharded-weight all-gather against a plain
  * ncclAllGather), chain (exposed communication of a training step with
@@ -9,8 +11,6 @@
  * median time over the iterations (the slowest rank's), bandwidth, the
  * baseline's bandwidth and the ratio.
  */
-#include <errno.h>
-#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -143,28 +143,70 @@ bench_row_t *bench_add(bench_t *b, const char *name, const char *shape, double b
 
 int bench_long(const bench_t *b, const char *opt, const char *s, long lo, long hi, long *out)
 {
-    char *end = NULL;
-    errno = 0;
-    const long v = strtol(s, &end, 10);
-    if (end == s || *end != '\0' || errno || v < lo || v > hi) {
-        if (b->rank == 0) fprintf(stderr, "etp-bench: %s '%s': expected a whole number in [%ld, %ld]\n", opt, s, lo, hi);
-        return -1;
-    }
-    *out = v;
-    return 0;
+    return etp_cli_long(b->prog[0] ? b->prog : "etp-bench", b->rank != 0, opt, s, lo, hi, out);
 }
 
 int bench_double(const bench_t *b, const char *opt, const char *s, double lo, double hi, double *out)
 {
-    char *end = NULL;
-    errno = 0;
-    const double v = strtod(s, &end);
-    if (end == s || *end != '\0' || errno || !isfinite(v) || v < lo || v > hi) {
-        if (b->rank == 0) fprintf(stderr, "etp-bench: %s '%s': expected a number in [%g, %g]\n", opt, s, lo, hi);
-        return -1;
+    return etp_cli_double(b->prog[0] ? b->prog : "etp-bench", b->rank != 0, opt, s, lo, hi, out);
+}
+
+/* ---- options ------------------------------------------------------------ */
+
+enum { C_ITERS, C_WARMUP, C_CSV, C_JSON };
+static const etp_cli_opt_t common_opts[] = {
+    [C_ITERS] = {"iters", "N", "20", "timed iterations; a row is the slowest rank's median"},
+    [C_WARMUP] = {"warmup", "N", "5", "untimed iterations before them"},
+    [C_CSV] = {"csv", "FILE", NULL, "also write the table to FILE as CSV (rank 0)"},
+    [C_JSON] = {"json", "FILE", NULL, "also write the table to FILE as JSON (rank 0)"},
+    {NULL},
+};
+static const char common_title[] = "Options of every subcommand";
+
+etp_cli_t bench_cli(bench_t *b, const char *sub, const char *about, const etp_cli_opt_t *opts,
+                    int argc, char **argv)
+{
+    snprintf(b->prog, sizeof b->prog, "etp-bench %s", sub);
+    return (etp_cli_t){.prog = b->prog, .about = about, .tables = {opts, common_opts},
+                       .titles = {NULL, common_title}, .quiet = b->rank != 0, .argc = argc,
+                       .argv = argv};
+}
+
+int bench_next(bench_t *b, etp_cli_t *cli)
+{
+    int k;
+    while ((k = etp_cli_next(cli)) >= 0) {
+        if (ETP_CLI_TABLE(k) == 0) return ETP_CLI_INDEX(k);
+        long v = 0;
+        switch (ETP_CLI_INDEX(k)) {
+        case C_ITERS:
+            if (bench_long(b, cli->opt, cli->arg, 1, 1000000, &v)) return ETP_CLI_ERROR;
+            b->iters = (int)v;
+            break;
+        case C_WARMUP:
+            if (bench_long(b, cli->opt, cli->arg, 0, 1000000, &v)) return ETP_CLI_ERROR;
+            b->warmup = (int)v;
+            break;
+        case C_CSV:
+            b->csv = cli->arg;
+            break;
+        case C_JSON:
+            b->json = cli->arg;
+            break;
+        }
     }
-    *out = v;
-    return 0;
+    return k;
+}
+
+int bench_stop(int k)
+{
+    return k == ETP_CLI_HELP ? 0 : 2;
+}
+
+void bench_start(bench_t *b)
+{
+    BENCH_CHECK(b, etp_context_create_mpi(MPI_COMM_WORLD, NULL, &b->ctx));
+    BENCH_CHECK(b, etp_context_backend(b->ctx, &b->backend));
 }
 
 static void print_table(const bench_t *b)
@@ -217,23 +259,60 @@ static int write_json(const bench_t *b, const char *path)
     return fclose(f) == 0 ? 0 : write_failed(path);
 }
 
-static int usage(void)
+static const struct {
+    const char *name;
+    int (*fn)(bench_t *b, int argc, char **argv); /* NULL: not built in */
+    const char *about;
+} cmds[] = {
+    {"gather", etp_bench_gather, "the gather of a sharded weight (BF16, MXFP8, NVFP4) against a "
+                                 "plain all-gather"},
+    {"chain", etp_bench_chain, "how much communication a chain leaves exposed in a training "
+                               "step with cuBLASLt GEMMs (CUDA)"},
+    {"quant", etp_bench_quant, "split-phase NVFP4/MXFP8 quantization of N tensors against a "
+                               "device copy"},
+    {"ep", etp_bench_ep, "expert-parallel dispatch and combine against a plain send/recv"},
+};
+
+static const char bench_about[] =
+    "Benchmarks of etp against baselines measured in the same run. Each subcommand prints a "
+    "table on rank 0: the median time over the iterations (the slowest rank's), bandwidth, "
+    "the baseline's bandwidth and the ratio. docs/PERF.md records the numbers.\n"
+    "Run it under MPI: mpirun -np N etp-bench SUBCOMMAND [OPTIONS] (as root, add "
+    "--allow-run-as-root); one rank a GPU on the CUDA backend where GPUs are, else the host "
+    "backend.";
+
+static void usage(FILE *f)
 {
-    fprintf(stderr, "usage: mpirun -np N etp-bench gather|chain|quant|ep [--iters N] [--warmup N] "
-                    "[--csv FILE] [--json FILE] [subcommand options]\n");
-    return 2;
+    etp_cli_t cli = {.prog = "etp-bench", .args = "SUBCOMMAND [OPTIONS]", .about = bench_about,
+                     .tables = {common_opts}, .titles = {common_title}};
+    etp_cli_usage(&cli, f);
+    fprintf(f, "\nSubcommands (etp-bench SUBCOMMAND --help lists its options):\n");
+    for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++) {
+        char text[256];
+        snprintf(text, sizeof text, "%s%s", cmds[i].about, cmds[i].fn ? "" : " (not built in)");
+        etp_cli_item(f, cmds[i].name, text);
+    }
 }
 
 int main(int argc, char **argv)
 {
-    if (argc < 2) return usage();
+    if (argc < 2) {
+        usage(stderr);
+        return 2;
+    }
     const char *cmd = argv[1];
+    if (strcmp(cmd, "--help") == 0 || strcmp(cmd, "-h") == 0) {
+        usage(stdout);
+        return 0;
+    }
     int (*fn)(bench_t *, int, char **) = NULL;
-    if (strcmp(cmd, "gather") == 0) fn = etp_bench_gather;
-    else if (strcmp(cmd, "chain") == 0) fn = etp_bench_chain;
-    else if (strcmp(cmd, "quant") == 0) fn = etp_bench_quant;
-    else if (strcmp(cmd, "ep") == 0) fn = etp_bench_ep;
-    else return usage();
+    size_t c = 0;
+    while (c < sizeof cmds / sizeof cmds[0] && strcmp(cmd, cmds[c].name) != 0) c++;
+    if (c == sizeof cmds / sizeof cmds[0]) {
+        fprintf(stderr, "etp-bench: '%s' is not a subcommand (etp-bench --help lists them)\n", cmd);
+        return 2;
+    }
+    fn = cmds[c].fn;
     if (!fn) {
         fprintf(stderr, "etp-bench: '%s' is not built into this etp-bench\n", cmd);
         return 2;
@@ -242,44 +321,20 @@ int main(int argc, char **argv)
     static bench_t b;
     MPI_Comm_rank(MPI_COMM_WORLD, &b.rank);
     MPI_Comm_size(MPI_COMM_WORLD, &b.size);
-    b.warmup = 5;
-    b.iters = 20;
-    const char *csv = NULL, *json = NULL;
-    /* common options first; the rest go to the subcommand */
-    char **rest = calloc((size_t)argc, sizeof *rest);
-    int nrest = 0;
-    int bad = 0;
-    for (int i = 2; i < argc; i++) {
-        long v = 0;
-        if (strcmp(argv[i], "--iters") == 0 && i + 1 < argc) {
-            bad |= bench_long(&b, "--iters", argv[++i], 1, 1000000, &v) != 0;
-            b.iters = (int)v;
-        } else if (strcmp(argv[i], "--warmup") == 0 && i + 1 < argc) {
-            bad |= bench_long(&b, "--warmup", argv[++i], 0, 1000000, &v) != 0;
-            b.warmup = (int)v;
-        } else if (strcmp(argv[i], "--csv") == 0 && i + 1 < argc) csv = argv[++i];
-        else if (strcmp(argv[i], "--json") == 0 && i + 1 < argc) json = argv[++i];
-        else rest[nrest++] = argv[i];
+    /* the subcommand reads its options (argv[0] its name), then starts */
+    int rc = fn(&b, argc - 1, argv + 1);
+    if (b.ctx) {
+        if (b.rank == 0 && rc == 0) {
+            printf("etp-bench %s: %d ranks, backend %s, median of %d iterations after %d warm-up\n",
+                   cmd, b.size, b.backend == ETP_BACKEND_CUDA ? "cuda" : "host", b.iters, b.warmup);
+            print_table(&b);
+            if (b.csv && write_csv(&b, b.csv) != 0) rc = 1;
+            if (b.json && write_json(&b, b.json) != 0) rc = 1;
+        }
+        BENCH_CHECK(&b, etp_context_destroy(b.ctx));
     }
-    if (bad) {
-        free(rest);
-        MPI_Finalize();
-        return 2;
-    }
-    BENCH_CHECK(&b, etp_context_create_mpi(MPI_COMM_WORLD, NULL, &b.ctx));
-    BENCH_CHECK(&b, etp_context_backend(b.ctx, &b.backend));
-    int rc = fn(&b, nrest, rest);
-    if (b.rank == 0 && rc == 0) {
-        printf("etp-bench %s: %d ranks, backend %s, median of %d iterations after %d warm-up\n", cmd,
-               b.size, b.backend == ETP_BACKEND_CUDA ? "cuda" : "host", b.iters, b.warmup);
-        print_table(&b);
-        if (csv && write_csv(&b, csv) != 0) rc = 1;
-        if (json && write_json(&b, json) != 0) rc = 1;
-    }
-    BENCH_CHECK(&b, etp_context_destroy(b.ctx));
     MPI_Allreduce(MPI_IN_PLACE, &rc, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD); /* every rank exits alike */
     free(b.rows);
-    free(rest);
     MPI_Finalize();
     return rc;
 }

@@ -7,6 +7,7 @@
 
 #include "etp/etp.h"
 #include "etp/mpi.h"
+#include "etp_cli.h"
 
 typedef struct bench_row {
     char name[64];    /* what was timed */
@@ -20,9 +21,11 @@ typedef struct bench_row {
 
 typedef struct bench {
     int rank, size;
-    etp_context_t *ctx;
+    etp_context_t *ctx; /* bench_start() makes it, after the options */
     etp_backend_t backend;
     int warmup, iters;
+    const char *csv, *json; /* files to write the table to, or NULL */
+    char prog[48];          /* "etp-bench gather", for messages */
     bench_row_t *rows; /* grown as rows are added */
     int nrows, cap_rows;
 } bench_t;
@@ -70,6 +73,29 @@ bench_row_t *bench_add(bench_t *b, const char *name, const char *shape, double b
  * rank 0). */
 int bench_long(const bench_t *b, const char *opt, const char *s, long lo, long hi, long *out);
 int bench_double(const bench_t *b, const char *opt, const char *s, double lo, double hi, double *out);
+
+/* A subcommand's options: its table (tools/etp_cli.h) and the options every
+ * subcommand takes (--iters, --warmup, --csv, --json), parsed together, the
+ * usage (--help) made from both. A subcommand reads them with
+ *
+ *   etp_cli_t cli = bench_cli(b, "gather", about, opts, argc, argv);
+ *   int k;
+ *   while ((k = bench_next(b, &cli)) >= 0)
+ *       switch (k) { ... cli.opt, cli.arg ...; on a bad value: return 2 }
+ *   if (k != ETP_CLI_END) return bench_stop(k);
+ *   bench_start(b);
+ *
+ * argv[0] is the subcommand's name (main passes argv + 1). */
+etp_cli_t bench_cli(bench_t *b, const char *sub, const char *about, const etp_cli_opt_t *opts,
+                    int argc, char **argv);
+/* The next option of the subcommand's table (its index); the common ones are
+ * taken here. ETP_CLI_END when all are read; ETP_CLI_HELP or ETP_CLI_ERROR
+ * otherwise (the usage or a message printed on rank 0). */
+int bench_next(bench_t *b, etp_cli_t *cli);
+/* What the subcommand returns for ETP_CLI_HELP (0) or ETP_CLI_ERROR (2). */
+int bench_stop(int k);
+/* Create the context (b->ctx, b->backend), once the options are read. */
+void bench_start(bench_t *b);
 
 /* Subcommands: each in its own file; a missing one is reported, not linked. */
 int etp_bench_gather(bench_t *b, int argc, char **argv);

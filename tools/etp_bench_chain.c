@@ -13,20 +13,8 @@
  * exposed = (etp - local) / comm: the share of the communication time the
  * step did not hide. CUDA backend only.
  *
- *   etp-bench chain [--layers 16] [--d 8192] [--m 4096] [--depth 1] [--max-ctas N]
- *                   [--gemm-sms N (GEMMs use N SMs, leaving the rest to communication)]
- *                   [--loop K (each sample runs K steps back to back, as a training
- *                    loop does, and counts their mean; default 1: one step alone, so
- *                    its first gather and last reduction are exposed by construction)]
- *                   [--update (every weight marked updated at each step's start, as after an
- *                    optimizer step)] [--prefetch-on-update (the chain's prefetch_on_update)]
- *                   [--defer-zero (the chain's defer_zero_grad: no zeroing pass, each step's
- *                    reduction stores instead of adding)]
- *                   [--wgrad-first (each layer's wgrad GEMM and reduction before its dgrad)]
- *                   [--main-high (the GEMMs' stream at high priority)]
- *                   [--no-join (wait_grads once per sample of --loop steps, not every step)]
- *                   [--stalls (then print, per step, how long the main stream waited in
- *                    each kind of etp call and spent in each kind of GEMM)]
+ *   etp-bench chain [--layers 16] [--d 8192] [--m 4096] [--depth 1] [--loop K] [...]
+ *   (etp-bench chain --help: each option, from chain_opts below)
  *
  * A fourth variant, "local, FP32 grad acc", runs the local step with the
  * wgrad GEMM accumulating into an FP32 gradient (beta 1), as a local-weights
@@ -37,6 +25,88 @@
 #include <string.h>
 
 #include "etp_bench.h"
+
+typedef struct {
+    long layers, d, m, depth, max_ctas, gemm_sms, loop;
+    int update, prefetch_on_update, defer_zero, wgrad_first, main_high, no_join, stalls;
+} chain_opts_t;
+
+enum {
+    O_LAYERS, O_D, O_M, O_DEPTH, O_MAX_CTAS, O_GEMM_SMS, O_LOOP, O_UPDATE, O_PREFETCH_ON_UPDATE,
+    O_DEFER_ZERO, O_WGRAD_FIRST, O_MAIN_HIGH, O_NO_JOIN, O_STALLS
+};
+static const etp_cli_opt_t chain_opts[] = {
+    [O_LAYERS] = {"layers", "N", "16", "layers, each a BF16 weight [d, d] sharded over the world"},
+    [O_D] = {"d", "N", "8192", "the model dimension d"},
+    [O_M] = {"m", "N", "4096", "tokens a rank (the GEMMs' M)"},
+    [O_DEPTH] = {"depth", "N", "1", "the chain's prefetch depth"},
+    [O_MAX_CTAS] = {"max-ctas", "N", NULL, "the etp group's NCCL CTA cap (default: NCCL's)"},
+    [O_GEMM_SMS] = {"gemm-sms", "N", "0",
+                    "the GEMMs use N SMs, leaving the rest to communication (0: all)"},
+    [O_LOOP] = {"loop", "K", "1",
+                "each sample runs K steps back to back, as a training loop does, and counts their "
+                "mean (1: one step alone, whose first gather and last reduction are exposed by "
+                "construction)"},
+    [O_UPDATE] = {"update", NULL, NULL,
+                  "mark every weight updated at each step's start, as after an optimizer step"},
+    [O_PREFETCH_ON_UPDATE] = {"prefetch-on-update", NULL, NULL, "the chain's prefetch_on_update"},
+    [O_DEFER_ZERO] = {"defer-zero", NULL, NULL,
+                      "the chain's defer_zero_grad: no zeroing pass, each step's reduction "
+                      "stores instead of adding"},
+    [O_WGRAD_FIRST] = {"wgrad-first", NULL, NULL,
+                       "each layer's wgrad GEMM and reduction before its dgrad"},
+    [O_MAIN_HIGH] = {"main-high", NULL, NULL, "the GEMMs' stream at high priority"},
+    [O_NO_JOIN] = {"no-join", NULL, NULL,
+                   "wait_grads once per sample of --loop steps, not every step"},
+    [O_STALLS] = {"stalls", NULL, NULL,
+                  "then print, per step, how long the main stream waited in each kind of etp "
+                  "call and spent in each kind of GEMM"},
+    {NULL},
+};
+
+static const char chain_about[] =
+    "How much communication a chain leaves exposed in a training step: L layers of BF16 weights "
+    "[d, d] sharded over the world; a step runs every layer's forward GEMM, then in reverse the "
+    "dgrad and wgrad GEMMs (cuBLASLt), with M tokens a rank. Timed as the median step: etp "
+    "(gathers with prefetch, reduce_grad), local (the same GEMMs on local weights), comm (the "
+    "etp calls without GEMMs), and local with FP32 gradient accumulation; exposed = (etp - "
+    "local) / comm. CUDA backend only.";
+
+static int run_chain(bench_t *b, const chain_opts_t *o);
+
+int etp_bench_chain(bench_t *b, int argc, char **argv)
+{
+    chain_opts_t o = {.max_ctas = -1};
+    etp_cli_t cli = bench_cli(b, "chain", chain_about, chain_opts, argc, argv);
+    int key;
+    while ((key = bench_next(b, &cli)) >= 0) {
+        int bad = 0;
+        switch (key) {
+        case O_LAYERS: bad = bench_long(b, cli.opt, cli.arg, 1, 4096, &o.layers); break;
+        case O_D: bad = bench_long(b, cli.opt, cli.arg, 1, 1L << 20, &o.d); break;
+        case O_M: bad = bench_long(b, cli.opt, cli.arg, 1, 1L << 24, &o.m); break;
+        case O_DEPTH: bad = bench_long(b, cli.opt, cli.arg, 0, 64, &o.depth); break;
+        case O_MAX_CTAS: bad = bench_long(b, cli.opt, cli.arg, -1, 1 << 20, &o.max_ctas); break;
+        case O_GEMM_SMS: bad = bench_long(b, cli.opt, cli.arg, 0, 1 << 16, &o.gemm_sms); break;
+        case O_LOOP: bad = bench_long(b, cli.opt, cli.arg, 1, 1 << 16, &o.loop); break;
+        case O_UPDATE: o.update = 1; break;
+        case O_PREFETCH_ON_UPDATE: o.prefetch_on_update = 1; break;
+        case O_DEFER_ZERO: o.defer_zero = 1; break;
+        case O_WGRAD_FIRST: o.wgrad_first = 1; break;
+        case O_MAIN_HIGH: o.main_high = 1; break;
+        case O_NO_JOIN: o.no_join = 1; break;
+        case O_STALLS: o.stalls = 1; break;
+        }
+        if (bad) return 2;
+    }
+    if (key != ETP_CLI_END) return bench_stop(key);
+    bench_start(b);
+    if (b->backend != ETP_BACKEND_CUDA) {
+        if (b->rank == 0) fprintf(stderr, "etp-bench chain: needs the CUDA backend (a GPU)\n");
+        return 2;
+    }
+    return run_chain(b, &o);
+}
 
 #if ETP_HAVE_CUDA
 #include <cublasLt.h>
@@ -248,54 +318,13 @@ static void probe_steps(bench_t *b, gemm_t *g, model_t *m, int mode, int steps)
     free(pr.kind);
 }
 
-int etp_bench_chain(bench_t *b, int argc, char **argv)
+static int run_chain(bench_t *b, const chain_opts_t *o)
 {
-    model_t m = {.L = 16, .depth = 1, .d = 8192, .M = 4096};
-    int max_ctas = -1, gemm_sms = 0, loop = 1, pou = 0, defer = 0, main_high = 0, stalls = 0;
-    for (int i = 0; i < argc; i++) {
-        long v = 0;
-        if (strcmp(argv[i], "--layers") == 0 && i + 1 < argc) {
-            if (bench_long(b, "--layers", argv[++i], 1, 4096, &v)) return 2;
-            m.L = (int)v;
-        } else if (strcmp(argv[i], "--d") == 0 && i + 1 < argc) {
-            if (bench_long(b, "--d", argv[++i], 1, 1L << 20, &v)) return 2;
-            m.d = v;
-        } else if (strcmp(argv[i], "--m") == 0 && i + 1 < argc) {
-            if (bench_long(b, "--m", argv[++i], 1, 1L << 24, &v)) return 2;
-            m.M = v;
-        } else if (strcmp(argv[i], "--depth") == 0 && i + 1 < argc) {
-            if (bench_long(b, "--depth", argv[++i], 0, 64, &v)) return 2;
-            m.depth = (int)v;
-        } else if (strcmp(argv[i], "--max-ctas") == 0 && i + 1 < argc) {
-            if (bench_long(b, "--max-ctas", argv[++i], -1, 1 << 20, &v)) return 2;
-            max_ctas = (int)v;
-        } else if (strcmp(argv[i], "--gemm-sms") == 0 && i + 1 < argc) {
-            if (bench_long(b, "--gemm-sms", argv[++i], 0, 1 << 16, &v)) return 2;
-            gemm_sms = (int)v;
-        } else if (strcmp(argv[i], "--loop") == 0 && i + 1 < argc) {
-            if (bench_long(b, "--loop", argv[++i], 1, 1 << 16, &v)) return 2;
-            loop = (int)v;
-        }
-        else if (strcmp(argv[i], "--update") == 0) m.update = 1;
-        else if (strcmp(argv[i], "--prefetch-on-update") == 0) pou = 1;
-        else if (strcmp(argv[i], "--defer-zero") == 0) defer = 1;
-        else if (strcmp(argv[i], "--wgrad-first") == 0) m.wgrad_first = 1;
-        else if (strcmp(argv[i], "--main-high") == 0) main_high = 1;
-        else if (strcmp(argv[i], "--no-join") == 0) m.no_join = 1;
-        else if (strcmp(argv[i], "--stalls") == 0) stalls = 1;
-        else {
-            if (b->rank == 0) fprintf(stderr, "etp-bench chain: unknown option %s\n", argv[i]);
-            return 2;
-        }
-    }
-    if (loop < 1) {
-        if (b->rank == 0) fprintf(stderr, "etp-bench chain: --loop must be >= 1\n");
-        return 2;
-    }
-    if (b->backend != ETP_BACKEND_CUDA) {
-        if (b->rank == 0) fprintf(stderr, "etp-bench chain: needs the CUDA backend (a GPU)\n");
-        return 2;
-    }
+    model_t m = {.L = (int)o->layers, .depth = (int)o->depth, .d = o->d, .M = o->m,
+                 .update = o->update, .wgrad_first = o->wgrad_first, .no_join = o->no_join};
+    const int max_ctas = (int)o->max_ctas, gemm_sms = (int)o->gemm_sms, loop = (int)o->loop,
+              pou = o->prefetch_on_update, defer = o->defer_zero, main_high = o->main_high,
+              stalls = o->stalls;
     etp_group_t *world, *grp;
     BENCH_CHECK(b, etp_context_world(b->ctx, &world));
     etp_group_config_t gc = ETP_GROUP_CONFIG_INIT;
@@ -409,10 +438,9 @@ int etp_bench_chain(bench_t *b, int argc, char **argv)
     return 0;
 }
 #else
-int etp_bench_chain(bench_t *b, int argc, char **argv)
+static int run_chain(bench_t *b, const chain_opts_t *o)
 {
-    (void)argc;
-    (void)argv;
+    (void)o;
     if (b->rank == 0) fprintf(stderr, "etp-bench chain: needs the CUDA backend\n");
     return 2;
 }

@@ -7,6 +7,7 @@
  *                [--skew uniform|zipf:S[,...]] [--transport exact|capacity[:C][,...]]
  *                [--layout packed|fixed[,...]] [--capacity-factor 1.25] [--dtype bf16|f32|mxfp8]
  *                [--align 1] [--unweighted] [--rows N] [--seed 1]
+ *   (etp-bench ep --help: each option, from ep_opts below)
  *
  * Every combination of the listed tokens, skews, transports and layouts is
  * one case (default: exact and capacity at c = 1.25, packed, uniform, 4096
@@ -755,76 +756,103 @@ static int parse_int(bench_t *b, const char *opt, const char *arg, int64_t lo, i
     return 1;
 }
 
-static const char usage[] =
-    "usage: etp-bench ep [--tokens 4096[,...]] [--hidden 7168] [--topk 8] [--experts 64]\n"
-    "                    [--skew uniform|zipf:S[,...]] [--transport exact|capacity[:C][,...]]\n"
-    "                    [--layout packed|fixed[,...]] [--capacity-factor 1.25]\n"
-    "                    [--dtype bf16|f32] [--align 1] [--unweighted] [--rows N] [--seed 1]\n";
+enum {
+    O_TOKENS, O_HIDDEN, O_TOPK, O_EXPERTS, O_SKEW, O_TRANSPORT, O_LAYOUT, O_CAPACITY_FACTOR,
+    O_DTYPE, O_ALIGN, O_UNWEIGHTED, O_ROWS, O_SEED
+};
+static const etp_cli_opt_t ep_opts[] = {
+    [O_TOKENS] = {"tokens", "LIST", "4096", "tokens a rank, comma-separated"},
+    [O_HIDDEN] = {"hidden", "H", "7168", "the hidden size"},
+    [O_TOPK] = {"topk", "K", "8", "experts a token"},
+    [O_EXPERTS] = {"experts", "E", "64", "experts in all, a multiple of the ranks"},
+    [O_SKEW] = {"skew", "LIST", "uniform",
+                "routing: uniform, or zipf:S (expert of popularity rank i weighs 1/(i+1)^S; "
+                "zipf alone: S = 1), comma-separated"},
+    [O_TRANSPORT] = {"transport", "LIST", "exact,capacity",
+                     "exact, or capacity[:C] (C: its capacity factor, else --capacity-factor), "
+                     "comma-separated"},
+    [O_LAYOUT] = {"layout", "LIST", "packed", "packed or fixed (slots), comma-separated"},
+    [O_CAPACITY_FACTOR] = {"capacity-factor", "C", "1.25", "the capacity transport's factor"},
+    [O_DTYPE] = {"dtype", "bf16|f32|mxfp8", "bf16",
+                 "the tokens' type; mxfp8: BF16 tokens dispatched as MXFP8 rows (E4M3 + E8M0 "
+                 "scales), combined in BF16"},
+    [O_ALIGN] = {"align", "N", "1", "rows of each expert's block padded to a multiple of N"},
+    [O_UNWEIGHTED] = {"unweighted", NULL, NULL, "combine does not multiply by the routing weights (no weights travel)"},
+    [O_ROWS] = {"rows", "N", NULL,
+                "the receive capacity in rows (default: what the routing needs: the busiest "
+                "rank's rows, aligned)"},
+    [O_SEED] = {"seed", "N", "1", "the routing's seed (a rank draws with seed + rank)"},
+    {NULL},
+};
+
+static const char ep_about[] =
+    "Expert-parallel dispatch and combine (etp/ep.h) against a plain grouped send/recv of the "
+    "same inter-rank bytes (ncclSend/ncclRecv; MPI_Alltoallv on the host backend) and a device "
+    "copy, interleaved iteration by iteration. Every combination of the listed tokens, skews, "
+    "transports and layouts is one case. Rows: prepare; dispatch split into pack | exchange | "
+    "expand; combine split into pre-sum | exchange | token sum; the baselines and the copy, "
+    "each the slowest rank's median.";
 
 int etp_bench_ep(bench_t *b, int argc, char **argv)
 {
     opts_t o;
     memset(&o, 0, sizeof o);
-    o.tokens[0] = 4096;
-    o.ntokens = 1;
-    o.nskew = 1; /* uniform */
-    o.transport[0] = ETP_EP_TRANSPORT_EXACT;
-    o.transport[1] = ETP_EP_TRANSPORT_CAPACITY;
-    o.ntransport = 2;
-    o.layout[0] = ETP_EP_LAYOUT_PACKED;
-    o.nlayout = 1;
-    o.hidden = 7168;
-    o.experts = 64;
-    o.topk = 8;
-    o.align = 1;
     o.weighted = 1;
-    o.dtype = ETP_DTYPE_BF16;
-    o.default_cf = 1.25;
-    o.seed = 1;
-    for (int i = 0; i < argc; i++) {
-        const char *opt = argv[i];
-        int has = i + 1 < argc, ok = 1;
+    etp_cli_t cli = bench_cli(b, "ep", ep_about, ep_opts, argc, argv);
+    int key;
+    while ((key = bench_next(b, &cli)) >= 0) {
+        const char *opt = cli.opt, *arg = cli.arg;
+        int ok = 1;
         int64_t v = 0;
-        if (strcmp(opt, "--unweighted") == 0) {
-            o.weighted = 0;
-            continue;
-        }
-        if (!has) {
-            ok = 0;
-        } else if (strcmp(opt, "--tokens") == 0 || strcmp(opt, "--skew") == 0 ||
-                   strcmp(opt, "--transport") == 0 || strcmp(opt, "--layout") == 0) {
-            ok = parse_list(b, opt, argv[++i], &o);
-        } else if (strcmp(opt, "--hidden") == 0) {
-            ok = parse_int(b, opt, argv[++i], 1, &o.hidden);
-        } else if (strcmp(opt, "--experts") == 0) {
-            ok = parse_int(b, opt, argv[++i], 1, &o.experts);
-        } else if (strcmp(opt, "--topk") == 0) {
-            ok = parse_int(b, opt, argv[++i], 1, &v);
+        switch (key) {
+        case O_TOKENS:
+        case O_SKEW:
+        case O_TRANSPORT:
+        case O_LAYOUT:
+            ok = parse_list(b, opt, arg, &o);
+            break;
+        case O_HIDDEN:
+            ok = parse_int(b, opt, arg, 1, &o.hidden);
+            break;
+        case O_EXPERTS:
+            ok = parse_int(b, opt, arg, 1, &o.experts);
+            break;
+        case O_TOPK:
+            ok = parse_int(b, opt, arg, 1, &v) && v <= 65536;
             o.topk = (int)v;
-        } else if (strcmp(opt, "--align") == 0) {
-            ok = parse_int(b, opt, argv[++i], 1, &v) && v <= 65536;
+            break;
+        case O_ALIGN:
+            ok = parse_int(b, opt, arg, 1, &v) && v <= 65536;
             o.align = (int)v;
-        } else if (strcmp(opt, "--rows") == 0) {
-            ok = parse_int(b, opt, argv[++i], 1, &o.rows);
-        } else if (strcmp(opt, "--seed") == 0) {
-            ok = parse_int(b, opt, argv[++i], 0, &v);
+            break;
+        case O_ROWS:
+            ok = parse_int(b, opt, arg, 1, &o.rows);
+            break;
+        case O_SEED:
+            ok = parse_int(b, opt, arg, 0, &v);
             o.seed = (uint64_t)v;
-        } else if (strcmp(opt, "--capacity-factor") == 0) {
-            ok = bench_double(b, opt, argv[++i], 1e-6, 1e6, &o.default_cf) == 0;
-        } else if (strcmp(opt, "--dtype") == 0) {
-            const char *d = argv[++i];
-            if (strcmp(d, "bf16") == 0) o.dtype = ETP_DTYPE_BF16;
-            else if (strcmp(d, "f32") == 0) o.dtype = ETP_DTYPE_F32;
-            else if (strcmp(d, "mxfp8") == 0) o.dtype = ETP_EP_TOKEN_MXFP8;
-            else ok = 0;
-        } else {
-            ok = 0;
+            break;
+        case O_CAPACITY_FACTOR:
+            ok = bench_double(b, opt, arg, 1e-6, 1e6, &o.default_cf) == 0;
+            break;
+        case O_DTYPE:
+            if (strcmp(arg, "bf16") == 0) o.dtype = ETP_DTYPE_BF16;
+            else if (strcmp(arg, "f32") == 0) o.dtype = ETP_DTYPE_F32;
+            else if (strcmp(arg, "mxfp8") == 0) o.dtype = ETP_EP_TOKEN_MXFP8;
+            else {
+                if (b->rank == 0)
+                    fprintf(stderr, "etp-bench ep: --dtype '%s': bf16, f32 or mxfp8\n", arg);
+                ok = 0;
+            }
+            break;
+        case O_UNWEIGHTED:
+            o.weighted = 0;
+            break;
         }
-        if (!ok) {
-            if (b->rank == 0) fprintf(stderr, "etp-bench ep: cannot use option %s\n%s", opt, usage);
-            return 2;
-        }
+        if (!ok) return 2;
     }
+    if (key != ETP_CLI_END) return bench_stop(key);
+    bench_start(b);
     if (o.experts % b->size != 0 || o.topk > o.experts) {
         if (b->rank == 0)
             fprintf(stderr, "etp-bench ep: --experts %lld must be a multiple of the %d ranks and "

@@ -13,8 +13,8 @@
  * BF16 for Hopper), as BF16-equivalent bandwidth against the BF16 gather of
  * the same run: the ratio is how much faster than BF16 the weight arrives.
  *
- *   etp-bench gather [--mib 64,256] [--cols 4096] [--max-ctas N (the etp group's NCCL CTA cap)]
- *                    [--no-quant]
+ *   etp-bench gather [--mib 64,256] [--cols 4096] [--max-ctas N] [--no-quant]
+ *   (etp-bench gather --help: each option, from gather_opts below)
  */
 #include <stdlib.h>
 #include <string.h>
@@ -107,31 +107,61 @@ static double time_quant_gather(bench_t *b, etp_group_t *g, etp_stream_t *s, ben
     return us;
 }
 
+enum { O_MIB, O_COLS, O_MAX_CTAS, O_NO_QUANT };
+static const etp_cli_opt_t gather_opts[] = {
+    [O_MIB] = {"mib", "LIST", "64,256", "weight sizes in MiB of BF16, comma-separated"},
+    [O_COLS] = {"cols", "N", "4096", "columns of the weight"},
+    [O_MAX_CTAS] = {"max-ctas", "N", NULL, "the etp group's NCCL CTA cap (default: NCCL's)"},
+    [O_NO_QUANT] = {"no-quant", NULL, NULL, "time the BF16 gathers only"},
+    {NULL},
+};
+
+static const char gather_about[] =
+    "The gather of one sharded BF16 weight (mark_updated, gather, the caller's stream waits) "
+    "against a plain all-gather of the same bytes on a communicator of its own (ncclAllGather "
+    "on CUDA, MPI_Allgather on the host backend), and etp's all-gather collective alone; "
+    "bandwidth is the all-gather bus bandwidth. Then the same weight's MXFP8 and NVFP4 gathers "
+    "(quantized shard cached; scales cached too; quantize + gather; NVFP4 dequantized to BF16) "
+    "in BF16-equivalent bandwidth: the ratio is the speed-up over the BF16 gather.";
+
 int etp_bench_gather(bench_t *b, int argc, char **argv)
 {
-    char mibs[256] = "64,256";
-    long cols = 4096;
+    char mibs[256] = "";
+    long cols = 0;
     int max_ctas = -1, quant = 1;
-    for (int i = 0; i < argc; i++) {
+    etp_cli_t cli = bench_cli(b, "gather", gather_about, gather_opts, argc, argv);
+    int key;
+    while ((key = bench_next(b, &cli)) >= 0) {
         long v = 0;
-        if (strcmp(argv[i], "--mib") == 0 && i + 1 < argc) {
-            if (strlen(argv[i + 1]) >= sizeof mibs) {
+        switch (key) {
+        case O_MIB:
+            if (strlen(cli.arg) >= sizeof mibs) {
                 if (b->rank == 0) fprintf(stderr, "etp-bench gather: --mib list too long\n");
                 return 2;
             }
-            snprintf(mibs, sizeof mibs, "%s", argv[++i]);
-        } else if (strcmp(argv[i], "--cols") == 0 && i + 1 < argc) {
-            if (bench_long(b, "--cols", argv[++i], 1, 1L << 30, &cols)) return 2;
-        } else if (strcmp(argv[i], "--max-ctas") == 0 && i + 1 < argc) {
-            if (bench_long(b, "--max-ctas", argv[++i], -1, 1 << 20, &v)) return 2;
+            snprintf(mibs, sizeof mibs, "%s", cli.arg);
+            {   /* every size now, not half-way through the run */
+                char list[sizeof mibs];
+                double mib = 0;
+                snprintf(list, sizeof list, "%s", cli.arg);
+                for (char *tok = strtok(list, ","); tok; tok = strtok(NULL, ","))
+                    if (bench_double(b, cli.opt, tok, 1e-3, 1e7, &mib)) return 2;
+            }
+            break;
+        case O_COLS:
+            if (bench_long(b, cli.opt, cli.arg, 1, 1L << 30, &cols)) return 2;
+            break;
+        case O_MAX_CTAS:
+            if (bench_long(b, cli.opt, cli.arg, -1, 1 << 20, &v)) return 2;
             max_ctas = (int)v;
-        }
-        else if (strcmp(argv[i], "--no-quant") == 0) quant = 0;
-        else {
-            if (b->rank == 0) fprintf(stderr, "etp-bench gather: unknown option %s\n", argv[i]);
-            return 2;
+            break;
+        case O_NO_QUANT:
+            quant = 0;
+            break;
         }
     }
+    if (key != ETP_CLI_END) return bench_stop(key);
+    bench_start(b);
     etp_group_t *world, *g;
     BENCH_CHECK(b, etp_context_world(b->ctx, &world));
     etp_group_config_t gc = ETP_GROUP_CONFIG_INIT;

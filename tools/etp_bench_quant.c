@@ -36,11 +36,9 @@
  * On the host backend every operation is the reference quantizer on the CPU
  * (timings of the CPU; smaller default sizes).
  *
- *   etp-bench quant [--cases 64x1024x512,8x8192x4096 (N x rows x cols)]
- *                   [--big-mib 256 (one tensor [big, 4096] of this size; 0: none)]
- *                   [--dtype bf16|f32] [--formats nvfp4,mxfp8] [--nvfp4-1d] [--swizzle]
- *                   [--no-separate] [--flush-mib 256] [--flush write|read]
- *                   [--stochastic (NVFP4 with stochastic rounding; MXFP8 rows are skipped)]
+ *   etp-bench quant [--cases 64x1024x512,8x8192x4096] [--big-mib 256] [--dtype bf16|f32]
+ *                   [--formats nvfp4,mxfp8] [...]
+ *   (etp-bench quant --help: each option, from quant_opts below)
  */
 #define _POSIX_C_SOURCE 200809L /* strtok_r */
 #include <stdint.h>
@@ -372,49 +370,109 @@ static int parse_cases(const char *s, qcase_t *cases, int *ncases)
     return *ncases > 0 ? 0 : -1;
 }
 
+/* Defaults by backend: the reference quantizer on a CPU is slow, so the host
+ * backend's sizes are small. */
+#define CASES_CUDA "64x1024x512,8x8192x4096"
+#define CASES_HOST "64x256x128,4x512x512"
+#define BIG_MIB_CUDA "256"
+#define BIG_MIB_HOST "4"
+#define FLUSH_MIB_CUDA "256"
+#define FLUSH_MIB_HOST "0"
+
+enum {
+    O_CASES, O_BIG_MIB, O_DTYPE, O_FORMATS, O_NVFP4_1D, O_SWIZZLE, O_NO_SEPARATE, O_FLUSH_MIB,
+    O_FLUSH, O_STOCHASTIC
+};
+static const etp_cli_opt_t quant_opts[] = {
+    [O_CASES] = {"cases", "LIST", NULL,
+                 "cases of N tensors [rows, cols], as NxROWSxCOLS, comma-separated (default: "
+                 CASES_CUDA " on CUDA, " CASES_HOST " on the host backend)"},
+    [O_BIG_MIB] = {"big-mib", "MIB", NULL,
+                   "one more case: one tensor [rows, 4096] of this size; 0: none (default: "
+                   BIG_MIB_CUDA " on CUDA, " BIG_MIB_HOST " on the host backend)"},
+    [O_DTYPE] = {"dtype", "bf16|f32", "bf16", "the tensors' element type"},
+    [O_FORMATS] = {"formats", "LIST", "nvfp4,mxfp8", "the formats to time, comma-separated"},
+    [O_NVFP4_1D] = {"nvfp4-1d", NULL, NULL, "NVFP4 with 1x16 blocks (default: 16x16)"},
+    [O_SWIZZLE] = {"swizzle", NULL, NULL, "scales in cuBLASLt's 128x4 tiled order (default: row-major)"},
+    [O_NO_SEPARATE] = {"no-separate", NULL, NULL, "skip the N calls of one tensor each"},
+    [O_FLUSH_MIB] = {"flush-mib", "MIB", NULL,
+                     "CUDA: a buffer of this size swept before every timed run, so that no run "
+                     "finds its input in L2 (default: " FLUSH_MIB_CUDA " on CUDA, "
+                     FLUSH_MIB_HOST " on the host backend)"},
+    [O_FLUSH] = {"flush", "write|read", "write",
+                 "sweep the flush buffer by writing it (leaves dirty lines in L2) or reading it "
+                 "(a multi-amax: clean lines)"},
+    [O_STOCHASTIC] = {"stochastic", NULL, NULL,
+                      "NVFP4 with stochastic rounding (MXFP8 rows are skipped)"},
+    {NULL},
+};
+
+static const char quant_about[] =
+    "The split-phase quantization of N expert weights (etp/quant.h) against a device-to-device "
+    "copy of the same bytes measured in the same run, and the fused N-tensor launches against "
+    "N launches of one tensor each. For each case it times multi-amax, cast (rowwise + "
+    "columnwise) and split (multi-amax, amax all-reduce over the world, cast), fused and as N "
+    "calls. Bytes are what the operation must read and write; ratio = copy time / operation "
+    "time. On the host backend every operation is the reference quantizer on the CPU.";
+
 int etp_bench_quant(bench_t *b, int argc, char **argv)
 {
-    const int cuda = b->backend == ETP_BACKEND_CUDA;
-    /* the reference quantizer on a CPU is slow: small sizes there */
-    const char *cases_s = cuda ? "64x1024x512,8x8192x4096" : "64x256x128,4x512x512";
-    double big_mib = cuda ? 256 : 4, flush_mib = cuda ? 256 : 0;
-    const char *formats = "nvfp4,mxfp8";
+    const char *cases_s = NULL, *formats = NULL;
+    double big_mib = -1, flush_mib = -1; /* -1: the backend's default */
     etp_dtype_t dt = ETP_DTYPE_BF16;
     int nvfp4_1d = 0, swizzle = 0, separate = 1, flush_read = 0, stochastic = 0;
-    for (int i = 0; i < argc; i++) {
-        if (strcmp(argv[i], "--cases") == 0 && i + 1 < argc) cases_s = argv[++i];
-        else if (strcmp(argv[i], "--big-mib") == 0 && i + 1 < argc) {
-            if (bench_double(b, "--big-mib", argv[++i], 0, 1e6, &big_mib)) return 2;
-        } else if (strcmp(argv[i], "--flush-mib") == 0 && i + 1 < argc) {
-            if (bench_double(b, "--flush-mib", argv[++i], 0, 1e6, &flush_mib)) return 2;
-        }
-        else if (strcmp(argv[i], "--formats") == 0 && i + 1 < argc) formats = argv[++i];
-        else if (strcmp(argv[i], "--flush") == 0 && i + 1 < argc) {
-            const char *f = argv[++i];
-            if (strcmp(f, "write") == 0) flush_read = 0;
-            else if (strcmp(f, "read") == 0) flush_read = 1;
+    etp_cli_t cli = bench_cli(b, "quant", quant_about, quant_opts, argc, argv);
+    int key;
+    while ((key = bench_next(b, &cli)) >= 0) {
+        switch (key) {
+        case O_CASES:
+            cases_s = cli.arg;
+            break;
+        case O_BIG_MIB:
+            if (bench_double(b, cli.opt, cli.arg, 0, 1e6, &big_mib)) return 2;
+            break;
+        case O_FLUSH_MIB:
+            if (bench_double(b, cli.opt, cli.arg, 0, 1e6, &flush_mib)) return 2;
+            break;
+        case O_FORMATS:
+            formats = cli.arg;
+            break;
+        case O_FLUSH:
+            if (strcmp(cli.arg, "write") == 0) flush_read = 0;
+            else if (strcmp(cli.arg, "read") == 0) flush_read = 1;
             else {
                 if (b->rank == 0) fprintf(stderr, "etp-bench quant: --flush write or read\n");
                 return 2;
             }
-        }
-        else if (strcmp(argv[i], "--dtype") == 0 && i + 1 < argc) {
-            const char *d = argv[++i];
-            if (strcmp(d, "bf16") == 0) dt = ETP_DTYPE_BF16;
-            else if (strcmp(d, "f32") == 0) dt = ETP_DTYPE_F32;
+            break;
+        case O_DTYPE:
+            if (strcmp(cli.arg, "bf16") == 0) dt = ETP_DTYPE_BF16;
+            else if (strcmp(cli.arg, "f32") == 0) dt = ETP_DTYPE_F32;
             else {
                 if (b->rank == 0) fprintf(stderr, "etp-bench quant: --dtype bf16 or f32\n");
                 return 2;
             }
-        } else if (strcmp(argv[i], "--nvfp4-1d") == 0) nvfp4_1d = 1;
-        else if (strcmp(argv[i], "--swizzle") == 0) swizzle = 1;
-        else if (strcmp(argv[i], "--stochastic") == 0) stochastic = 1;
-        else if (strcmp(argv[i], "--no-separate") == 0) separate = 0;
-        else {
-            if (b->rank == 0) fprintf(stderr, "etp-bench quant: unknown option %s\n", argv[i]);
-            return 2;
+            break;
+        case O_NVFP4_1D:
+            nvfp4_1d = 1;
+            break;
+        case O_SWIZZLE:
+            swizzle = 1;
+            break;
+        case O_STOCHASTIC:
+            stochastic = 1;
+            break;
+        case O_NO_SEPARATE:
+            separate = 0;
+            break;
         }
     }
+    if (key != ETP_CLI_END) return bench_stop(key);
+    bench_start(b);
+    const int cuda = b->backend == ETP_BACKEND_CUDA;
+    if (!cases_s) cases_s = cuda ? CASES_CUDA : CASES_HOST;
+    if (big_mib < 0) big_mib = atof(cuda ? BIG_MIB_CUDA : BIG_MIB_HOST);
+    if (flush_mib < 0) flush_mib = atof(cuda ? FLUSH_MIB_CUDA : FLUSH_MIB_HOST);
     {   /* only the two formats */
         char fl[64];
         int nvfp4 = 0;

@@ -132,6 +132,7 @@ etp_status_t etp__ctx_finish(etp_context_t *ctx, etp__bcomm_t *world_comm)
     return ETP_SUCCESS;
 }
 
+#if ETP_HAVE_MPI /* its one caller, etp_context_create_mpi */
 static etp_status_t resolve_backend(etp_backend_t want, etp_backend_t *got)
 {
     if (want == ETP_BACKEND_AUTO) {
@@ -150,6 +151,7 @@ static etp_status_t resolve_backend(etp_backend_t want, etp_backend_t *got)
     *got = want;
     return ETP_SUCCESS;
 }
+#endif
 
 static etp_status_t finish_or_undo(etp_context_t *ctx, etp_status_t st, etp__bcomm_t *world,
                                    etp_context_t **out)

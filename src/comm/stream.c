@@ -10,10 +10,10 @@ etp_status_t etp_stream_create(etp_context_t *ctx, int priority, etp_stream_t **
 {
     ETP__CHECK_NULL(ctx, "etp_stream_create");
     ETP__CHECK_NULL(stream, "etp_stream_create");
+    ETP__TRY(etp__ctx_usable(ctx, "etp_stream_create"));
     ETP__CHECK_ARG(priority == ETP_STREAM_PRIORITY_NORMAL || priority == ETP_STREAM_PRIORITY_HIGH,
                    "etp_stream_create: priority %d (expected ETP_STREAM_PRIORITY_NORMAL or _HIGH)",
                    priority);
-    ETP__TRY(etp__ctx_usable(ctx, "etp_stream_create"));
     etp_stream_t *s = calloc(1, sizeof *s);
     if (!s) return etp__err(ETP_ERR_OUT_OF_MEMORY, "etp_stream_create: out of memory");
     etp_status_t st = ctx->be->ops->stream_create(ctx->be, priority, &s->bs);
@@ -57,14 +57,15 @@ etp_status_t etp__stream_capturing(etp_stream_t *stream, int *capturing)
 #if ETP_HAVE_CUDA
 etp_status_t etp_stream_wrap_cuda(etp_context_t *ctx, cudaStream_t native, etp_stream_t **stream)
 {
+    /* what the context is comes before what the stream is: the backend
+     * refuses the default streams */
     ETP__CHECK_NULL(ctx, "etp_stream_wrap_cuda");
     ETP__CHECK_NULL(stream, "etp_stream_wrap_cuda");
-    ETP__CHECK_ARG(native != NULL && native != cudaStreamPerThread && native != cudaStreamLegacy,
-                   "etp_stream_wrap_cuda: native stream is the default stream; pass a created "
-                   "cudaStream_t");
     if (ctx->be->ops->kind != ETP_BACKEND_CUDA)
         return etp__err(ETP_ERR_INVALID_ARGUMENT,
-                        "etp_stream_wrap_cuda: the context is not on the CUDA backend");
+                        "etp_stream_wrap_cuda: the context is on the %s backend, not the CUDA "
+                        "backend: only a CUDA context wraps a cudaStream_t",
+                        ctx->be->ops->name);
     ETP__TRY(etp__ctx_usable(ctx, "etp_stream_wrap_cuda"));
     etp_stream_t *s = calloc(1, sizeof *s);
     if (!s) return etp__err(ETP_ERR_OUT_OF_MEMORY, "etp_stream_wrap_cuda: out of memory");
@@ -85,7 +86,9 @@ etp_status_t etp_stream_get_cuda(const etp_stream_t *stream, cudaStream_t *nativ
     ETP__CHECK_NULL(stream, "etp_stream_get_cuda");
     ETP__CHECK_NULL(native, "etp_stream_get_cuda");
     if (stream->ctx->be->ops->kind != ETP_BACKEND_CUDA)
-        return etp__err(ETP_ERR_INVALID_ARGUMENT, "etp_stream_get_cuda: not a CUDA stream");
+        return etp__err(ETP_ERR_INVALID_ARGUMENT,
+                        "etp_stream_get_cuda: the stream's context is on the %s backend, not the "
+                        "CUDA backend", stream->ctx->be->ops->name);
     *native = (cudaStream_t)stream->ctx->be->ops->stream_native(stream->ctx->be, stream->bs);
     return ETP_SUCCESS;
 }
@@ -164,9 +167,9 @@ etp_status_t etp_event_synchronize(etp_event_t *event)
 etp_status_t etp_memset_async(etp_stream_t *stream, void *ptr, int value, size_t bytes)
 {
     ETP__CHECK_NULL(stream, "etp_memset_async");
+    ETP__TRY(etp__ctx_usable(stream->ctx, "etp_memset_async"));
     ETP__CHECK_ARG(ptr != NULL || bytes == 0, "etp_memset_async: ptr is NULL for %zu bytes", bytes);
     ETP__CHECK_ARG(value >= 0 && value <= 255, "etp_memset_async: value %d is not a byte", value);
-    ETP__TRY(etp__ctx_usable(stream->ctx, "etp_memset_async"));
     if (bytes == 0) return ETP_SUCCESS;
     return stream->ctx->be->ops->memset_async(stream->ctx->be, stream->bs, ptr, value, bytes);
 }
@@ -174,12 +177,12 @@ etp_status_t etp_memset_async(etp_stream_t *stream, void *ptr, int value, size_t
 etp_status_t etp_memcpy_async(etp_stream_t *stream, void *dst, const void *src, size_t bytes)
 {
     ETP__CHECK_NULL(stream, "etp_memcpy_async");
+    ETP__TRY(etp__ctx_usable(stream->ctx, "etp_memcpy_async"));
     ETP__CHECK_ARG((dst != NULL && src != NULL) || bytes == 0,
                    "etp_memcpy_async: dst or src is NULL for %zu bytes", bytes);
     ETP__CHECK_ARG(bytes == 0 || (const char *)dst + bytes <= (const char *)src ||
                        (const char *)src + bytes <= (const char *)dst,
                    "etp_memcpy_async: source and destination overlap");
-    ETP__TRY(etp__ctx_usable(stream->ctx, "etp_memcpy_async"));
     if (bytes == 0) return ETP_SUCCESS;
     return stream->ctx->be->ops->memcpy_async(stream->ctx->be, stream->bs, dst, src, bytes);
 }

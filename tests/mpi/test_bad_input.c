@@ -3,6 +3,9 @@
  * leaves its outputs and the objects it was given as they were.
  */
 #include "mpi_util.h"
+#if ETP_HAVE_CUDA
+#include "etp/cuda.h"
+#endif
 
 typedef struct {
     etp_context_t *ctx;
@@ -142,6 +145,20 @@ static void test_streams_events_memory(void **state)
     BAD(etp_memcpy_async(NULL, buf, buf + 4, 4), "'stream'");
     BAD(etp_memcpy_async(f->s, NULL, buf, 4), "NULL");
     BAD(etp_memcpy_async(f->s, buf, buf + 2, 4), "overlap");
+#if ETP_HAVE_CUDA
+    /* A host context wraps no cudaStream_t, whichever is passed: the message
+     * says so (it is not about the stream being a default one). */
+    BAD(etp_stream_wrap_cuda(NULL, NULL, &s), "'ctx'");
+    BAD(etp_stream_wrap_cuda(f->ctx, (cudaStream_t)0x10, NULL), "'stream'");
+    BAD(etp_stream_wrap_cuda(f->ctx, NULL, &s), "host backend, not the CUDA backend");
+    BAD(etp_stream_wrap_cuda(f->ctx, cudaStreamPerThread, &s), "not the CUDA backend");
+    BAD(etp_stream_wrap_cuda(f->ctx, (cudaStream_t)0x10, &s), "not the CUDA backend");
+    cudaStream_t native = (cudaStream_t)0x10;
+    BAD(etp_stream_get_cuda(f->s, &native), "host backend, not the CUDA backend");
+    BAD(etp_stream_get_cuda(NULL, &native), "'stream'");
+    BAD(etp_stream_get_cuda(f->s, NULL), "'native'");
+    assert_true(native == (cudaStream_t)0x10);
+#endif
     assert_true(s == (etp_stream_t *)0x1 && e == (etp_event_t *)0x1 && p == (void *)0x1);
     assert_int_equal(etp_stream_destroy(NULL), ETP_SUCCESS);
     assert_int_equal(etp_event_destroy(NULL), ETP_SUCCESS);
