@@ -15,6 +15,7 @@
  */
 #include <math.h>
 #include <pthread.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "mpi_util.h"
@@ -179,8 +180,18 @@ static void *par_worker(void *p_)
     }
 }
 
+static double g_par_s; /* time spent in par_for: ETP_TEST_VERBOSE prints it */
+
+static double now_s(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
 static void par_for(size_t n, void (*fn)(void *arg, size_t i), void *arg)
 {
+    const double t0 = now_s();
     static int threads; /* the test program's, set once on first use */
     if (threads == 0) {
         MPI_Comm node;
@@ -199,6 +210,7 @@ static void par_for(size_t n, void (*fn)(void *arg, size_t i), void *arg)
         if (pthread_create(&t[started], NULL, par_worker, &p) != 0) break;
     par_worker(&p);
     for (int k = 0; k < started; k++) pthread_join(t[k], NULL);
+    g_par_s += now_s() - t0;
 }
 
 /* One buffer in the device arena and its host mirror: bytes + 1 guard byte. */
@@ -666,6 +678,8 @@ static void test_quant_kernels_match_host(void **state)
     if (rest) run_amax_many(&g, tag++);
     ETP_OK(etp_stream_destroy(g.s));
     ETP_OK(etp_context_destroy(g.ctx));
+    if (getenv("ETP_TEST_VERBOSE") && g_rank == 0)
+        printf("rank 0: %.2f s of the test in the host reference's threads\n", g_par_s);
 }
 
 int main(int argc, char **argv)
