@@ -61,17 +61,13 @@
 
 enum {
     ETP__CUDA_RING = 32,     /* issued collectives remembered per communicator */
-    ETP__CUDA_NAME_MAX = 64, /* group names, as etp_group_t keeps them */
-    ETP__CUDA_FP_WORDS = 8   /* int64 words of one collective fingerprint */
+    ETP__CUDA_NAME_MAX = 64  /* group names, as etp_group_t keeps them */
 };
 
 /* Communicator creation and split (topology discovery, bootstrap of every
  * rank) legitimately take longer than a collective at scale; a timeout set
  * for collectives (2 s in tests) is not applied below this to them. */
 #define ETP__CUDA_SETUP_MIN_S 60.0
-
-/* "etpfp1" in ASCII: marks a fingerprint, so a stray message is not read as one. */
-#define ETP__CUDA_FP_MAGIC INT64_C(0x657470667031)
 
 /* One collective issued on a communicator: what a timeout message names. */
 typedef struct etp__cuda_issued {
@@ -100,8 +96,8 @@ struct etp__bcomm {
     int role;            /* role of the last collective issued (-1: none yet) */
     int in_batch;        /* issued work in the open batch */
     char name[ETP__CUDA_NAME_MAX]; /* group name; NCCL's commName points here */
-    int64_t *fp_dev;     /* fingerprint scratch, 2 x size x FP_WORDS: sends, receives */
-    int64_t *fp_host;    /* pinned staging of the same layout */
+    etp__fp_t *fp_dev;   /* fingerprint scratch, 2 x size records: sends, receives */
+    etp__fp_t *fp_host;  /* pinned staging of the same layout */
     etp__cuda_issued_t ring[ETP__CUDA_RING];
     unsigned ring_next;
     etp__bcomm_t *next;  /* the backend's live communicators, in creation order */
@@ -260,9 +256,6 @@ void etp__cuda_describe_pending(etp__cuda_t *cb, char *buf, size_t n);
 /* The fingerprint scratch of c (ETP_CHECK_COLLECTIVES), when it is made. */
 etp_status_t etp__cuda_fp_alloc(etp__bcomm_t *c);
 void etp__cuda_comm_free_scratch(etp__bcomm_t *c);
-
-/* Short strings for messages. */
-const char *etp__cuda_redop_name(int op);
 
 /* Each module's CUDA kernel table (cuda_<module>.c). */
 extern const etp__quant_kernels_t etp__cuda_quant_kernels;
