@@ -26,23 +26,7 @@ etp_status_t etp__ctx_init(const etp_context_config_t *config, etp_context_t **o
                            etp__be_config_t *becfg)
 {
     etp_context_config_t cfg = ETP_CONTEXT_CONFIG_INIT;
-    if (config) {
-        /* A caller built against an older header passes a smaller struct,
-         * ending after one of the fields: take what it has, defaults for
-         * the rest. */
-#define E(f) ETP__END(etp_context_config_t, f)
-        static const size_t ends[] = {E(backend),   E(device),           E(host_stream_mode),
-                                      E(shuffle_seed), E(timeout_s),     E(check_collectives),
-                                      E(allocator), E(log_fn),           E(log_user)};
-#undef E
-        if (!etp__known_size(config->size, ends, sizeof ends / sizeof ends[0]))
-            return etp__err(ETP_ERR_INVALID_ARGUMENT,
-                            "context config: size %zu is not a size this etp knows (expected %zu; "
-                            "initialize with ETP_CONTEXT_CONFIG_INIT)",
-                            config->size, sizeof cfg);
-        memcpy(&cfg, config, config->size);
-        cfg.size = sizeof cfg;
-    }
+    ETP__TRY(etp__vs_in(&cfg, config, &etp__vs_context_config, "context create", "config"));
     if (cfg.backend != ETP_BACKEND_AUTO && cfg.backend != ETP_BACKEND_HOST &&
         cfg.backend != ETP_BACKEND_CUDA)
         return etp__err(ETP_ERR_INVALID_ARGUMENT, "context config: backend %d is not an etp_backend_t",
