@@ -16,6 +16,7 @@ static const char uid_tag_cuda[UID_TAG_BYTES] = "etp-uid-cuda-v1";
 
 etp_status_t etp__ctx_usable(const etp_context_t *ctx, const char *fn)
 {
+    etp__trace_bind(&ctx->log);
     if (ctx->be->failed)
         return etp__err(ETP_ERR_ABORTED, "%s: the context was aborted earlier: %s", fn,
                         ctx->be->fail_msg);
@@ -62,6 +63,7 @@ etp_status_t etp__ctx_init(const etp_context_config_t *config, etp_context_t **o
     ctx->log.rank = -1;
     ctx->log.fn = cfg.log_fn;
     ctx->log.user = cfg.log_user;
+    etp__trace_bind(&ctx->log);
     ctx->allocator = cfg.allocator;
 
     becfg->device = cfg.device;
@@ -82,6 +84,7 @@ etp_status_t etp__ctx_init(const etp_context_config_t *config, etp_context_t **o
 void etp__ctx_free(etp_context_t *ctx)
 {
     if (!ctx) return;
+    etp__trace_unbind(&ctx->log);
     free(ctx->allocs);
     free(ctx->cap_refs);
     free(ctx);
@@ -271,6 +274,7 @@ etp_status_t etp_context_cuda_device(const etp_context_t *ctx, int *device)
 etp_status_t etp_context_destroy(etp_context_t *ctx)
 {
     if (!ctx) return ETP_SUCCESS;
+    etp__trace_bind(&ctx->log);
     ETP__TRY(etp__ctx_no_capture(ctx, "etp_context_destroy"));
     if (ctx->num_streams || ctx->num_events || ctx->num_groups || ctx->num_graphs)
         return etp__err(ETP_ERR_BUSY,

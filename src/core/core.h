@@ -36,10 +36,16 @@ etp_status_t etp__verr(etp_status_t status, const char *fmt, va_list ap);
         if ((ptr) == NULL)                                                           \
             return etp__err(ETP_ERR_INVALID_ARGUMENT, "%s: argument '%s' is NULL", fn, #ptr); \
     } while (0)
-#define ETP__TRY(expr)                       \
-    do {                                     \
-        etp_status_t etp__s_ = (expr);       \
-        if (etp__s_ != ETP_SUCCESS) return etp__s_; \
+/* Return a failure of `expr` to the caller. At debug level each level it
+ * passes through logs "file:line -> status (expr)", so a deep failure
+ * shows its path; the success path costs the test alone. */
+#define ETP__TRY(expr)                                          \
+    do {                                                        \
+        etp_status_t etp__s_ = (expr);                          \
+        if (etp__s_ != ETP_SUCCESS) {                           \
+            etp__trace(__FILE__, __LINE__, #expr, etp__s_);     \
+            return etp__s_;                                     \
+        }                                                       \
     } while (0)
 
 /* ---- versioned structs (vstruct.c) ------------------------------------- */
@@ -129,6 +135,18 @@ void etp__log(const etp__logger_t *lg, int level, unsigned subsys, const char *f
         if (etp__lg_ && etp__lg_->level >= (lvl_) && (etp__lg_->subsys & (sub_))) \
             etp__log(etp__lg_, (lvl_), (sub_), __VA_ARGS__);                   \
     } while (0)
+
+/* Failure traces (ETP__TRY). The logger is per context, and ETP__TRY runs
+ * where none is at hand: the context a thread works on binds (a copy of) its
+ * logger to the thread (per thread, like the last error) when the thread
+ * enters it (etp__ctx_usable, creation, destroy), and unbinds it when it is
+ * freed. Only a logger at debug level is bound, so with logging off a
+ * failure costs one thread-local load per level. */
+void etp__trace_bind(const etp__logger_t *lg);
+/* Unbind lg if it is the thread's (a context being freed). */
+void etp__trace_unbind(const etp__logger_t *lg);
+/* Log one level of a failure through the thread's bound logger, if any. */
+void etp__trace(const char *file, int line, const char *expr, etp_status_t status);
 
 /* Parse "error|warn|info|debug|trace|none" or a digit; -1 if not understood. */
 int etp__log_level_parse(const char *s);

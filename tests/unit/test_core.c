@@ -111,6 +111,77 @@ static void test_logging_levels_and_rank(void **state)
     assert_int_equal(s.calls, 1);
 }
 
+/* Every line a sink got, for the failure trace. */
+typedef struct {
+    int calls;
+    char lines[4][512];
+} trace_sink_t;
+
+static void trace_sink(void *user, int level, const char *line)
+{
+    trace_sink_t *s = user;
+    assert_int_equal(level, ETP_LOG_DEBUG);
+    if (s->calls < 4) snprintf(s->lines[s->calls], sizeof s->lines[0], "%s", line);
+    s->calls++;
+}
+
+/* A failure three levels down, passed up by ETP__TRY at two; try_line
+ * holds the line of each ETP__TRY. */
+static int try_line[2];
+
+static etp_status_t trace_leaf(int fail)
+{
+    return fail ? etp__err(ETP_ERR_TIMEOUT, "the leaf failed") : ETP_SUCCESS;
+}
+
+static etp_status_t trace_middle(int fail)
+{
+    try_line[1] = __LINE__ + 1;
+    ETP__TRY(trace_leaf(fail));
+    return ETP_SUCCESS;
+}
+
+static etp_status_t trace_top(int fail)
+{
+    try_line[0] = __LINE__ + 1;
+    ETP__TRY(trace_middle(fail));
+    return ETP_SUCCESS;
+}
+
+static void test_try_traces_failures(void **state)
+{
+    (void)state;
+    trace_sink_t s = {0};
+    etp__logger_t lg = {ETP_LOG_DEBUG, ETP_SUBSYS_ALL, 0, trace_sink, &s};
+    etp__trace_bind(&lg);
+    assert_int_equal(trace_top(0), ETP_SUCCESS);
+    assert_int_equal(s.calls, 0);
+    assert_int_equal(trace_top(1), ETP_ERR_TIMEOUT);
+    assert_string_equal(etp_last_error(), "the leaf failed");
+    /* each level, the deepest first, with its file, line and expression */
+    assert_int_equal(s.calls, 2);
+    const char *expr[2] = {"trace_middle(fail)", "trace_leaf(fail)"};
+    for (int i = 0; i < 2; i++) {
+        char want[128];
+        snprintf(want, sizeof want, "unit/test_core.c:%d -> %d (timeout): %s", try_line[1 - i],
+                 (int)ETP_ERR_TIMEOUT, expr[1 - i]);
+        if (strstr(s.lines[i], want) == NULL)
+            fail_msg("line %d: '%s' lacks '%s'", i, s.lines[i], want);
+        assert_non_null(strstr(s.lines[i], "DEBUG core"));
+    }
+    /* below debug level nothing is bound, so nothing is logged */
+    lg.level = ETP_LOG_INFO;
+    etp__trace_bind(&lg);
+    assert_int_equal(trace_top(1), ETP_ERR_TIMEOUT);
+    assert_int_equal(s.calls, 2);
+    /* nor once the logger is unbound (its context freed) */
+    lg.level = ETP_LOG_DEBUG;
+    etp__trace_bind(&lg);
+    etp__trace_unbind(&lg);
+    assert_int_equal(trace_top(1), ETP_ERR_TIMEOUT);
+    assert_int_equal(s.calls, 2);
+}
+
 static void test_log_parsing(void **state)
 {
     (void)state;
@@ -329,6 +400,7 @@ int main(void)
         cmocka_unit_test(test_last_error_truncates),
         cmocka_unit_test(test_logging_levels_and_rank),
         cmocka_unit_test(test_log_parsing),
+        cmocka_unit_test(test_try_traces_failures),
         cmocka_unit_test(test_env_defaults_and_docs),
         cmocka_unit_test(test_env_values),
         cmocka_unit_test(test_env_rejects_bad_values),
