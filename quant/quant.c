@@ -59,22 +59,7 @@ etp_status_t etp_quantizer_create(etp_context_t *ctx, const etp_quantizer_config
     ETP__CHECK_NULL(ctx, fn);
     ETP__CHECK_NULL(quantizer, fn);
     etp_quantizer_config_t cfg = ETP_QUANTIZER_CONFIG_INIT;
-    if (config) {
-        /* an older caller's smaller struct, which ends after one of the
-         * fields: take what it has, default the rest (a size inside a field
-         * would take half of it) */
-#define E(f) ETP__END(etp_quantizer_config_t, f)
-        static const size_t ends[] = {E(format),         E(mxfp8_elem), E(nvfp4_block), E(directions),
-                                      E(swizzle_scales), E(rounding),   E(seed),        E(noop_flag)};
-#undef E
-        if (!etp__known_size(config->size, ends, sizeof ends / sizeof ends[0]))
-            return etp__err(ETP_ERR_INVALID_ARGUMENT,
-                            "%s: config size %zu is not a size this etp knows (expected %zu; "
-                            "initialize with ETP_QUANTIZER_CONFIG_INIT)",
-                            fn, config->size, sizeof cfg);
-        memcpy(&cfg, config, config->size);
-        cfg.size = sizeof cfg;
-    }
+    ETP__TRY(etp__vs_in(&cfg, config, &etp__vs_quantizer_config, fn, "config"));
     if (cfg.format != ETP_QUANT_NVFP4 && cfg.format != ETP_QUANT_MXFP8)
         return etp__err(ETP_ERR_INVALID_ARGUMENT, "%s: format %d is not an etp_quant_format_t", fn,
                         (int)cfg.format);
@@ -210,11 +195,9 @@ etp_status_t etp_quant_sizes(const etp_quantizer_t *quantizer, size_t rows, size
     const char *fn = "etp_quant_sizes";
     ETP__CHECK_NULL(quantizer, fn);
     ETP__CHECK_NULL(sizes, fn);
-    if (sizes->size != sizeof *sizes)
-        return etp__err(ETP_ERR_INVALID_ARGUMENT,
-                        "%s: sizes->size %zu (expected %zu: initialize with ETP_QUANT_SIZES_INIT)",
-                        fn, sizes->size, sizeof *sizes);
-    return sizes_of(quantizer, rows, cols, 0, fn, sizes);
+    etp_quant_sizes_t s = ETP_QUANT_SIZES_INIT;
+    ETP__TRY(sizes_of(quantizer, rows, cols, 0, fn, &s));
+    return etp__vs_out(sizes, &s, &etp__vs_quant_sizes, fn, "sizes");
 }
 
 /* ---- argument checks -------------------------------------------------------- */

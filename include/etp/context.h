@@ -75,7 +75,11 @@ typedef struct etp_allocator {
 } etp_allocator_t;
 
 /* Log sink: receives each complete line (no trailing newline). NULL writes
- * to stderr. Lines are produced only at levels that ETP_LOG_LEVEL enables. */
+ * to stderr. Lines are produced only at levels that ETP_LOG_LEVEL enables.
+ * At debug level a failure's trace goes to the sink of the context the
+ * failing thread last entered: a context destroyed by another thread may
+ * still send that thread's traces to its sink until the thread enters
+ * another context. */
 typedef void (*etp_log_fn_t)(void *user, int level, const char *line);
 
 typedef struct etp_context_config {

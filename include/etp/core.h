@@ -6,6 +6,16 @@
  * (which argument, expected against got, which rank or group). Output arguments
  * are written only on success.
  *
+ * Versioned structs: every struct etp takes or fills that starts with
+ * `size_t size` is set up with its ETP_*_INIT initializer, which sets size to
+ * the sizeof of the header the caller was built with. etp accepts a smaller
+ * size from a caller built against an older header, as long as it ends after
+ * a field (or in the padding after it): a config's missing fields take the
+ * initializer's defaults, and an output struct gets only the fields that fit
+ * (the rest of its bytes are not written). A size that ends inside a field,
+ * holds nothing after `size`, or is larger than this etp's struct (a caller
+ * built against a newer header) is refused with ETP_ERR_INVALID_ARGUMENT.
+ *
  * Thread safety: all functions in this header are safe to call from any thread.
  */
 #ifndef ETP_CORE_H

@@ -52,6 +52,35 @@ typedef struct etp__coll {
     uint64_t seq; /* 1-based per (group, role) */
 } etp__coll_t;
 
+/* ---- collective fingerprints (fingerprint.c) ---------------------------- */
+
+/* What a rank tells one peer about the collective it is about to join on
+ * their communicator (the group's): the same record on every backend, sent
+ * as ETP__FP_WORDS int64 words. The backends only move records (each rank
+ * sends every peer the one made for it); the comparison is here. */
+typedef struct etp__fp {
+    int64_t magic; /* ETP__FP_MAGIC: a stray message is not read as a fingerprint */
+    int64_t seq;   /* 1-based per (group, role) */
+    int64_t role;
+    int64_t kind;  /* etp__coll_kind_t */
+    int64_t count; /* the collective's count; all-to-all-v: what the sender sends this peer */
+    int64_t dtype;
+    int64_t redop; /* reductions; else -1 */
+    int64_t root;  /* rooted collectives; else -1 */
+} etp__fp_t;
+
+enum { ETP__FP_WORDS = 8 };
+/* "etpfp1" in ASCII */
+#define ETP__FP_MAGIC INT64_C(0x657470667031)
+
+/* The record this rank sends `peer` before `op`. */
+void etp__fp_make(const etp__coll_t *op, int peer, etp__fp_t *fp);
+/* Compare the record `peer` sent with what this rank (`me`) expects of it
+ * (for an all-to-all-v: what this rank receives from it). On a difference,
+ * ETP_ERR_COLLECTIVE_MISMATCH with a message naming the group, role and
+ * sequence number, both ranks, what each issued, and what differs. */
+etp_status_t etp__fp_check(const etp__coll_t *op, int me, int peer, const etp__fp_t *theirs);
+
 /* Each module's kernels, one table per module, declared in
  * src/backend/kernels_<module>.h and implemented by each backend in
  * host/host_<module>.c and cuda/cuda_<module>.c. */

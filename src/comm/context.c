@@ -16,6 +16,7 @@ static const char uid_tag_cuda[UID_TAG_BYTES] = "etp-uid-cuda-v1";
 
 etp_status_t etp__ctx_usable(const etp_context_t *ctx, const char *fn)
 {
+    etp__trace_bind(&ctx->log);
     if (ctx->be->failed)
         return etp__err(ETP_ERR_ABORTED, "%s: the context was aborted earlier: %s", fn,
                         ctx->be->fail_msg);
@@ -26,23 +27,7 @@ etp_status_t etp__ctx_init(const etp_context_config_t *config, etp_context_t **o
                            etp__be_config_t *becfg)
 {
     etp_context_config_t cfg = ETP_CONTEXT_CONFIG_INIT;
-    if (config) {
-        /* A caller built against an older header passes a smaller struct,
-         * ending after one of the fields: take what it has, defaults for
-         * the rest. */
-#define E(f) ETP__END(etp_context_config_t, f)
-        static const size_t ends[] = {E(backend),   E(device),           E(host_stream_mode),
-                                      E(shuffle_seed), E(timeout_s),     E(check_collectives),
-                                      E(allocator), E(log_fn),           E(log_user)};
-#undef E
-        if (!etp__known_size(config->size, ends, sizeof ends / sizeof ends[0]))
-            return etp__err(ETP_ERR_INVALID_ARGUMENT,
-                            "context config: size %zu is not a size this etp knows (expected %zu; "
-                            "initialize with ETP_CONTEXT_CONFIG_INIT)",
-                            config->size, sizeof cfg);
-        memcpy(&cfg, config, config->size);
-        cfg.size = sizeof cfg;
-    }
+    ETP__TRY(etp__vs_in(&cfg, config, &etp__vs_context_config, "context create", "config"));
     if (cfg.backend != ETP_BACKEND_AUTO && cfg.backend != ETP_BACKEND_HOST &&
         cfg.backend != ETP_BACKEND_CUDA)
         return etp__err(ETP_ERR_INVALID_ARGUMENT, "context config: backend %d is not an etp_backend_t",
@@ -78,6 +63,7 @@ etp_status_t etp__ctx_init(const etp_context_config_t *config, etp_context_t **o
     ctx->log.rank = -1;
     ctx->log.fn = cfg.log_fn;
     ctx->log.user = cfg.log_user;
+    etp__trace_bind(&ctx->log);
     ctx->allocator = cfg.allocator;
 
     becfg->device = cfg.device;
@@ -103,6 +89,7 @@ etp__test_knobs_t *etp__context_test_knobs(etp_context_t *ctx)
 void etp__ctx_free(etp_context_t *ctx)
 {
     if (!ctx) return;
+    etp__trace_unbind(&ctx->log);
     free(ctx->allocs);
     free(ctx->cap_refs);
     free(ctx);
@@ -294,6 +281,7 @@ etp_status_t etp_context_cuda_device(const etp_context_t *ctx, int *device)
 etp_status_t etp_context_destroy(etp_context_t *ctx)
 {
     if (!ctx) return ETP_SUCCESS;
+    etp__trace_bind(&ctx->log);
     ETP__TRY(etp__ctx_no_capture(ctx, "etp_context_destroy"));
     if (ctx->num_streams || ctx->num_events || ctx->num_groups || ctx->num_graphs)
         return etp__err(ETP_ERR_BUSY,

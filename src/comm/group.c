@@ -19,12 +19,7 @@ etp_status_t etp_group_split(etp_group_t *parent, int color, int key,
     ETP__CHECK_ARG(color >= ETP_GROUP_NO_COLOR,
                    "etp_group_split: color %d (expected >= 0, or ETP_GROUP_NO_COLOR)", color);
     etp_group_config_t cfg = ETP_GROUP_CONFIG_INIT;
-    if (config) {
-        ETP__CHECK_ARG(config->size == sizeof cfg,
-                       "etp_group_split: config->size %zu (expected %zu; use "
-                       "ETP_GROUP_CONFIG_INIT)", config->size, sizeof cfg);
-        cfg = *config;
-    }
+    ETP__TRY(etp__vs_in(&cfg, config, &etp__vs_group_config, "etp_group_split", "config"));
     ETP__CHECK_ARG(cfg.num_roles >= 1 && cfg.num_roles <= ETP_GROUP_MAX_ROLES,
                    "etp_group_split: num_roles %d not in [1, %d]", cfg.num_roles,
                    ETP_GROUP_MAX_ROLES);

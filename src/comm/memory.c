@@ -137,12 +137,10 @@ etp_status_t etp_memory_report(const etp_context_t *ctx, etp_memory_report_t *re
 {
     ETP__CHECK_NULL(ctx, "etp_memory_report");
     ETP__CHECK_NULL(report, "etp_memory_report");
-    ETP__CHECK_ARG(report->size == sizeof *report,
-                   "etp_memory_report: report->size %zu (expected %zu; use ETP_MEMORY_REPORT_INIT)",
-                   report->size, sizeof *report);
-    for (int i = 0; i < ETP_MEM_OWNER_COUNT; i++) report->bytes[i] = ctx->bytes_by_owner[i];
-    report->total_bytes = ctx->total_bytes;
-    report->peak_bytes = ctx->peak_bytes;
-    report->live_allocations = ctx->num_allocs;
-    return ETP_SUCCESS;
+    etp_memory_report_t r = ETP_MEMORY_REPORT_INIT;
+    for (int i = 0; i < ETP_MEM_OWNER_COUNT; i++) r.bytes[i] = ctx->bytes_by_owner[i];
+    r.total_bytes = ctx->total_bytes;
+    r.peak_bytes = ctx->peak_bytes;
+    r.live_allocations = ctx->num_allocs;
+    return etp__vs_out(report, &r, &etp__vs_memory_report, "etp_memory_report", "report");
 }

@@ -37,22 +37,65 @@ etp_status_t etp__verr(etp_status_t status, const char *fmt, va_list ap);
         if ((ptr) == NULL)                                                           \
             return etp__err(ETP_ERR_INVALID_ARGUMENT, "%s: argument '%s' is NULL", fn, #ptr); \
     } while (0)
-#define ETP__TRY(expr)                       \
-    do {                                     \
-        etp_status_t etp__s_ = (expr);       \
-        if (etp__s_ != ETP_SUCCESS) return etp__s_; \
+/* Return a failure of `expr` to the caller. At debug level each level it
+ * passes through logs "file:line -> status (expr)", so a deep failure
+ * shows its path; the success path costs the test alone. */
+#define ETP__TRY(expr)                                          \
+    do {                                                        \
+        etp_status_t etp__s_ = (expr);                          \
+        if (etp__s_ != ETP_SUCCESS) {                           \
+            etp__trace(__FILE__, __LINE__, #expr, etp__s_);     \
+            return etp__s_;                                     \
+        }                                                       \
     } while (0)
 
-/* Versioned config structs: a caller built against an older header passes
- * a smaller struct, whose size is where one of its fields ends (ETP__END
- * of each field, in order). Any other size would cut a field in two. */
+/* ---- versioned structs (vstruct.c) ------------------------------------- */
+
+/* Every public struct that starts with `size_t size` is versioned: a caller
+ * built against an older header passes a smaller struct, which ends after
+ * one of its fields (maybe with padding up to the next one). Configs: what
+ * it lacks takes the ETP_*_INIT defaults. Outputs: only what fits is
+ * written. A size inside a field, one that holds no field after `size`, or
+ * one larger than this etp's struct is refused. */
+typedef struct etp__field {
+    const char *name;
+    size_t offset, end;
+} etp__field_t;
+
+typedef struct etp__vstruct {
+    const char *type; /* "etp_chain_config_t" */
+    const char *init; /* "ETP_CHAIN_CONFIG_INIT" */
+    size_t size;      /* this etp's sizeof */
+    const etp__field_t *fields; /* every field, in order, `size` first */
+    size_t nfields;
+} etp__vstruct_t;
+
 #define ETP__END(type, field) (offsetof(type, field) + sizeof(((type *)0)->field))
-static inline int etp__known_size(size_t size, const size_t *ends, size_t n)
-{
-    for (size_t i = 0; i < n; i++)
-        if (size == ends[i]) return 1;
-    return 0;
-}
+#define ETP__FIELD(type, field) {#field, offsetof(type, field), ETP__END(type, field)}
+#define ETP__VSTRUCT(type, init, fields) \
+    {#type, #init, sizeof(type), fields, sizeof fields / sizeof fields[0]}
+
+extern const etp__vstruct_t etp__vs_context_config, etp__vs_memory_report, etp__vs_group_config,
+    etp__vs_param_config, etp__vs_param_info, etp__vs_chain_config, etp__vs_cache_report,
+    etp__vs_weight_view, etp__vs_quantizer_config, etp__vs_quant_sizes, etp__vs_ep_group_config,
+    etp__vs_ep_group_info, etp__vs_ep_layer_config, etp__vs_ep_dispatch_args, etp__vs_ep_report;
+
+/* ETP_SUCCESS when `size` is one vs accepts; else ETP_ERR_INVALID_ARGUMENT
+ * naming fn, the argument (`arg`->size), the field it cuts or the size
+ * expected, and the initializer to use. */
+etp_status_t etp__vs_check(size_t size, const etp__vstruct_t *vs, const char *fn, const char *arg);
+/* A config: *dst holds the defaults (ETP_*_INIT); copy what the caller's
+ * src has over them (src NULL: keep the defaults). dst's size stays this
+ * etp's. */
+etp_status_t etp__vs_in(void *dst, const void *src, const etp__vstruct_t *vs, const char *fn,
+                        const char *arg);
+/* An output: check dst's size, then write the fields of src that fit in it
+ * (dst's size field is left as the caller set it). */
+etp_status_t etp__vs_out(void *dst, const void *src, const etp__vstruct_t *vs, const char *fn,
+                         const char *arg);
+/* The write of etp__vs_out alone, for a caller that checked dst's size
+ * before doing anything else. */
+void etp__vs_put(void *dst, const void *src);
 
 /* ---- logging ---------------------------------------------------------- */
 
@@ -93,6 +136,18 @@ void etp__log(const etp__logger_t *lg, int level, unsigned subsys, const char *f
         if (etp__lg_ && etp__lg_->level >= (lvl_) && (etp__lg_->subsys & (sub_))) \
             etp__log(etp__lg_, (lvl_), (sub_), __VA_ARGS__);                   \
     } while (0)
+
+/* Failure traces (ETP__TRY). The logger is per context, and ETP__TRY runs
+ * where none is at hand: the context a thread works on binds (a copy of) its
+ * logger to the thread (per thread, like the last error) when the thread
+ * enters it (etp__ctx_usable, creation, destroy), and unbinds it when it is
+ * freed. Only a logger at debug level is bound, so with logging off a
+ * failure costs one thread-local load per level. */
+void etp__trace_bind(const etp__logger_t *lg);
+/* Unbind lg if it is the thread's (a context being freed). */
+void etp__trace_unbind(const etp__logger_t *lg);
+/* Log one level of a failure through the thread's bound logger, if any. */
+void etp__trace(const char *file, int line, const char *expr, etp_status_t status);
 
 /* Parse "error|warn|info|debug|trace|none" or a digit; -1 if not understood. */
 int etp__log_level_parse(const char *s);

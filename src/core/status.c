@@ -4,8 +4,14 @@
 
 #include "core.h"
 
-/* The one piece of mutable state outside a context: per thread, like errno. */
+/* The mutable state outside a context, per thread like errno: the last
+ * error, and where its trace goes: a copy of the logger of the context this
+ * thread works on, when that logs at debug level. A copy, so that a context
+ * freed by another thread leaves no pointer into it here; `trace_from`
+ * only identifies the logger it came from (never dereferenced). */
 static _Thread_local char etp__last_error[ETP__ERRMSG_MAX];
+static _Thread_local etp__logger_t etp__trace_log;
+static _Thread_local const etp__logger_t *etp__trace_from;
 
 const char *etp_status_string(etp_status_t status)
 {
@@ -44,6 +50,44 @@ etp_status_t etp__err(etp_status_t status, const char *fmt, ...)
     etp__verr(status, fmt, ap);
     va_end(ap);
     return status;
+}
+
+void etp__trace_bind(const etp__logger_t *lg)
+{
+    if (lg != NULL && lg->level >= ETP_LOG_DEBUG) {
+        etp__trace_log = *lg;
+        etp__trace_from = lg;
+    } else {
+        etp__trace_log.level = ETP_LOG_NONE;
+        etp__trace_from = NULL;
+    }
+}
+
+void etp__trace_unbind(const etp__logger_t *lg)
+{
+    if (etp__trace_from != lg) return;
+    etp__trace_log.level = ETP_LOG_NONE;
+    etp__trace_from = NULL;
+}
+
+/* The last two parts of a path ("shard/chain.c"): which file, without the
+ * build machine's directories. */
+static const char *short_path(const char *file)
+{
+    const char *last = NULL, *before = NULL;
+    for (const char *p = file; *p; p++) {
+        if (*p != '/') continue;
+        before = last;
+        last = p;
+    }
+    return before ? before + 1 : file;
+}
+
+void etp__trace(const char *file, int line, const char *expr, etp_status_t status)
+{
+    if (etp__trace_log.level < ETP_LOG_DEBUG) return;
+    ETP__LOG(&etp__trace_log, ETP_LOG_DEBUG, ETP_SUBSYS_CORE, "%s:%d -> %d (%s): %s", short_path(file), line,
+             (int)status, etp_status_string(status), expr);
 }
 
 int etp_version(int *major, int *minor, int *patch)

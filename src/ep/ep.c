@@ -316,10 +316,8 @@ etp_status_t etp_ep_group_create(etp_group_t *group, const etp_ep_group_config_t
     ETP__CHECK_NULL(group, fn);
     ETP__CHECK_NULL(config, fn);
     if (!out) return etp__err(ETP_ERR_INVALID_ARGUMENT, "%s: argument 'ep' is NULL", fn);
-    ETP__CHECK_ARG(config->size == sizeof *config,
-                   "%s: config->size %zu (expected %zu; use ETP_EP_GROUP_CONFIG_INIT)", fn,
-                   config->size, sizeof *config);
-    const etp_ep_group_config_t c = *config;
+    etp_ep_group_config_t c = ETP_EP_GROUP_CONFIG_INIT;
+    ETP__TRY(etp__vs_in(&c, config, &etp__vs_ep_group_config, fn, "config"));
     const int R = group->size;
     ETP__CHECK_ARG(c.role >= 0 && c.role < group->num_roles,
                    "%s: role %d not in [0, %d) of group '%s'", fn, c.role, group->num_roles,
@@ -450,18 +448,16 @@ etp_status_t etp_ep_group_info(const etp_ep_group_t *ep, etp_ep_group_info_t *in
 {
     ETP__CHECK_NULL(ep, "etp_ep_group_info");
     ETP__CHECK_NULL(info, "etp_ep_group_info");
-    ETP__CHECK_ARG(info->size == sizeof *info,
-                   "etp_ep_group_info: info->size %zu (expected %zu; use ETP_EP_GROUP_INFO_INIT)",
-                   info->size, sizeof *info);
-    info->rank = ep->rank;
-    info->ranks = ep->R;
-    info->local_experts = ep->L;
-    info->first_expert = (int64_t)ep->rank * ep->L;
-    info->slab_rows = ep->slab;
-    info->recv_token_rows = ep->tok_cap;
-    info->send_token_rows = ep->send_rows;
-    info->buffer_bytes = ep->buf_bytes;
-    return ETP_SUCCESS;
+    etp_ep_group_info_t i = ETP_EP_GROUP_INFO_INIT;
+    i.rank = ep->rank;
+    i.ranks = ep->R;
+    i.local_experts = ep->L;
+    i.first_expert = (int64_t)ep->rank * ep->L;
+    i.slab_rows = ep->slab;
+    i.recv_token_rows = ep->tok_cap;
+    i.send_token_rows = ep->send_rows;
+    i.buffer_bytes = ep->buf_bytes;
+    return etp__vs_out(info, &i, &etp__vs_ep_group_info, "etp_ep_group_info", "info");
 }
 
 /* ---- layers ------------------------------------------------------------- */
@@ -488,11 +484,9 @@ etp_status_t etp_ep_layer_create(etp_ep_group_t *ep, const etp_ep_layer_config_t
     ETP__CHECK_NULL(ep, fn);
     ETP__CHECK_NULL(config, fn);
     if (!out) return etp__err(ETP_ERR_INVALID_ARGUMENT, "%s: argument 'layer' is NULL", fn);
-    ETP__CHECK_ARG(config->size == sizeof *config,
-                   "%s: config->size %zu (expected %zu; use ETP_EP_LAYER_CONFIG_INIT)", fn,
-                   config->size, sizeof *config);
+    etp_ep_layer_config_t c = ETP_EP_LAYER_CONFIG_INIT;
+    ETP__TRY(etp__vs_in(&c, config, &etp__vs_ep_layer_config, fn, "config"));
     ETP__TRY(not_tracing(ep, fn));
-    const etp_ep_layer_config_t c = *config;
     ETP__CHECK_ARG(c.topk >= 1 && c.topk <= ep->cfg.max_topk,
                    "%s: topk %d not in [1, max_topk %d] of EP group '%s'", fn, c.topk,
                    ep->cfg.max_topk, ep->name);
@@ -856,10 +850,9 @@ etp_status_t etp_ep_dispatch_ex(etp_ep_layer_t *ly, const etp_ep_dispatch_args_t
 {
     const char *fn = "etp_ep_dispatch_ex";
     if (!args) return etp__err(ETP_ERR_INVALID_ARGUMENT, "%s: argument 'args' is NULL", fn);
-    ETP__CHECK_ARG(args->size == sizeof *args,
-                   "%s: args->size %zu (expected %zu; use ETP_EP_DISPATCH_ARGS_INIT)", fn,
-                   args->size, sizeof *args);
-    return dispatch(ly, args, s, fn);
+    etp_ep_dispatch_args_t a = ETP_EP_DISPATCH_ARGS_INIT;
+    ETP__TRY(etp__vs_in(&a, args, &etp__vs_ep_dispatch_args, fn, "args"));
+    return dispatch(ly, &a, s, fn);
 }
 
 /* Expert rows -> per (token, rank) FP32 partials -> back -> sum in rank
@@ -1015,28 +1008,22 @@ etp_status_t etp_ep_combine_bwd(etp_ep_layer_t *ly, const void *grad_out, etp_dt
 etp_status_t etp_ep_poll(etp_ep_layer_t *ly, etp_ep_report_t *report)
 {
     if (!ly) return etp__err(ETP_ERR_INVALID_ARGUMENT, "etp_ep_poll: argument 'layer' is NULL");
-    if (report)
-        ETP__CHECK_ARG(report->size == sizeof *report,
-                       "etp_ep_poll: report->size %zu (expected %zu; use ETP_EP_REPORT_INIT)",
-                       report->size, sizeof *report);
+    if (report) ETP__TRY(etp__vs_check(report->size, &etp__vs_ep_report, "etp_ep_poll", "report"));
     etp_ep_report_t r = ETP_EP_REPORT_INIT;
     read_report(ly, &r);
-    if (report) *report = r;
+    if (report) etp__vs_put(report, &r);
     return report_status(ly, &r, "etp_ep_poll");
 }
 
 etp_status_t etp_ep_check(etp_ep_layer_t *ly, etp_ep_report_t *report)
 {
     if (!ly) return etp__err(ETP_ERR_INVALID_ARGUMENT, "etp_ep_check: argument 'layer' is NULL");
-    if (report)
-        ETP__CHECK_ARG(report->size == sizeof *report,
-                       "etp_ep_check: report->size %zu (expected %zu; use ETP_EP_REPORT_INIT)",
-                       report->size, sizeof *report);
+    if (report) ETP__TRY(etp__vs_check(report->size, &etp__vs_ep_report, "etp_ep_check", "report"));
     ETP__TRY(etp__ctx_usable(ly->ep->ctx, "etp_ep_check"));
     if (ly->prepared_once) ETP__TRY(etp_event_synchronize(ly->prep_ev));
     etp_ep_report_t r = ETP_EP_REPORT_INIT;
     read_report(ly, &r);
-    if (report) *report = r;
+    if (report) etp__vs_put(report, &r);
     return report_status(ly, &r, "etp_ep_check");
 }
 

@@ -10,14 +10,16 @@ static const char *pass_name(etp_pass_t pass)
     return pass == ETP_PASS_FORWARD ? "forward" : "backward";
 }
 
-etp_status_t etp_chain_create(etp_context_t *ctx, const etp_chain_config_t *cfg, etp_chain_t **out)
+etp_status_t etp_chain_create(etp_context_t *ctx, const etp_chain_config_t *config,
+                              etp_chain_t **out)
 {
     const char *fn = "etp_chain_create";
     ETP__CHECK_NULL(ctx, fn);
-    ETP__CHECK_NULL(cfg, fn);
+    ETP__CHECK_NULL(config, fn);
     ETP__CHECK_NULL(out, fn);
-    ETP__CHECK_ARG(cfg->size == sizeof *cfg, "%s: config->size %zu (expected %zu; use ETP_CHAIN_CONFIG_INIT)",
-                   fn, cfg->size, sizeof *cfg);
+    etp_chain_config_t in = ETP_CHAIN_CONFIG_INIT;
+    ETP__TRY(etp__vs_in(&in, config, &etp__vs_chain_config, fn, "config"));
+    const etp_chain_config_t *cfg = &in;
     ETP__CHECK_ARG(cfg->group != NULL, "%s: config->group is NULL", fn);
     ETP__CHECK_ARG(cfg->group->ctx == ctx, "%s: the group belongs to another context", fn);
     ETP__CHECK_ARG(cfg->depth >= 0, "%s: depth %d (expected >= 0)", fn, cfg->depth);
@@ -385,14 +387,10 @@ etp_status_t etp_chain_cache_report(const etp_chain_t *c, etp_cache_report_t *r)
 {
     ETP__CHECK_NULL(c, "etp_chain_cache_report");
     ETP__CHECK_NULL(r, "etp_chain_cache_report");
-    ETP__CHECK_ARG(r->size == sizeof *r,
-                   "etp_chain_cache_report: report->size %zu (expected %zu; use ETP_CACHE_REPORT_INIT)",
-                   r->size, sizeof *r);
     etp_cache_report_t out = {sizeof out, c->ntickets, c->nslots, 0, c->lower_bound,
                               c->ring_bytes * (size_t)c->ring_n};
     for (int s = 0; s < c->nslots; s++) out.slot_bytes += c->slots[s].bytes;
-    *r = out;
-    return ETP_SUCCESS;
+    return etp__vs_out(r, &out, &etp__vs_cache_report, "etp_chain_cache_report", "report");
 }
 
 void etp__chain_test_skip_edges(etp_chain_t *c, unsigned edges)
@@ -521,8 +519,7 @@ etp_status_t etp_gather(etp_param_t *p, etp_pass_t pass, etp_stream_t *stream, e
     const char *fn = "etp_gather";
     ETP__TRY(check_use(p, pass, stream, fn));
     ETP__CHECK_NULL(view, fn);
-    ETP__CHECK_ARG(view->size == sizeof *view, "%s: view->size %zu (expected %zu; use ETP_WEIGHT_VIEW_INIT)",
-                   fn, view->size, sizeof *view);
+    ETP__TRY(etp__vs_check(view->size, &etp__vs_weight_view, fn, "view"));
     /* A parameter in no chain joins the one recording on its context. */
     etp_chain_t *c = p->chain ? p->chain : p->ctx->recording;
     if (c) ETP__TRY(etp__capture_note(p->ctx, &c->graph_refs, stream));
@@ -612,7 +609,7 @@ etp_status_t etp_gather(etp_param_t *p, etp_pass_t pass, etp_stream_t *stream, e
     v.cols = p->cols;
     v.ld = p->cols;
     v.expert_stride = p->padded_rows * p->cols;
-    *view = v;
+    etp__vs_put(view, &v);
     return ETP_SUCCESS;
 }
 

@@ -100,8 +100,7 @@ etp_status_t etp_wgrad_buffer(etp_param_t *p, etp_stream_t *stream, etp_weight_v
     ETP__TRY(chain_of(p, stream, fn, &c));
     ETP__TRY(etp__capture_note(p->ctx, &c->graph_refs, stream));
     ETP__CHECK_NULL(view, fn);
-    ETP__CHECK_ARG(view->size == sizeof *view, "%s: view->size %zu (expected %zu; use ETP_WEIGHT_VIEW_INIT)",
-                   fn, view->size, sizeof *view);
+    ETP__TRY(etp__vs_check(view->size, &etp__vs_weight_view, fn, "view"));
     if (p->wgrad_entry >= 0)
         return etp__err(ETP_ERR_INVALID_STATE,
                         "%s: '%s' already has a wgrad buffer that was not reduced (call "
@@ -129,7 +128,7 @@ etp_status_t etp_wgrad_buffer(etp_param_t *p, etp_stream_t *stream, etp_weight_v
     v.cols = p->cols;
     v.ld = p->cols;
     v.expert_stride = p->padded_rows * p->cols;
-    *view = v;
+    etp__vs_put(view, &v);
     return ETP_SUCCESS;
 }
 

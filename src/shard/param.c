@@ -19,8 +19,6 @@ size_t etp__param_gather_bytes(const etp_param_t *p, etp_pass_t pass)
 
 static etp_status_t check_config(const etp_param_config_t *c, const char *fn)
 {
-    ETP__CHECK_ARG(c->size == sizeof *c, "%s: config->size %zu (expected %zu; use ETP_PARAM_CONFIG_INIT)",
-                   fn, c->size, sizeof *c);
     ETP__CHECK_ARG(c->group != NULL, "%s: config->group is NULL", fn);
     ETP__CHECK_ARG(c->experts >= 0, "%s: experts %lld (expected >= 0)", fn, (long long)c->experts);
     ETP__CHECK_ARG(c->rows > 0 && c->cols > 0, "%s: shape [%lld, %lld] (expected both > 0)", fn,
@@ -72,12 +70,16 @@ static void param_free(etp_param_t *p)
     free(p);
 }
 
-etp_status_t etp_param_create(etp_context_t *ctx, const etp_param_config_t *cfg, etp_param_t **out)
+etp_status_t etp_param_create(etp_context_t *ctx, const etp_param_config_t *config,
+                              etp_param_t **out)
 {
     const char *fn = "etp_param_create";
     ETP__CHECK_NULL(ctx, fn);
-    ETP__CHECK_NULL(cfg, fn);
+    ETP__CHECK_NULL(config, fn);
     ETP__CHECK_NULL(out, fn);
+    etp_param_config_t in = ETP_PARAM_CONFIG_INIT;
+    ETP__TRY(etp__vs_in(&in, config, &etp__vs_param_config, fn, "config"));
+    const etp_param_config_t *cfg = &in;
     ETP__TRY(check_config(cfg, fn));
     ETP__CHECK_ARG(cfg->group->ctx == ctx, "%s: the group belongs to another context", fn);
     ETP__TRY(etp__ctx_usable(ctx, fn));
@@ -165,14 +167,10 @@ etp_status_t etp_param_info(const etp_param_t *p, etp_param_info_t *info)
 {
     ETP__CHECK_NULL(p, "etp_param_info");
     ETP__CHECK_NULL(info, "etp_param_info");
-    ETP__CHECK_ARG(info->size == sizeof *info,
-                   "etp_param_info: info->size %zu (expected %zu; use ETP_PARAM_INFO_INIT)",
-                   info->size, sizeof *info);
     etp_param_info_t i = {sizeof i, p->name, p->experts, p->rows, p->cols, p->padded_rows,
                           p->shard_rows, p->row_begin, p->valid_rows, p->dtype, p->wgrad_dtype,
                           p->shard, p->main_grad, p->master};
-    *info = i;
-    return ETP_SUCCESS;
+    return etp__vs_out(info, &i, &etp__vs_param_info, "etp_param_info", "info");
 }
 
 static etp_status_t check_stream(const etp_param_t *p, const etp_stream_t *s, const char *fn)

@@ -381,5 +381,5 @@ void etp__qgather_view(const etp_param_t *p, etp_pass_t pass, void *slot, etp_we
         out.scale_expert_stride = (int64_t)L.scales_e;
         out.amax = fp4 ? amax : NULL;
     }
-    *v = out;
+    etp__vs_put(v, &out);
 }

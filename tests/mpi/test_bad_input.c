@@ -256,6 +256,227 @@ static void test_collectives(void **state)
     for (int i = 0; i < 16; i++) assert_true(b[i] == (float)(i * g_size));
 }
 
+/* ---- versioned structs ------------------------------------------------------ */
+
+/* Where field f of T ends: the size of an older caller's struct that stops
+ * after f. */
+#define VS_END(T, f) (offsetof(T, f) + sizeof(((T *)0)->f))
+#define VS_POISON 0xAB
+
+/* An older caller's config: fields past `size` bytes hold poison, which
+ * etp must not read (each poisoned field here would be refused). */
+static void vs_truncate(void *cfg, size_t full, size_t size)
+{
+    memset((char *)cfg + size, VS_POISON, full - size);
+    *(size_t *)cfg = size;
+}
+
+/* An older caller's output struct: all but the size field poisoned. */
+static void vs_poison_out(void *out, size_t full, size_t size)
+{
+    memset((char *)out + sizeof(size_t), VS_POISON, full - sizeof(size_t));
+    *(size_t *)out = size;
+}
+
+/* Bytes [from, to) of p still hold the poison. */
+static void vs_assert_untouched(const void *p, size_t from, size_t to)
+{
+    for (size_t i = from; i < to; i++)
+        if (((const unsigned char *)p)[i] != VS_POISON)
+            fail_msg("byte %zu of %zu past the caller's size %zu was written", i, to, from);
+}
+
+/* A size that ends inside `field` is refused, naming the field. */
+#define VS_CUT(expr, obj, T, field)                                                            \
+    do {                                                                                   \
+        (obj).size = offsetof(T, field) + sizeof(((T *)0)->field) / 2;                     \
+        BAD(expr, "inside field '" #field "'");                                            \
+    } while (0)
+
+static void test_versioned_structs(void **state)
+{
+    fx_t *f = *state;
+    /* context: an older config ending after host_stream_mode */
+    etp_context_config_t cc = ETP_CONTEXT_CONFIG_INIT;
+    cc.backend = ETP_BACKEND_HOST;
+    cc.host_stream_mode = ETP_HOST_STREAMS_EAGER;
+    vs_truncate(&cc, sizeof cc, VS_END(etp_context_config_t, host_stream_mode));
+    etp_context_t *ctx = NULL;
+    ETP_OK(etp_context_create_mpi(MPI_COMM_WORLD, &cc, &ctx));
+    etp_backend_t kind = ETP_BACKEND_AUTO;
+    ETP_OK(etp_context_backend(ctx, &kind));
+    assert_int_equal(kind, ETP_BACKEND_HOST);
+    ETP_OK(etp_context_destroy(ctx));
+    cc = (etp_context_config_t)ETP_CONTEXT_CONFIG_INIT;
+    etp_context_t *none = (etp_context_t *)0x1;
+    VS_CUT(etp_context_create_mpi(MPI_COMM_WORLD, &cc, &none), cc, etp_context_config_t, timeout_s);
+    cc.size = sizeof cc + 8;
+    BAD(etp_context_create_mpi(MPI_COMM_WORLD, &cc, &none), "larger than etp_context_config_t");
+    cc.size = sizeof(size_t);
+    BAD(etp_context_create_mpi(MPI_COMM_WORLD, &cc, &none), "holds no field");
+    assert_true(none == (etp_context_t *)0x1);
+
+    /* memory report: only the bytes by owner fit */
+    etp_memory_report_t full = ETP_MEMORY_REPORT_INIT, mr;
+    const size_t mr_size = VS_END(etp_memory_report_t, bytes);
+    vs_poison_out(&mr, sizeof mr, mr_size);
+    ETP_OK(etp_memory_report(f->ctx, &full));
+    ETP_OK(etp_memory_report(f->ctx, &mr));
+    assert_int_equal(mr.size, mr_size);
+    assert_memory_equal(mr.bytes, full.bytes, sizeof mr.bytes);
+    vs_assert_untouched(&mr, mr_size, sizeof mr);
+    VS_CUT(etp_memory_report(f->ctx, &mr), mr, etp_memory_report_t, total_bytes);
+
+    /* group: ending after num_roles (the NCCL settings are poison) */
+    etp_group_config_t gc = ETP_GROUP_CONFIG_INIT;
+    gc.name = "vs";
+    gc.num_roles = 2;
+    vs_truncate(&gc, sizeof gc, VS_END(etp_group_config_t, num_roles));
+    etp_group_t *g = NULL;
+    ETP_OK(etp_group_split(f->world, 0, 0, &gc, &g));
+    int roles = 0;
+    ETP_OK(etp_group_num_roles(g, &roles));
+    assert_int_equal(roles, 2);
+    assert_string_equal(etp_group_name(g), "vs");
+    etp_group_t *g_none = (etp_group_t *)0x1;
+    VS_CUT(etp_group_split(f->world, 0, 0, &gc, &g_none), gc, etp_group_config_t, name);
+    assert_true(g_none == (etp_group_t *)0x1);
+
+    /* parameter: ending after cols; dtype and the rest take the defaults */
+    etp_param_config_t pc = ETP_PARAM_CONFIG_INIT;
+    pc.name = "w";
+    pc.group = g;
+    pc.rows = 8;
+    pc.cols = 4;
+    vs_truncate(&pc, sizeof pc, VS_END(etp_param_config_t, cols));
+    etp_param_t *p = NULL;
+    ETP_OK(etp_param_create(f->ctx, &pc, &p));
+    etp_param_info_t pi = ETP_PARAM_INFO_INIT, pi_old;
+    ETP_OK(etp_param_info(p, &pi));
+    assert_int_equal(pi.dtype, ETP_DTYPE_BF16);
+    assert_int_equal(pi.wgrad_dtype, ETP_DTYPE_BF16);
+    assert_null(pi.master);
+    const size_t pi_size = VS_END(etp_param_info_t, rows);
+    vs_poison_out(&pi_old, sizeof pi_old, pi_size);
+    ETP_OK(etp_param_info(p, &pi_old));
+    assert_string_equal(pi_old.name, "w");
+    assert_int_equal(pi_old.experts, 1);
+    assert_int_equal(pi_old.rows, 8);
+    vs_assert_untouched(&pi_old, pi_size, sizeof pi_old);
+    VS_CUT(etp_param_info(p, &pi_old), pi_old, etp_param_info_t, cols);
+    etp_param_t *p_none = (etp_param_t *)0x1;
+    VS_CUT(etp_param_create(f->ctx, &pc, &p_none), pc, etp_param_config_t, experts);
+    assert_true(p_none == (etp_param_t *)0x1);
+
+    /* chain: ending after group (depth, roles, ring: defaults) */
+    etp_chain_config_t chc = ETP_CHAIN_CONFIG_INIT;
+    chc.name = "vs";
+    chc.group = g;
+    vs_truncate(&chc, sizeof chc, VS_END(etp_chain_config_t, group));
+    etp_chain_t *ch = NULL;
+    ETP_OK(etp_chain_create(f->ctx, &chc, &ch));
+    etp_chain_t *ch_none = (etp_chain_t *)0x1;
+    VS_CUT(etp_chain_create(f->ctx, &chc, &ch_none), chc, etp_chain_config_t, depth);
+    chc.size = sizeof chc + 4;
+    BAD(etp_chain_create(f->ctx, &chc, &ch_none), "larger than");
+    assert_true(ch_none == (etp_chain_t *)0x1);
+    ETP_OK(etp_chain_add(ch, p));
+    ETP_OK(etp_chain_finalize(ch));
+    etp_cache_report_t cr = ETP_CACHE_REPORT_INIT, cr_old;
+    ETP_OK(etp_chain_cache_report(ch, &cr));
+    const size_t cr_size = VS_END(etp_cache_report_t, slots);
+    vs_poison_out(&cr_old, sizeof cr_old, cr_size);
+    ETP_OK(etp_chain_cache_report(ch, &cr_old));
+    assert_int_equal(cr_old.tickets, cr.tickets);
+    assert_int_equal(cr_old.slots, cr.slots);
+    vs_assert_untouched(&cr_old, cr_size, sizeof cr_old);
+    VS_CUT(etp_chain_cache_report(ch, &cr_old), cr_old, etp_cache_report_t, slot_bytes);
+
+    /* a gathered weight's view: only data and dtype fit */
+    etp_weight_view_t v;
+    const size_t v_size = VS_END(etp_weight_view_t, dtype);
+    VS_CUT(etp_gather(p, ETP_PASS_FORWARD, f->s, &v), v, etp_weight_view_t, data);
+    vs_poison_out(&v, sizeof v, v_size);
+    ETP_OK(etp_gather(p, ETP_PASS_FORWARD, f->s, &v));
+    assert_non_null(v.data);
+    assert_int_equal(v.dtype, ETP_DTYPE_BF16);
+    vs_assert_untouched(&v, v_size, sizeof v);
+    ETP_OK(etp_release(p, ETP_PASS_FORWARD, f->s));
+    ETP_OK(etp_stream_synchronize(f->s));
+    ETP_OK(etp_chain_destroy(ch));
+    ETP_OK(etp_param_destroy(p));
+
+    /* quantizer: ending after format; the sizes of a call, partly */
+    etp_quantizer_config_t qc = ETP_QUANTIZER_CONFIG_INIT;
+    qc.format = ETP_QUANT_MXFP8;
+    vs_truncate(&qc, sizeof qc, VS_END(etp_quantizer_config_t, format));
+    etp_quantizer_t *q = NULL;
+    ETP_OK(etp_quantizer_create(f->ctx, &qc, &q));
+    etp_quant_sizes_t qs = ETP_QUANT_SIZES_INIT, qs_old;
+    ETP_OK(etp_quant_sizes(q, 64, 64, &qs));
+    const size_t qs_size = VS_END(etp_quant_sizes_t, rowwise_scale_rows);
+    vs_poison_out(&qs_old, sizeof qs_old, qs_size);
+    ETP_OK(etp_quant_sizes(q, 64, 64, &qs_old));
+    assert_int_equal(qs_old.rowwise_data_bytes, 64 * 64);
+    assert_int_equal(qs_old.rowwise_scale_rows, qs.rowwise_scale_rows);
+    vs_assert_untouched(&qs_old, qs_size, sizeof qs_old);
+    VS_CUT(etp_quant_sizes(q, 64, 64, &qs_old), qs_old, etp_quant_sizes_t, rowwise_scale_cols);
+    ETP_OK(etp_quantizer_destroy(q));
+    etp_quantizer_t *q_none = (etp_quantizer_t *)0x1;
+    VS_CUT(etp_quantizer_create(f->ctx, &qc, &q_none), qc, etp_quantizer_config_t, nvfp4_block);
+    assert_true(q_none == (etp_quantizer_t *)0x1);
+
+    /* EP group: ending after recv_capacity_per_rank (overflow, transport
+     * and capacity_factor: defaults) */
+    etp_ep_group_config_t ec = ETP_EP_GROUP_CONFIG_INIT;
+    ec.num_experts = 4;
+    ec.hidden = 64;
+    ec.max_tokens_per_rank = 16;
+    ec.max_topk = 2;
+    ec.recv_capacity_per_rank = 128;
+    vs_truncate(&ec, sizeof ec, VS_END(etp_ep_group_config_t, recv_capacity_per_rank));
+    etp_ep_group_t *ep = NULL;
+    ETP_OK(etp_ep_group_create(f->world, &ec, &ep));
+    etp_ep_group_info_t ei;
+    const size_t ei_size = VS_END(etp_ep_group_info_t, ranks);
+    vs_poison_out(&ei, sizeof ei, ei_size);
+    ETP_OK(etp_ep_group_info(ep, &ei));
+    assert_int_equal(ei.rank, 0);
+    assert_int_equal(ei.ranks, 1);
+    vs_assert_untouched(&ei, ei_size, sizeof ei);
+    VS_CUT(etp_ep_group_info(ep, &ei), ei, etp_ep_group_info_t, local_experts);
+    etp_ep_group_t *ep_none = (etp_ep_group_t *)0x1;
+    VS_CUT(etp_ep_group_create(f->world, &ec, &ep_none), ec, etp_ep_group_config_t,
+           max_tokens_per_rank);
+    assert_true(ep_none == (etp_ep_group_t *)0x1);
+
+    /* EP layer: ending after topk; its report, partly */
+    etp_ep_layer_config_t lc = ETP_EP_LAYER_CONFIG_INIT;
+    lc.topk = 2;
+    vs_truncate(&lc, sizeof lc, VS_END(etp_ep_layer_config_t, topk));
+    etp_ep_layer_t *ly = NULL;
+    ETP_OK(etp_ep_layer_create(ep, &lc, &ly));
+    etp_ep_report_t er;
+    const size_t er_size = VS_END(etp_ep_report_t, flags);
+    vs_poison_out(&er, sizeof er, er_size);
+    ETP_OK(etp_ep_check(ly, &er));
+    assert_int_equal(er.flags, 0);
+    vs_assert_untouched(&er, er_size, sizeof er);
+    vs_poison_out(&er, sizeof er, er_size);
+    ETP_OK(etp_ep_poll(ly, &er));
+    vs_assert_untouched(&er, er_size, sizeof er);
+    VS_CUT(etp_ep_poll(ly, &er), er, etp_ep_report_t, bad_index_slots);
+    VS_CUT(etp_ep_check(ly, &er), er, etp_ep_report_t, prepares);
+    etp_ep_dispatch_args_t da = ETP_EP_DISPATCH_ARGS_INIT;
+    VS_CUT(etp_ep_dispatch_ex(ly, &da, f->s), da, etp_ep_dispatch_args_t, rows);
+    etp_ep_layer_t *ly_none = (etp_ep_layer_t *)0x1;
+    VS_CUT(etp_ep_layer_create(ep, &lc, &ly_none), lc, etp_ep_layer_config_t, layout);
+    assert_true(ly_none == (etp_ep_layer_t *)0x1);
+    ETP_OK(etp_ep_layer_destroy(ly));
+    ETP_OK(etp_ep_group_destroy(ep));
+    ETP_OK(etp_group_destroy(g));
+}
+
 int main(int argc, char **argv)
 {
     tu_mpi_init(&argc, &argv, "test_bad_input");
@@ -265,6 +486,7 @@ int main(int argc, char **argv)
         cmocka_unit_test_setup_teardown(test_streams_events_memory, setup, teardown),
         cmocka_unit_test_setup_teardown(test_groups, setup, teardown),
         cmocka_unit_test_setup_teardown(test_collectives, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_versioned_structs, setup, teardown),
     };
     return tu_mpi_finish(cmocka_run_group_tests(tests, NULL, NULL));
 }

@@ -228,7 +228,7 @@ static void test_mx_bad_input(void **state)
     bad.rows = l.rows - 1;
     ETP_EXPECT_MSG(etp_ep_dispatch_ex(ly, &bad, s), ETP_ERR_INVALID_ARGUMENT, "etp_ep_layer_rows");
     bad = da;
-    bad.size = sizeof bad - 8;
+    bad.size = sizeof bad - 4; /* inside `rows` */
     ETP_EXPECT_MSG(etp_ep_dispatch_ex(ly, &bad, s), ETP_ERR_INVALID_ARGUMENT, "size");
     ETP_EXPECT_MSG(etp_ep_dispatch(ly, b.tok, ETP_DTYPE_BF16, b.w, ETP_DTYPE_F32, b.recv, b.recv_w, l.rows, s),
                    ETP_ERR_INVALID_ARGUMENT, "etp_ep_dispatch_ex");

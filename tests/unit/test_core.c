@@ -111,6 +111,77 @@ static void test_logging_levels_and_rank(void **state)
     assert_int_equal(s.calls, 1);
 }
 
+/* Every line a sink got, for the failure trace. */
+typedef struct {
+    int calls;
+    char lines[4][512];
+} trace_sink_t;
+
+static void trace_sink(void *user, int level, const char *line)
+{
+    trace_sink_t *s = user;
+    assert_int_equal(level, ETP_LOG_DEBUG);
+    if (s->calls < 4) snprintf(s->lines[s->calls], sizeof s->lines[0], "%s", line);
+    s->calls++;
+}
+
+/* A failure three levels down, passed up by ETP__TRY at two; try_line
+ * holds the line of each ETP__TRY. */
+static int try_line[2];
+
+static etp_status_t trace_leaf(int fail)
+{
+    return fail ? etp__err(ETP_ERR_TIMEOUT, "the leaf failed") : ETP_SUCCESS;
+}
+
+static etp_status_t trace_middle(int fail)
+{
+    try_line[1] = __LINE__ + 1;
+    ETP__TRY(trace_leaf(fail));
+    return ETP_SUCCESS;
+}
+
+static etp_status_t trace_top(int fail)
+{
+    try_line[0] = __LINE__ + 1;
+    ETP__TRY(trace_middle(fail));
+    return ETP_SUCCESS;
+}
+
+static void test_try_traces_failures(void **state)
+{
+    (void)state;
+    trace_sink_t s = {0};
+    etp__logger_t lg = {ETP_LOG_DEBUG, ETP_SUBSYS_ALL, 0, trace_sink, &s};
+    etp__trace_bind(&lg);
+    assert_int_equal(trace_top(0), ETP_SUCCESS);
+    assert_int_equal(s.calls, 0);
+    assert_int_equal(trace_top(1), ETP_ERR_TIMEOUT);
+    assert_string_equal(etp_last_error(), "the leaf failed");
+    /* each level, the deepest first, with its file, line and expression */
+    assert_int_equal(s.calls, 2);
+    const char *expr[2] = {"trace_middle(fail)", "trace_leaf(fail)"};
+    for (int i = 0; i < 2; i++) {
+        char want[128];
+        snprintf(want, sizeof want, "unit/test_core.c:%d -> %d (timeout): %s", try_line[1 - i],
+                 (int)ETP_ERR_TIMEOUT, expr[1 - i]);
+        if (strstr(s.lines[i], want) == NULL)
+            fail_msg("line %d: '%s' lacks '%s'", i, s.lines[i], want);
+        assert_non_null(strstr(s.lines[i], "DEBUG core"));
+    }
+    /* below debug level nothing is bound, so nothing is logged */
+    lg.level = ETP_LOG_INFO;
+    etp__trace_bind(&lg);
+    assert_int_equal(trace_top(1), ETP_ERR_TIMEOUT);
+    assert_int_equal(s.calls, 2);
+    /* nor once the logger is unbound (its context freed) */
+    lg.level = ETP_LOG_DEBUG;
+    etp__trace_bind(&lg);
+    etp__trace_unbind(&lg);
+    assert_int_equal(trace_top(1), ETP_ERR_TIMEOUT);
+    assert_int_equal(s.calls, 2);
+}
+
 static void test_log_parsing(void **state)
 {
     (void)state;
@@ -273,6 +344,80 @@ static void test_half_rounding(void **state)
     assert_int_equal(etp__f32_to_bf16(-0.0f), 0x8000);
 }
 
+/* An older caller's struct may end after any field, or in the padding
+ * after it; nowhere else. */
+typedef struct {
+    size_t size;
+    int a;      /* bytes 8-12, then 4 of padding */
+    double d;   /* bytes 16-24 */
+    char c[3];  /* bytes 24-27, then 5 of padding */
+} vs_demo_t;
+
+static void test_vstruct_sizes(void **state)
+{
+    (void)state;
+    static const etp__field_t fields[] = {ETP__FIELD(vs_demo_t, size), ETP__FIELD(vs_demo_t, a),
+                                          ETP__FIELD(vs_demo_t, d), ETP__FIELD(vs_demo_t, c)};
+    static const etp__vstruct_t vs = ETP__VSTRUCT(vs_demo_t, VS_DEMO_INIT, fields);
+    assert_int_equal(sizeof(vs_demo_t), 32);
+    const size_t ok[] = {12, 14, 16, 24, 27, 30, 32};
+    for (size_t i = 0; i < sizeof ok / sizeof ok[0]; i++)
+        assert_int_equal(etp__vs_check(ok[i], &vs, "f", "x"), ETP_SUCCESS);
+    const struct {
+        size_t size;
+        const char *says;
+    } bad[] = {{0, "holds no field"}, {8, "holds no field"}, {10, "inside field 'a'"},
+               {20, "inside field 'd' (bytes 16 to 24) of vs_demo_t"},
+               {25, "inside field 'c'"}, {40, "larger than vs_demo_t"}};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        assert_int_equal(etp__vs_check(bad[i].size, &vs, "f", "x"), ETP_ERR_INVALID_ARGUMENT);
+        if (strstr(etp_last_error(), bad[i].says) == NULL ||
+            strstr(etp_last_error(), "VS_DEMO_INIT") == NULL)
+            fail_msg("size %zu: '%s' lacks '%s'", bad[i].size, etp_last_error(), bad[i].says);
+    }
+    /* in: the caller's fields over the defaults; out: only what fits */
+    vs_demo_t def = {sizeof def, 1, 2.0, {'x', 'y', 'z'}}, in = {16, 7, 9.0, {'a', 'b', 'c'}};
+    assert_int_equal(etp__vs_in(&def, &in, &vs, "f", "config"), ETP_SUCCESS);
+    assert_int_equal(def.size, sizeof def);
+    assert_int_equal(def.a, 7);
+    assert_true(def.d == 2.0 && def.c[0] == 'x');
+    vs_demo_t out = {24, -1, -1.0, {'-', '-', '-'}};
+    assert_int_equal(etp__vs_out(&out, &in, &vs, "f", "out"), ETP_SUCCESS);
+    assert_int_equal(out.size, 24);
+    assert_true(out.a == 7 && out.d == 9.0 && out.c[0] == '-');
+}
+
+/* Every public versioned struct's table lists its fields in order, from
+ * `size`, without a gap larger than padding, up to its end. */
+static void test_vstruct_tables(void **state)
+{
+    (void)state;
+    const etp__vstruct_t *all[] = {
+        &etp__vs_context_config, &etp__vs_memory_report,  &etp__vs_group_config,
+        &etp__vs_param_config,   &etp__vs_param_info,     &etp__vs_chain_config,
+        &etp__vs_cache_report,   &etp__vs_weight_view,    &etp__vs_quantizer_config,
+        &etp__vs_quant_sizes,    &etp__vs_ep_group_config, &etp__vs_ep_group_info,
+        &etp__vs_ep_layer_config, &etp__vs_ep_dispatch_args, &etp__vs_ep_report};
+    for (size_t k = 0; k < sizeof all / sizeof all[0]; k++) {
+        const etp__vstruct_t *vs = all[k];
+        assert_true(vs->nfields >= 2);
+        assert_string_equal(vs->fields[0].name, "size");
+        assert_int_equal(vs->fields[0].offset, 0);
+        assert_int_equal(vs->fields[0].end, sizeof(size_t));
+        for (size_t i = 1; i < vs->nfields; i++)
+            if (vs->fields[i].offset < vs->fields[i - 1].end ||
+                vs->fields[i].offset - vs->fields[i - 1].end >= 8)
+                fail_msg("%s: field '%s' at %zu after '%s' ending at %zu", vs->type,
+                         vs->fields[i].name, vs->fields[i].offset, vs->fields[i - 1].name,
+                         vs->fields[i - 1].end);
+        const size_t last = vs->fields[vs->nfields - 1].end;
+        if (last > vs->size || vs->size - last >= 8)
+            fail_msg("%s: the last field listed ends at %zu of %zu bytes", vs->type, last,
+                     vs->size);
+        assert_int_equal(etp__vs_check(vs->size, vs, "f", "x"), ETP_SUCCESS);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -283,11 +428,14 @@ int main(void)
         cmocka_unit_test(test_last_error_truncates),
         cmocka_unit_test(test_logging_levels_and_rank),
         cmocka_unit_test(test_log_parsing),
+        cmocka_unit_test(test_try_traces_failures),
         cmocka_unit_test(test_env_defaults_and_docs),
         cmocka_unit_test(test_env_values),
         cmocka_unit_test(test_env_rejects_bad_values),
         cmocka_unit_test(test_half_round_trip),
         cmocka_unit_test(test_half_rounding),
+        cmocka_unit_test(test_vstruct_sizes),
+        cmocka_unit_test(test_vstruct_tables),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

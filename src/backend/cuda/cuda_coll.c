@@ -9,15 +9,6 @@
 
 #include "cuda_internal.h"
 
-const char *etp__cuda_redop_name(int op)
-{
-    switch (op) {
-    case ETP_REDOP_SUM: return "sum";
-    case ETP_REDOP_MAX: return "max";
-    default: return "invalid";
-    }
-}
-
 static int is_reduction(etp__coll_kind_t kind)
 {
     return kind == ETP__COLL_REDUCE_SCATTER || kind == ETP__COLL_ALLREDUCE;
@@ -130,7 +121,7 @@ void etp__cuda_comm_free_scratch(etp__bcomm_t *c)
 etp_status_t etp__cuda_fp_alloc(etp__bcomm_t *c)
 {
     if (c->fp_dev != NULL) return ETP_SUCCESS;
-    const size_t bytes = (size_t)c->size * ETP__CUDA_FP_WORDS * sizeof(int64_t);
+    const size_t bytes = (size_t)c->size * sizeof(etp__fp_t);
     cudaError_t e = cudaMalloc((void **)&c->fp_dev, 2 * bytes);
     if (e == cudaSuccess) e = cudaMallocHost((void **)&c->fp_host, 2 * bytes);
     if (e != cudaSuccess) {
@@ -144,95 +135,13 @@ etp_status_t etp__cuda_fp_alloc(etp__bcomm_t *c)
     return ETP_SUCCESS;
 }
 
-/* The count this rank tells peer p: what an all-to-all-v sends to p, or the
- * collective's count. */
-static uint64_t fp_count_to(const etp__coll_t *op, int p)
-{
-    return op->kind == ETP__COLL_ALLTOALLV ? (uint64_t)op->sendcounts[p] : (uint64_t)op->count;
-}
-
-/* The count this rank expects from peer p. */
-static uint64_t fp_count_from(const etp__coll_t *op, int p)
-{
-    return op->kind == ETP__COLL_ALLTOALLV ? (uint64_t)op->recvcounts[p] : (uint64_t)op->count;
-}
-
-static int fp_op(const etp__coll_t *op)
-{
-    return is_reduction(op->kind) ? (int)op->op : -1;
-}
-
-/* "allgather count 4 dtype f32" plus what else tells the two apart. */
-static void fp_text(char *buf, size_t n, int64_t kind, uint64_t count, int64_t dtype, int64_t op,
-                    int64_t seq, int64_t role, int show_seq, int show_role)
-{
-    int k = snprintf(buf, n, "%s count %llu dtype %s", etp__coll_name((etp__coll_kind_t)kind),
-                     (unsigned long long)count, etp_dtype_name((etp_dtype_t)dtype));
-    if (k < 0 || (size_t)k >= n) return;
-    if (is_reduction((etp__coll_kind_t)kind)) {
-        int m = snprintf(buf + k, n - (size_t)k, " op %s", etp__cuda_redop_name((int)op));
-        if (m < 0 || (size_t)m >= n - (size_t)k) return;
-        k += m;
-    }
-    if (show_seq) {
-        int m = snprintf(buf + k, n - (size_t)k, " seq %lld", (long long)seq);
-        if (m < 0 || (size_t)m >= n - (size_t)k) return;
-        k += m;
-    }
-    if (show_role) snprintf(buf + k, n - (size_t)k, " role %lld", (long long)role);
-}
-
-static etp_status_t fp_mismatch(etp__cuda_t *cb, etp__bcomm_t *c, const etp__coll_t *op, int p,
-                                const int64_t *theirs)
-{
-    const char *group = op->group_name ? op->group_name : c->name;
-    const int me = c->rank;
-    if (theirs[0] != ETP__CUDA_FP_MAGIC) {
-        etp__err(ETP_ERR_COLLECTIVE_MISMATCH,
-                 "collective mismatch on group '%s' role %d seq %llu: rank %d sent rank %d no etp "
-                 "fingerprint (word 0x%llx) before %s",
-                 group, op->role, (unsigned long long)op->seq, p, me,
-                 (unsigned long long)theirs[0], etp__coll_name(op->kind));
-        return etp__cuda_fail(cb, ETP_ERR_COLLECTIVE_MISMATCH);
-    }
-    const int64_t kind = theirs[2], dtype = theirs[4], rop = theirs[5];
-    const uint64_t count = (uint64_t)theirs[3];
-    const int show_seq = (uint64_t)theirs[1] != op->seq;
-    const int show_role = theirs[6] != op->role;
-    char mine_s[192], theirs_s[192];
-    if (op->kind == ETP__COLL_ALLTOALLV && kind == ETP__COLL_ALLTOALLV && !show_seq && !show_role &&
-        dtype == (int64_t)op->dtype) {
-        snprintf(mine_s, sizeof mine_s, "alltoallv receiving %llu elements from rank %d",
-                 (unsigned long long)fp_count_from(op, p), p);
-        snprintf(theirs_s, sizeof theirs_s, "alltoallv sending %llu elements to rank %d",
-                 (unsigned long long)count, me);
-    } else {
-        fp_text(mine_s, sizeof mine_s, op->kind, fp_count_from(op, p), op->dtype, fp_op(op),
-                (int64_t)op->seq, op->role, show_seq, show_role);
-        fp_text(theirs_s, sizeof theirs_s, kind, count, dtype, rop, theirs[1], theirs[6], show_seq,
-                show_role);
-    }
-    if (me < p)
-        etp__err(ETP_ERR_COLLECTIVE_MISMATCH,
-                 "collective mismatch on group '%s' role %d seq %llu: rank %d issued %s, rank %d "
-                 "issued %s",
-                 group, op->role, (unsigned long long)op->seq, me, mine_s, p, theirs_s);
-    else
-        etp__err(ETP_ERR_COLLECTIVE_MISMATCH,
-                 "collective mismatch on group '%s' role %d seq %llu: rank %d issued %s, rank %d "
-                 "issued %s",
-                 group, op->role, (unsigned long long)op->seq, p, theirs_s, me, mine_s);
-    return etp__cuda_fail(cb, ETP_ERR_COLLECTIVE_MISMATCH);
-}
-
 /* Exchange fingerprints with every peer on the collective's own
  * communicator and stream, wait for them, and compare. Nothing is issued
  * after a mismatch, so no rank enters a collective that cannot match. */
 static etp_status_t fp_check(etp__cuda_t *cb, etp__bcomm_t *c, const etp__coll_t *op,
                              cudaStream_t s)
 {
-    const size_t words = (size_t)c->size * ETP__CUDA_FP_WORDS;
-    const size_t bytes = words * sizeof(int64_t);
+    const size_t bytes = (size_t)c->size * sizeof(etp__fp_t);
     char desc[192];
     coll_desc(c, op, desc, sizeof desc);
     cudaError_t e;
@@ -240,19 +149,9 @@ static etp_status_t fp_check(etp__cuda_t *cb, etp__bcomm_t *c, const etp__coll_t
      * stream of this thread may be capturing (no cudaMalloc then) */
     if (c->fp_dev == NULL && etp__cuda_fp_alloc(c) != ETP_SUCCESS)
         return etp__cuda_fail(cb, ETP_ERR_OUT_OF_MEMORY);
-    int64_t *hs = c->fp_host, *hr = c->fp_host + words;
-    int64_t *ds = c->fp_dev, *dr = c->fp_dev + words;
-    for (int p = 0; p < c->size; p++) {
-        int64_t *w = hs + (size_t)p * ETP__CUDA_FP_WORDS;
-        w[0] = ETP__CUDA_FP_MAGIC;
-        w[1] = (int64_t)op->seq;
-        w[2] = (int64_t)op->kind;
-        w[3] = (int64_t)fp_count_to(op, p);
-        w[4] = (int64_t)op->dtype;
-        w[5] = fp_op(op);
-        w[6] = op->role;
-        w[7] = 0;
-    }
+    etp__fp_t *hs = c->fp_host, *hr = c->fp_host + c->size;
+    etp__fp_t *ds = c->fp_dev, *dr = c->fp_dev + c->size;
+    for (int p = 0; p < c->size; p++) etp__fp_make(op, p, &hs[p]);
     e = cudaMemcpyAsync(ds, hs, bytes, cudaMemcpyHostToDevice, s);
     if (e != cudaSuccess) {
         (void)cudaGetLastError();
@@ -262,11 +161,8 @@ static etp_status_t fp_check(etp__cuda_t *cb, etp__bcomm_t *c, const etp__coll_t
     ncclResult_t r = ncclGroupStart();
     for (int p = 0; p < c->size && r == ncclSuccess; p++) {
         if (p == c->rank) continue;
-        r = ncclSend(ds + (size_t)p * ETP__CUDA_FP_WORDS, ETP__CUDA_FP_WORDS, ncclInt64, p, c->nccl,
-                     s);
-        if (r == ncclSuccess)
-            r = ncclRecv(dr + (size_t)p * ETP__CUDA_FP_WORDS, ETP__CUDA_FP_WORDS, ncclInt64, p,
-                         c->nccl, s);
+        r = ncclSend(&ds[p], ETP__FP_WORDS, ncclInt64, p, c->nccl, s);
+        if (r == ncclSuccess) r = ncclRecv(&dr[p], ETP__FP_WORDS, ncclInt64, p, c->nccl, s);
     }
     ncclResult_t r_end = ncclGroupEnd();
     if (r == ncclSuccess) r = r_end;
@@ -295,11 +191,8 @@ static etp_status_t fp_check(etp__cuda_t *cb, etp__bcomm_t *c, const etp__coll_t
     ETP__TRY(etp__cuda_wait_stream(cb, s, "collective fingerprints", pending));
     for (int p = 0; p < c->size; p++) {
         if (p == c->rank) continue;
-        const int64_t *w = hr + (size_t)p * ETP__CUDA_FP_WORDS;
-        if (w[0] != ETP__CUDA_FP_MAGIC || (uint64_t)w[1] != op->seq || w[2] != (int64_t)op->kind ||
-            (uint64_t)w[3] != fp_count_from(op, p) || w[4] != (int64_t)op->dtype ||
-            w[5] != fp_op(op) || w[6] != op->role)
-            return fp_mismatch(cb, c, op, p, w);
+        etp_status_t st = etp__fp_check(op, c->rank, p, &hr[p]);
+        if (st != ETP_SUCCESS) return etp__cuda_fail(cb, st);
     }
     return ETP_SUCCESS;
 }

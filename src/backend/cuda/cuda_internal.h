@@ -2,10 +2,13 @@
  * The CUDA backend: CUDA runtime streams, events and memory; NCCL
  * communicators for the collectives; the kernels of kernels/.
  *
- * Files: cuda_backend.c (lifecycle, streams, events, memory, host waits,
- * communicator creation, split and destruction) and cuda_coll.c (the
+ * Files: cuda_backend.c (the ops table, the device, the backend object,
+ * memory, copies), cuda_comm.c (bootstrap, communicator split and release,
+ * fast-launch twins, abort), cuda_stream.c (streams, events, host waits and
+ * their timeouts), cuda_graph.c (graph capture), cuda_coll.c (the
  * collectives, fingerprints, batches, and the per-communicator ring of
- * issued collectives that timeouts are reported from).
+ * issued collectives that timeouts are reported from), cuda_window.c
+ * (symmetric windows, copy-engine all-gathers).
  *
  * Every NCCL communicator etp creates is non-blocking (ncclConfig_t.blocking =
  * 0): an NCCL call may return ncclInProgress and finish in an NCCL thread, so
@@ -58,17 +61,13 @@
 
 enum {
     ETP__CUDA_RING = 32,     /* issued collectives remembered per communicator */
-    ETP__CUDA_NAME_MAX = 64, /* group names, as etp_group_t keeps them */
-    ETP__CUDA_FP_WORDS = 8   /* int64 words of one collective fingerprint */
+    ETP__CUDA_NAME_MAX = 64  /* group names, as etp_group_t keeps them */
 };
 
 /* Communicator creation and split (topology discovery, bootstrap of every
  * rank) legitimately take longer than a collective at scale; a timeout set
  * for collectives (2 s in tests) is not applied below this to them. */
 #define ETP__CUDA_SETUP_MIN_S 60.0
-
-/* "etpfp1" in ASCII: marks a fingerprint, so a stray message is not read as one. */
-#define ETP__CUDA_FP_MAGIC INT64_C(0x657470667031)
 
 /* One collective issued on a communicator: what a timeout message names. */
 typedef struct etp__cuda_issued {
@@ -97,8 +96,8 @@ struct etp__bcomm {
     int role;            /* role of the last collective issued (-1: none yet) */
     int in_batch;        /* issued work in the open batch */
     char name[ETP__CUDA_NAME_MAX]; /* group name; NCCL's commName points here */
-    int64_t *fp_dev;     /* fingerprint scratch, 2 x size x FP_WORDS: sends, receives */
-    int64_t *fp_host;    /* pinned staging of the same layout */
+    etp__fp_t *fp_dev;   /* fingerprint scratch, 2 x size records: sends, receives */
+    etp__fp_t *fp_host;  /* pinned staging of the same layout */
     etp__cuda_issued_t ring[ETP__CUDA_RING];
     unsigned ring_next;
     etp__bcomm_t *next;  /* the backend's live communicators, in creation order */
@@ -156,10 +155,30 @@ static inline etp__cuda_t *etp__cuda_of(etp__be_t *be)
 
 /* cudaSetDevice(cb->device), as an etp status. */
 etp_status_t etp__cuda_set_device(etp__cuda_t *cb);
+/* A CUDA error as an etp error (OUT_OF_MEMORY or BACKEND) naming `what`;
+ * clears CUDA's last error. */
+etp_status_t etp__cuda_error(const char *what, cudaError_t e);
+/* The device a new backend uses (cfg->device, or picked from the launcher's
+ * local rank). */
+etp_status_t etp__cuda_pick_device(const etp__be_config_t *cfg, int world_rank, int *device);
+/* A new backend object on `device`, with no communicator yet. */
+etp_status_t etp__cuda_be_new(const etp__be_config_t *cfg, etp__logger_t *log, int rank,
+                             int size, int device, etp__cuda_t **out);
+
+/* ---- cuda_comm.c ------------------------------------------------------- */
 
 /* Record the first fatal failure (this thread's last error), close an open
  * batch group and abort every communicator. Returns status. */
 etp_status_t etp__cuda_fail(etp__cuda_t *cb, etp_status_t status);
+/* Abort every live communicator (and its twins). */
+void etp__cuda_abort_all(etp__cuda_t *cb);
+/* Finalize and destroy cs[0..n) together, or abort them; frees them. */
+void etp__cuda_release_comms(etp__cuda_t *cb, etp__bcomm_t **cs, size_t n);
+etp_status_t etp__cuda_comm_split(etp__be_t *be, etp__bcomm_t *parent, int color, int key,
+                                  const etp_group_config_t *cfg, etp__bcomm_t **out);
+void etp__cuda_comm_destroy(etp__be_t *be, etp__bcomm_t *c);
+int etp__cuda_comm_rank(const etp__bcomm_t *c);
+int etp__cuda_comm_size(const etp__bcomm_t *c);
 
 /* Poll until no communicator of comms[0..n) reports ncclInProgress. Bounded
  * by the timeout, but never below min_limit_s when a timeout is set (0 for
@@ -169,12 +188,41 @@ etp_status_t etp__cuda_fail(etp__cuda_t *cb, etp_status_t status);
 etp_status_t etp__cuda_nccl_wait(etp__cuda_t *cb, ncclComm_t *comms, int n, const char *what,
                                  double min_limit_s);
 
+/* ---- cuda_stream.c ------------------------------------------------------ */
+
 /* Block until `s` is idle, watching every communicator for asynchronous
  * errors; bounded by the timeout. `pending` (may be NULL) names what is
  * awaited in a timeout message; NULL: the oldest incomplete collective.
  * A timeout or error fails the backend. */
 etp_status_t etp__cuda_wait_stream(etp__cuda_t *cb, cudaStream_t s, const char *what,
                                    const char *pending);
+
+/* Poll until streams ss[0..ns) and event ev (may be NULL) are complete;
+ * report 0 (teardown): no message, no failure. */
+etp_status_t etp__cuda_wait_work(etp__cuda_t *cb, const char *what, const cudaStream_t *ss,
+                                 size_t ns, cudaEvent_t ev, const char *pending, int report);
+/* The native handles of the backend's streams (*out malloc'd, or NULL). */
+etp_status_t etp__cuda_stream_list(etp__cuda_t *cb, cudaStream_t **out, size_t *n);
+etp_status_t etp__cuda_device_sync(etp__be_t *be);
+etp_status_t etp__cuda_stream_create(etp__be_t *be, int priority, etp__bstream_t **out);
+etp_status_t etp__cuda_stream_wrap(etp__be_t *be, void *native, etp__bstream_t **out);
+void *etp__cuda_stream_native(etp__be_t *be, etp__bstream_t *s);
+etp_status_t etp__cuda_stream_destroy(etp__be_t *be, etp__bstream_t *s);
+etp_status_t etp__cuda_stream_sync(etp__be_t *be, etp__bstream_t *s);
+etp_status_t etp__cuda_stream_capturing(etp__be_t *be, etp__bstream_t *s, int *capturing);
+etp_status_t etp__cuda_event_create(etp__be_t *be, etp__bevent_t **out);
+etp_status_t etp__cuda_event_destroy(etp__be_t *be, etp__bevent_t *ev);
+etp_status_t etp__cuda_event_record(etp__be_t *be, etp__bevent_t *ev, etp__bstream_t *s);
+etp_status_t etp__cuda_stream_wait_event(etp__be_t *be, etp__bstream_t *s, etp__bevent_t *ev);
+etp_status_t etp__cuda_event_query(etp__be_t *be, etp__bevent_t *ev, int *done);
+etp_status_t etp__cuda_event_sync(etp__be_t *be, etp__bevent_t *ev);
+
+/* ---- cuda_graph.c ------------------------------------------------------- */
+
+etp_status_t etp__cuda_capture_begin(etp__be_t *be, etp__bstream_t *s);
+etp_status_t etp__cuda_capture_end(etp__be_t *be, etp__bstream_t *s, void **graph);
+etp_status_t etp__cuda_graph_launch(etp__be_t *be, void *graph, etp__bstream_t *s);
+void etp__cuda_graph_destroy(etp__be_t *be, void *graph);
 
 /* ---- cuda_window.c ------------------------------------------------------ */
 
@@ -208,9 +256,6 @@ void etp__cuda_describe_pending(etp__cuda_t *cb, char *buf, size_t n);
 /* The fingerprint scratch of c (ETP_CHECK_COLLECTIVES), when it is made. */
 etp_status_t etp__cuda_fp_alloc(etp__bcomm_t *c);
 void etp__cuda_comm_free_scratch(etp__bcomm_t *c);
-
-/* Short strings for messages. */
-const char *etp__cuda_redop_name(int op);
 
 /* Each module's CUDA kernel table (cuda_<module>.c). */
 extern const etp__quant_kernels_t etp__cuda_quant_kernels;

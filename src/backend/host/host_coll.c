@@ -12,8 +12,6 @@
 #include "host_internal.h"
 
 enum { FP_TAG = 7, VERDICT_TAG = 8 };
-#define FP_MAGIC 0x6574706670LL
-enum { FP_W_MAGIC, FP_W_SEQ, FP_W_KIND, FP_W_COUNT, FP_W_DTYPE, FP_W_OP, FP_W_ROLE, FP_W_PAD };
 
 static MPI_Datatype mpi_type(etp_dtype_t t)
 {
@@ -92,8 +90,8 @@ etp_status_t etp__hcoll_new(etp__host_t *h, etp__bcomm_t *c, const etp__coll_t *
     snprintf(hc->group_name, sizeof hc->group_name, "%s", d->group_name ? d->group_name : "?");
     hc->d.group_name = hc->group_name;
     hc->data_req = MPI_REQUEST_NULL;
-    hc->fp_out = calloc((size_t)n * ETP__FP_WORDS, sizeof(int64_t));
-    hc->fp_in = calloc((size_t)n * ETP__FP_WORDS, sizeof(int64_t));
+    hc->fp_out = calloc((size_t)n, sizeof *hc->fp_out);
+    hc->fp_in = calloc((size_t)n, sizeof *hc->fp_in);
     hc->reqs = malloc(2 * (size_t)n * sizeof(MPI_Request));
     hc->arrived = calloc((size_t)n, sizeof(int));
     hc->verdict_in = calloc((size_t)n, sizeof(int64_t));
@@ -113,16 +111,7 @@ etp_status_t etp__hcoll_new(etp__host_t *h, etp__bcomm_t *c, const etp__coll_t *
         hc->d.recvcounts = hc->arrays + 2 * n;
         hc->d.rdispls = hc->arrays + 3 * n;
     }
-    for (int p = 0; p < n; p++) {
-        int64_t *f = hc->fp_out + (size_t)p * ETP__FP_WORDS;
-        f[FP_W_MAGIC] = FP_MAGIC;
-        f[FP_W_SEQ] = (int64_t)d->seq;
-        f[FP_W_KIND] = d->kind;
-        f[FP_W_COUNT] = (int64_t)(d->kind == ETP__COLL_ALLTOALLV ? d->sendcounts[p] : d->count);
-        f[FP_W_DTYPE] = d->dtype;
-        f[FP_W_OP] = (d->kind == ETP__COLL_REDUCE_SCATTER || d->kind == ETP__COLL_ALLREDUCE) ? (int64_t)d->op : -1;
-        f[FP_W_ROLE] = d->role;
-    }
+    for (int p = 0; p < n; p++) etp__fp_make(&hc->d, p, &hc->fp_out[p]);
     (void)h;
     *out = hc;
     return ETP_SUCCESS;
@@ -216,16 +205,15 @@ etp_status_t etp__hcoll_start(etp__host_t *h, etp__hcoll_t *hc)
     hc->t_start = etp__now_s();
     for (int p = 0; p < n; p++) {
         if (p == c->rank) {
-            memcpy(hc->fp_in + (size_t)p * ETP__FP_WORDS, hc->fp_out + (size_t)p * ETP__FP_WORDS,
-                   ETP__FP_WORDS * sizeof(int64_t));
+            hc->fp_in[p] = hc->fp_out[p];
             hc->arrived[p] = 1;
             continue;
         }
-        int rc = MPI_Irecv(hc->fp_in + (size_t)p * ETP__FP_WORDS, ETP__FP_WORDS, MPI_INT64_T, p,
-                           FP_TAG, c->ctrl, &hc->reqs[n + p]);
+        int rc = MPI_Irecv(&hc->fp_in[p], ETP__FP_WORDS, MPI_INT64_T, p, FP_TAG, c->ctrl,
+                           &hc->reqs[n + p]);
         if (rc == MPI_SUCCESS)
-            rc = MPI_Isend(hc->fp_out + (size_t)p * ETP__FP_WORDS, ETP__FP_WORDS, MPI_INT64_T, p,
-                           FP_TAG, c->ctrl, &hc->reqs[p]);
+            rc = MPI_Isend(&hc->fp_out[p], ETP__FP_WORDS, MPI_INT64_T, p, FP_TAG, c->ctrl,
+                           &hc->reqs[p]);
         if (rc != MPI_SUCCESS) return mpi_fail(hc, "posting the fingerprint exchange", rc);
     }
     ETP__LOG(h->base.log, ETP_LOG_TRACE, ETP_SUBSYS_COMM, "start %s seq %llu group '%s' role %d count %zu",
@@ -237,38 +225,17 @@ etp_status_t etp__hcoll_start(etp__host_t *h, etp__hcoll_t *hc)
     return ETP_SUCCESS;
 }
 
-static void describe(char *buf, size_t len, const int64_t *f)
-{
-    const char *op = f[FP_W_OP] == ETP_REDOP_SUM ? " sum" : f[FP_W_OP] == ETP_REDOP_MAX ? " max" : "";
-    snprintf(buf, len, "%s%s count %lld dtype %s (seq %lld, role %lld)",
-             etp__coll_name((etp__coll_kind_t)f[FP_W_KIND]), op, (long long)f[FP_W_COUNT],
-             etp_dtype_name((etp_dtype_t)f[FP_W_DTYPE]), (long long)f[FP_W_SEQ],
-             (long long)f[FP_W_ROLE]);
-}
-
 /* Compare each peer's fingerprint with what this rank expects of it. */
 static etp_status_t compare(const etp__hcoll_t *hc, int *bad_peer)
 {
     const etp__bcomm_t *c = hc->comm;
     for (int p = 0; p < c->size; p++) {
         if (p == c->rank) continue;
-        const int64_t *in = hc->fp_in + (size_t)p * ETP__FP_WORDS;
-        int64_t expect[ETP__FP_WORDS];
-        memcpy(expect, hc->fp_out + (size_t)p * ETP__FP_WORDS, sizeof expect);
-        if (hc->d.kind == ETP__COLL_ALLTOALLV) expect[FP_W_COUNT] = (int64_t)hc->d.recvcounts[p];
-        if (memcmp(in, expect, sizeof expect) == 0) continue;
-        *bad_peer = p;
-        char mine[160], theirs[160];
-        describe(mine, sizeof mine, expect);
-        describe(theirs, sizeof theirs, in);
-        if (in[FP_W_MAGIC] != FP_MAGIC) snprintf(theirs, sizeof theirs, "an unreadable fingerprint");
-        return etp__err(ETP_ERR_COLLECTIVE_MISMATCH,
-                        "collective mismatch on group '%s' role %d seq %llu: rank %d issued %s, "
-                        "rank %d issued %s%s",
-                        hc->group_name, hc->d.role, (unsigned long long)hc->d.seq, c->rank, mine,
-                        p, theirs,
-                        hc->d.kind == ETP__COLL_ALLTOALLV ? " (for alltoallv, count is what rank "
-                                                            "sends to the other)" : "");
+        etp_status_t st = etp__fp_check(&hc->d, c->rank, p, &hc->fp_in[p]);
+        if (st != ETP_SUCCESS) {
+            *bad_peer = p;
+            return st;
+        }
     }
     return ETP_SUCCESS;
 }

@@ -95,8 +95,6 @@ struct etp__bcomm {
     etp__hcoll_t *zombies; /* failed collectives whose MPI requests are still live */
 };
 
-enum { ETP__FP_WORDS = 8 };
-
 /* One collective in flight (host_coll.c). */
 struct etp__hcoll {
     etp__hcoll_t *next; /* in the comm's zombie list */
@@ -106,7 +104,7 @@ struct etp__hcoll {
     size_t *arrays;     /* all-to-all-v counts and displacements, 4 x size */
     void *tmp;          /* staging for an in-place reduce-scatter */
     int *mpi_counts;    /* the int arrays MPI_Ialltoallv reads until completion */
-    int64_t *fp_out, *fp_in; /* size x ETP__FP_WORDS */
+    etp__fp_t *fp_out, *fp_in; /* size: what this rank sends each peer, what each sent */
     MPI_Request *reqs;  /* 2 x size: sends then receives of the fingerprints */
     int *arrived;       /* per peer: its fingerprint came */
     /* ETP_CHECK_COLLECTIVES: after comparing, every rank tells every other
