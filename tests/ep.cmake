@@ -16,5 +16,7 @@ endif()
 if(ETP_WITH_CUDA AND ETP_WITH_MPI)
   # internal: the MXFP8 steps use the quant module's host reference
   etp_add_gpu_test(test_ep_gpu gpu/test_ep_gpu.c ON "ep,quant" 1 2 4 8)
+  # MXFP8 dispatch's steps apart from the rest
+  etp_gpu_test_part(test_ep_gpu mx "test_mx_*" 1 2 4 8)
   target_include_directories(test_ep_gpu PRIVATE ${CMAKE_CURRENT_SOURCE_DIR}/mpi)
 endif()

@@ -30,6 +30,7 @@ static inline void tu_mpi_init(int *argc, char ***argv, const char *name)
     MPI_Bcast(&seed, 1, MPI_UNSIGNED_LONG_LONG, 0, MPI_COMM_WORLD);
     g_seed = seed;
     g_test_name = name;
+    tu_apply_case_filter();
     if (g_rank == 0)
         printf("%s: %d rank(s), seed %llu (rerun with ETP_TEST_SEED=%llu)\n", name, g_size, seed,
                seed);

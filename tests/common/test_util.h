@@ -73,6 +73,16 @@ static inline uint64_t tu_pick_seed(void)
     return (uint64_t)ts.tv_nsec ^ ((uint64_t)ts.tv_sec << 20);
 }
 
+/* A program's cases split over several CTest registrations (so that each
+ * runs in less time, possibly beside the others): ETP_TEST_ONLY runs the
+ * cases matching its cmocka pattern, ETP_TEST_SKIP those that do not. */
+static inline void tu_apply_case_filter(void)
+{
+    const char *only = getenv("ETP_TEST_ONLY"), *skip = getenv("ETP_TEST_SKIP");
+    if (only && *only) cmocka_set_test_filter(only);
+    if (skip && *skip) cmocka_set_skip_filter(skip);
+}
+
 static inline void tu_poison(void *p, size_t bytes)
 {
     memset(p, 0xA5, bytes);

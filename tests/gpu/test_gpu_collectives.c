@@ -28,6 +28,7 @@
 #include "etp/mpi.h"
 #include "etp/cuda.h"
 #include "gpu_util.h"
+#include "test_util.h"
 
 static struct {
     int rank, size;
@@ -695,7 +696,7 @@ static void allreduce_once(etp_context_t *ctx, const char *what)
     CHECK_OK(etp_stream_destroy(st));
 }
 
-static void test_unique_id(void **state)
+static void test_ctx_unique_id(void **state)
 {
     /* every rank starts each test at the same tag, whatever ran before */
     g.tag = (uint64_t)__LINE__ << 32;
@@ -727,7 +728,7 @@ static int local_rank(void)
     return lr;
 }
 
-static void test_user_nccl_comm(void **state)
+static void test_ctx_user_nccl_comm(void **state)
 {
     /* every rank starts each test at the same tag, whatever ran before */
     g.tag = (uint64_t)__LINE__ << 32;
@@ -869,7 +870,7 @@ static void test_mismatch(void **state)
     /* The fixture's teardown destroys the aborted context (it frees these). */
 }
 
-static void test_timeout(void **state)
+static void test_ctx_timeout(void **state)
 {
     /* every rank starts each test at the same tag, whatever ran before */
     g.tag = (uint64_t)__LINE__ << 32;
@@ -936,6 +937,7 @@ int main(int argc, char **argv)
                g.size, seed, seed);
 
     if (tu_gpu_short("test_gpu_collectives")) return tu_gpu_skip();
+    tu_apply_case_filter();
 
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_allgather, fx_setup, fx_teardown),
@@ -949,9 +951,9 @@ int main(int argc, char **argv)
         cmocka_unit_test_setup_teardown(test_split_no_color, fx_setup, fx_teardown),
         cmocka_unit_test_setup_teardown(test_checked_collectives, fx_setup_checked, fx_teardown),
         cmocka_unit_test_setup_teardown(test_mismatch, fx_setup_checked, fx_teardown),
-        cmocka_unit_test(test_unique_id),
-        cmocka_unit_test(test_user_nccl_comm),
-        cmocka_unit_test(test_timeout),
+        cmocka_unit_test(test_ctx_unique_id),
+        cmocka_unit_test(test_ctx_user_nccl_comm),
+        cmocka_unit_test(test_ctx_timeout),
     };
     int failed = cmocka_run_group_tests(tests, NULL, NULL);
     if (fx_release_all()) failed++;
