@@ -446,7 +446,7 @@ static etp_status_t issue(etp_chain_t *c, int u, etp_stream_t *caller)
          * only from CUDA 13.1's drivers, with a hint), so on the AG stream
          * it waits behind the caller's next GEMM, and the gather starts a
          * GEMM late: on 2 H200s the forward gathers then kept the main
-         * stream waiting 1.7 ms a step (docs/PERF.md, thirteenth session).
+         * stream waiting 1.7 ms a step (docs/PERF.md, lessons).
          * On the caller's stream, before its next kernel, the copy takes
          * its ~40 us of SMs at once and the gather gets the whole GEMM. The
          * caller's stream waits for the slot's last reader and the shard's
