@@ -6,8 +6,9 @@
 #   tools/gpu-check.sh test NP    the GPU tests at NP ranks, one GPU each (NP: 1, 2, 4 or 8;
 #                                 at most the GPUs here): a line per test with its time, then
 #                                 the passed/failed count; exit 1 if any failed
-#   tools/gpu-check.sh bench      etp-bench gather, chain, quant and ep at one rank per GPU, in
-#                                 the configurations docs/PERF.md reports, each table printed
+#   tools/gpu-check.sh bench      etp-bench gather, chain and ep at one rank per GPU and quant
+#                                 on one GPU, in the configurations docs/PERF.md reports (its
+#                                 keys G, C1-C3, Q1-Q4, E1-E2), each table printed
 #
 # test and bench build first if anything changed. Logs and CSV files go to
 # build-gpu/gpu-check/. A benchmark run is stopped after
@@ -85,32 +86,30 @@ run_bench() {
     machine
     build
     local b=$build_dir/tools/etp-bench
-    # What docs/PERF.md reports: the gather of 64 MiB to 1 GiB weights; the
-    # quantization defaults (64 x [1024, 512], 8 x [8192, 4096] and one
-    # 256 MiB tensor, NVFP4 and MXFP8) and the swizzled layout; the EP
-    # dispatch and combine in BF16 and MXFP8; the training-step chain as a
-    # loop, with deferred zeroing and the main stream's stalls, with a
-    # prefetch depth of 2, and at 8192 tokens.
+    # docs/PERF.md's configurations, by its keys: KEY RANKS ARGS (RANKS "all":
+    # one rank a GPU; the quantization benchmarks take one GPU)
     local runs=(
-        "gather --mib 64,256,1024"
-        "quant"
-        "quant --swizzle --no-separate --cases 8x8192x4096"
-        "ep"
-        "ep --dtype mxfp8"
-        "chain --loop 4"
-        "chain --loop 4 --defer-zero --stalls"
-        "chain --loop 4 --defer-zero --depth 2 --stalls"
-        "chain --m 8192 --loop 4 --defer-zero"
+        "G all gather --mib 64,256,1024"
+        "C1 all chain --loop 4 --defer-zero --stalls"
+        "C2 all chain --loop 4"
+        "C3 all chain --loop 4 --defer-zero --m 8192"
+        "Q1 1 quant"
+        "Q2 1 quant --swizzle --no-separate --cases 8x8192x4096"
+        "Q3 1 quant --cases 64x1024x512 --big-mib 0 --flush-mib 4096"
+        "Q4 1 quant --formats nvfp4 --cases 8x8192x4096 --no-separate --stochastic"
+        "E1 all ep"
+        "E2 all ep --dtype mxfp8"
     )
-    local i=0 args name
-    for args in "${runs[@]}"; do
-        i=$((i + 1))
-        name=$(printf "bench-%02d-%s" "$i" "${args%% *}")
+    local run key ranks args name
+    for run in "${runs[@]}"; do
+        read -r key ranks args <<< "$run"
+        [ "$ranks" = all ] && ranks=$np
+        name="bench-$key"
         echo
-        echo "== etp-bench $args ($np rank(s))"
+        echo "== $key: etp-bench $args ($ranks rank(s))"
         rm -f "$logs/$name.csv"
         # shellcheck disable=SC2086 # the options split into words
-        timeout "$limit" mpirun -np "$np" --bind-to none "$b" $args --csv "$logs/$name.csv" 2>&1 |
+        timeout "$limit" mpirun -np "$ranks" --bind-to none "$b" $args --csv "$logs/$name.csv" 2>&1 |
             tee "$logs/$name.log"
         local rc=${PIPESTATUS[0]}
         if [ "$rc" -ne 0 ]; then
