@@ -191,11 +191,16 @@ static etp_status_t build(cplan_t *p, const etp__gemm_shape_t *s)
         pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &p->ws_bytes, sizeof p->ws_bytes);
     if (cs == CUBLAS_STATUS_SUCCESS && s->layout == ETP_GEMM_PACKED) {
         /* an expert's block starts at a whole row: its pointer is aligned
-         * to the row bytes' power of two (the base to 256 bytes) */
+         * to the row bytes' power of two (the base to 256 bytes); a
+         * pointer the call finds less aligned falls back (matmul) */
+        const int wg_d = s->op == ETP_GEMM_WGRAD; /* D is dW, of the output dtype */
         const cublasLtMatmulPreferenceAttributes_t attr[3] = {
             CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
             CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
-        const int64_t row[3] = {a_row, b_row, d_row};
+        /* a weight operand's expert e starts e expert strides in */
+        const int64_t wsz = wg_d ? (int64_t)etp_dtype_size(s->out_dtype) : 2;
+        const int64_t wbytes = s->experts > 1 ? s->w_stride * wsz : 256;
+        const int64_t row[3] = {a_row ? a_row : wbytes, b_row, d_row ? d_row : wbytes};
         for (int i = 0; i < 3 && cs == CUBLAS_STATUS_SUCCESS; i++) {
             if (!row[i]) continue;
             uint32_t al = align_of(row[i]);
