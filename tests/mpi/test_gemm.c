@@ -103,6 +103,10 @@ static void test_bad_input(void **state)
     ETP_OK(etp_mem_alloc(ctx, R * K * 2, ETP_MEM_USER, &x));
     ETP_OK(etp_mem_alloc(ctx, E * N * K * 4, ETP_MEM_USER, &w));
     ETP_OK(etp_mem_alloc(ctx, R * N * 2, ETP_MEM_USER, &y));
+    /* the calls that pass run on these: defined contents (memcheck) */
+    ETP_OK(etp_memset_async(s, x, 0, R * K * 2));
+    ETP_OK(etp_memset_async(s, w, 0, E * N * K * 4));
+    ETP_OK(etp_memset_async(s, y, 0, R * N * 2));
 
     etp_gemm_config_t cfg = ETP_GEMM_CONFIG_INIT;
     cfg.name = "moe.fc1";
