@@ -10,7 +10,9 @@
  *   ETP_GEMM_WGRAD    dW [n, k]    = beta dW + dY^T X     (beta 0 or 1)
  *
  * Inputs are BF16, products accumulate in FP32, and the output (Y, dX or
- * dW) is BF16 or FP32. Row-side matrices (X, Y, dY, dX) are row-major with
+ * dW) is BF16 or FP32, rounded once (beta 1: the FP32 sum plus the old dW,
+ * then rounded). The order of the FP32 sums is the backend's: cuBLASLt's
+ * tiles on CUDA; increasing inner index on the host backend. Row-side matrices (X, Y, dY, dX) are row-major with
  * contiguous rows (leading dimension k or n); the weight side (W, dW) is an
  * etp_weight_view_t (etp/param.h): what etp_gather and etp_wgrad_buffer
  * give, or a view the caller fills in.
@@ -104,8 +106,9 @@ ETP_API etp_status_t etp_gemm_plan_create(etp_context_t *ctx, const etp_gemm_con
                                           etp_gemm_plan_t **plan);
 
 /* Destroy a plan; frees its workspace (which waits for the context's
- * enqueued work, like etp_mem_free). ETP_ERR_INVALID_STATE while a graph
- * capture is in progress on the context (nothing is destroyed). NULL is a
+ * enqueued work, like etp_mem_free). ETP_ERR_BUSY while graphs that
+ * captured its calls live; ETP_ERR_INVALID_STATE while a graph capture is
+ * in progress on the context (nothing is destroyed either way). NULL is a
  * no-op. */
 ETP_API etp_status_t etp_gemm_plan_destroy(etp_gemm_plan_t *plan);
 
