@@ -32,6 +32,7 @@ typedef struct {
      * for the plan's M in algo[0] */
     cublasLtMatmulAlgo_t algo[BUCKETS];
     int64_t cur_m; /* PACKED: the M the layouts hold now */
+    const etp__logger_t *log;
 } cplan_t;
 
 /* cuBLASLt's status as etp's: memory, a shape it cannot do (at plan
@@ -61,13 +62,22 @@ static cudaDataType_t cuda_type(etp_dtype_t dt)
     return dt == ETP_DTYPE_F32 ? CUDA_R_32F : CUDA_R_16BF;
 }
 
+/* A release that fails has nothing to undo: it is logged, not returned. */
+static void released(const etp__logger_t *log, cublasStatus_t st, const char *what)
+{
+    if (st != CUBLAS_STATUS_SUCCESS)
+        ETP__LOG(log, ETP_LOG_WARN, ETP_SUBSYS_BACKEND, "gemm plan: %s: cuBLASLt status %d (%s)",
+                 what, (int)st, cublasLtGetStatusString(st));
+}
+
 static void plan_free(cplan_t *p)
 {
-    if (p->la) cublasLtMatrixLayoutDestroy(p->la);
-    if (p->lb) cublasLtMatrixLayoutDestroy(p->lb);
-    if (p->ld) cublasLtMatrixLayoutDestroy(p->ld);
-    if (p->desc) cublasLtMatmulDescDestroy(p->desc);
-    if (p->lt) cublasLtDestroy(p->lt);
+    const etp__logger_t *log = p->log;
+    if (p->la) released(log, cublasLtMatrixLayoutDestroy(p->la), "cublasLtMatrixLayoutDestroy");
+    if (p->lb) released(log, cublasLtMatrixLayoutDestroy(p->lb), "cublasLtMatrixLayoutDestroy");
+    if (p->ld) released(log, cublasLtMatrixLayoutDestroy(p->ld), "cublasLtMatrixLayoutDestroy");
+    if (p->desc) released(log, cublasLtMatmulDescDestroy(p->desc), "cublasLtMatmulDescDestroy");
+    if (p->lt) released(log, cublasLtDestroy(p->lt), "cublasLtDestroy");
     free(p);
 }
 
@@ -218,7 +228,7 @@ static etp_status_t build(cplan_t *p, const etp__gemm_shape_t *s)
         if (st == ETP_SUCCESS) st = heuristic(p, s, pref, &p->algo[b]);
         if (m == M) break;
     }
-    cublasLtMatmulPreferenceDestroy(pref);
+    released(p->log, cublasLtMatmulPreferenceDestroy(pref), "cublasLtMatmulPreferenceDestroy");
     return st;
 }
 
@@ -230,6 +240,7 @@ static etp_status_t cuda_gemm_plan_create(etp__be_t *be, const etp__gemm_shape_t
     if (!p) return etp__err(ETP_ERR_OUT_OF_MEMORY, "gemm '%s': out of memory", shape->name);
     p->ws = workspace;
     p->ws_bytes = ws_bytes;
+    p->log = be->log;
     etp_status_t st = build(p, shape);
     if (st != ETP_SUCCESS) {
         plan_free(p);
