@@ -272,10 +272,11 @@ static etp_status_t matmul(cplan_t *p, const etp__gemm_shape_t *s, const cublasL
         st = cublasLtMatmul(p->lt, p->desc, &one, A, p->la, B, p->lb, &beta, D, p->ld, D, p->ld,
                             NULL, p->ws, p->ws_bytes, cs);
     if (st == CUBLAS_STATUS_SUCCESS) return ETP_SUCCESS;
-    char what[160];
-    snprintf(what, sizeof what, "cublasLtMatmul (%s, expert %lld, rows %lld, n %lld, k %lld)",
+    char what[160], who[32] = "all experts";
+    if (expert >= 0) snprintf(who, sizeof who, "expert %lld", (long long)expert);
+    snprintf(what, sizeof what, "cublasLtMatmul (%s, %s, rows %lld, n %lld, k %lld)",
              s->op == ETP_GEMM_FORWARD ? "forward" : s->op == ETP_GEMM_DGRAD ? "dgrad" : "wgrad",
-             (long long)expert, (long long)m, (long long)s->n, (long long)s->k);
+             who, (long long)m, (long long)s->n, (long long)s->k);
     return lt_err_as(st, 0, s->name, what);
 }
 
