@@ -165,6 +165,19 @@ ETP_API etp_status_t etp_stream_destroy(etp_stream_t *stream);
  * Errors: ETP_ERR_TIMEOUT (the message names the pending collective),
  * ETP_ERR_INVALID_STATE (the stream is being captured), ETP_ERR_ABORTED. */
 ETP_API etp_status_t etp_stream_synchronize(etp_stream_t *stream);
+/* Run fn(arg) on a host thread in stream order: after the work enqueued on
+ * `stream` before it, and before the work enqueued after it
+ * (cudaLaunchHostFunc on CUDA; a scheduled operation of the stream on the
+ * host backend, ordered like any other in shuffle mode). Under a graph
+ * capture it is captured (a host node on CUDA) and runs at each launch of
+ * the graph. fn must not call etp or CUDA and should return promptly (on
+ * CUDA it holds up the stream); `arg` is passed as given and must stay
+ * valid until fn has run (each run, for a graph). Enqueues only: never
+ * blocks the caller.
+ * Errors: ETP_ERR_INVALID_ARGUMENT (stream or fn NULL), ETP_ERR_BACKEND,
+ * ETP_ERR_ABORTED. */
+ETP_API etp_status_t etp_stream_launch_host(etp_stream_t *stream, void (*fn)(void *arg),
+                                            void *arg);
 
 /* ---- events ----------------------------------------------------------- */
 

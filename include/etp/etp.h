@@ -13,5 +13,6 @@
 #include "etp/ep.h"
 #include "etp/quant.h"
 #include "etp/param.h"
+#include "etp/gemm.h"
 
 #endif /* ETP_ETP_H */

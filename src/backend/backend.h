@@ -87,6 +87,7 @@ etp_status_t etp__fp_check(const etp__coll_t *op, int me, int peer, const etp__f
 typedef struct etp__quant_kernels etp__quant_kernels_t;
 typedef struct etp__ep_kernels etp__ep_kernels_t;
 typedef struct etp__shard_kernels etp__shard_kernels_t;
+typedef struct etp__gemm_kernels etp__gemm_kernels_t;
 
 /* Kernels each backend provides (the host ones are the reference the CUDA
  * ones are tested against). All enqueue on a stream. */
@@ -97,6 +98,7 @@ typedef struct etp__kernels {
     const etp__quant_kernels_t *quant;
     const etp__ep_kernels_t *ep;
     const etp__shard_kernels_t *shard;
+    const etp__gemm_kernels_t *gemm;
 } etp__kernels_t;
 
 typedef struct etp__backend_ops {
@@ -135,6 +137,9 @@ typedef struct etp__backend_ops {
                                  size_t bytes);
     etp_status_t (*memcpy_async)(etp__be_t *be, etp__bstream_t *s, void *dst, const void *src,
                                  size_t bytes);
+    /* fn(arg) in stream order on a host thread (etp_stream_launch_host) */
+    etp_status_t (*launch_host)(etp__be_t *be, etp__bstream_t *s, void (*fn)(void *arg),
+                                void *arg);
 
     /* Split parent by (color, key); color ETP_GROUP_NO_COLOR gives *out = NULL.
      * Collective over parent. cfg carries NCCL settings. */

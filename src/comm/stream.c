@@ -187,6 +187,14 @@ etp_status_t etp_memcpy_async(etp_stream_t *stream, void *dst, const void *src, 
     return stream->ctx->be->ops->memcpy_async(stream->ctx->be, stream->bs, dst, src, bytes);
 }
 
+etp_status_t etp_stream_launch_host(etp_stream_t *stream, void (*fn)(void *arg), void *arg)
+{
+    ETP__CHECK_NULL(stream, "etp_stream_launch_host");
+    ETP__CHECK_NULL(fn, "etp_stream_launch_host");
+    ETP__TRY(etp__ctx_usable(stream->ctx, "etp_stream_launch_host"));
+    return stream->ctx->be->ops->launch_host(stream->ctx->be, stream->bs, fn, arg);
+}
+
 etp_status_t etp__capture_note(etp_context_t *ctx, int *graph_refs, etp_stream_t *stream)
 {
     if (ctx->captures == 0) return ETP_SUCCESS;

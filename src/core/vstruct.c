@@ -10,6 +10,7 @@
 #include "core.h"
 #include "etp/comm.h"
 #include "etp/ep.h"
+#include "etp/gemm.h"
 #include "etp/param.h"
 #include "etp/quant.h"
 
@@ -193,3 +194,18 @@ static const etp__field_t ep_report_fields[] = {
 #undef F
 const etp__vstruct_t etp__vs_ep_report =
     ETP__VSTRUCT(etp_ep_report_t, ETP_EP_REPORT_INIT, ep_report_fields);
+
+#define F(f) ETP__FIELD(etp_gemm_config_t, f)
+static const etp__field_t gemm_config_fields[] = {
+    F(size), F(name), F(op), F(layout), F(experts), F(rows), F(n), F(k), F(weight_ld),
+    F(weight_expert_stride), F(out_dtype), F(workspace_bytes)};
+#undef F
+const etp__vstruct_t etp__vs_gemm_config =
+    ETP__VSTRUCT(etp_gemm_config_t, ETP_GEMM_CONFIG_INIT, gemm_config_fields);
+
+#define F(f) ETP__FIELD(etp_gemm_args_t, f)
+static const etp__field_t gemm_args_fields[] = {
+    F(size), F(x), F(dy), F(w), F(y), F(dx), F(dw), F(beta), F(counts), F(offsets)};
+#undef F
+const etp__vstruct_t etp__vs_gemm_args =
+    ETP__VSTRUCT(etp_gemm_args_t, ETP_GEMM_ARGS_INIT, gemm_args_fields);

@@ -176,6 +176,15 @@ static etp_status_t cuda_memcpy_async(etp__be_t *be, etp__bstream_t *s, void *ds
     return ETP_SUCCESS;
 }
 
+static etp_status_t cuda_launch_host(etp__be_t *be, etp__bstream_t *s, void (*fn)(void *arg),
+                                     void *arg)
+{
+    ETP__TRY(etp__cuda_set_device(etp__cuda_of(be)));
+    cudaError_t e = cudaLaunchHostFunc(s->s, fn, arg);
+    if (e != cudaSuccess) return etp__cuda_error("cudaLaunchHostFunc", e);
+    return ETP_SUCCESS;
+}
+
 static etp_status_t cuda_axpy_f32(etp__be_t *be, etp__bstream_t *s, size_t n, float alpha,
                                   const float *x, float *y)
 {
@@ -199,6 +208,7 @@ static const etp__kernels_t cuda_kernels = {
     .quant = &etp__cuda_quant_kernels,
     .ep = &etp__cuda_ep_kernels,
     .shard = &etp__cuda_shard_kernels,
+    .gemm = &etp__cuda_gemm_kernels,
 };
 
 static const etp__backend_ops_t cuda_ops = {
@@ -222,6 +232,7 @@ static const etp__backend_ops_t cuda_ops = {
     .event_sync = etp__cuda_event_sync,
     .memset_async = cuda_memset_async,
     .memcpy_async = cuda_memcpy_async,
+    .launch_host = cuda_launch_host,
     .comm_split = etp__cuda_comm_split,
     .comm_destroy = etp__cuda_comm_destroy,
     .comm_rank = etp__cuda_comm_rank,

@@ -261,6 +261,7 @@ void etp__cuda_comm_free_scratch(etp__bcomm_t *c);
 extern const etp__quant_kernels_t etp__cuda_quant_kernels;
 extern const etp__ep_kernels_t etp__cuda_ep_kernels;
 extern const etp__shard_kernels_t etp__cuda_shard_kernels;
+extern const etp__gemm_kernels_t etp__cuda_gemm_kernels;
 
 /* For module launchers: make the context's device current and give the
  * native stream of s. */

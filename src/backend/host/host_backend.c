@@ -207,6 +207,27 @@ static etp_status_t host_memcpy_async(etp__be_t *be, etp__bstream_t *s, void *ds
     return etp__hsched_enqueue(HOST(be), s, op);
 }
 
+/* A caller's function, run like a host kernel: a scheduled operation of
+ * the stream (shuffle mode orders it only by stream order and event
+ * waits), recorded into a graph under capture. */
+typedef struct {
+    void (*fn)(void *arg);
+    void *arg;
+} host_fn_t;
+
+static void host_fn_run(void *p)
+{
+    const host_fn_t *h = p;
+    h->fn(h->arg);
+}
+
+static etp_status_t host_launch_host(etp__be_t *be, etp__bstream_t *s, void (*fn)(void *arg),
+                                     void *arg)
+{
+    host_fn_t h = {fn, arg};
+    return etp__host_launch(be, s, host_fn_run, &h, sizeof h);
+}
+
 /* ---- communicators ---------------------------------------------------- */
 
 /* Wraps `data`, which every rank of it has just made; the wrapper owns it
@@ -375,6 +396,7 @@ static const etp__backend_ops_t host_ops = {
     .event_sync = host_event_sync,
     .memset_async = host_memset_async,
     .memcpy_async = host_memcpy_async,
+    .launch_host = host_launch_host,
     .comm_split = host_comm_split,
     .comm_destroy = host_comm_destroy,
     .comm_rank = host_comm_rank,

@@ -187,5 +187,6 @@ etp_status_t etp__host_launch(etp__be_t *be, etp__bstream_t *s, void (*fn)(void 
 extern const etp__quant_kernels_t etp__host_quant_kernels;
 extern const etp__ep_kernels_t etp__host_ep_kernels;
 extern const etp__shard_kernels_t etp__host_shard_kernels;
+extern const etp__gemm_kernels_t etp__host_gemm_kernels;
 
 #endif /* ETP__HOST_INTERNAL_H */

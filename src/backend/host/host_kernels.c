@@ -54,4 +54,5 @@ const etp__kernels_t etp__host_kernels = {
     .quant = &etp__host_quant_kernels,
     .ep = &etp__host_ep_kernels,
     .shard = &etp__host_shard_kernels,
+    .gemm = &etp__host_gemm_kernels,
 };

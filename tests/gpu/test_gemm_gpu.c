@@ -1,0 +1,155 @@
+/*
+ * GEMMs on the CUDA backend (label gpu;gemm; 1 GPU; skipped without one):
+ * the cuBLASLt plans' outputs for every product, layout, output dtype and
+ * beta against the double-precision reference of tests/mpi/gemm_cases.h,
+ * the one the host backend's GEMMs pass at 1e-5. cuBLASLt sums in FP32 in
+ * an order of its own (tiles, split-K): the tolerance is 1e-4 of the sum
+ * of the terms' magnitudes (+ 1 BF16 ulp for BF16 outputs). Also a
+ * FIXED_SLOTS forward captured into a CUDA graph, and an
+ * etp_stream_launch_host in stream order.
+ */
+#include <cuda_runtime_api.h>
+
+#include "gpu_util.h"
+#define GEMM_TOL 1e-4
+#include "gemm_cases.h"
+
+static etp_context_t *cuda_ctx(void)
+{
+    etp_context_config_t cfg = ETP_CONTEXT_CONFIG_INIT;
+    cfg.backend = ETP_BACKEND_CUDA;
+    etp_context_t *ctx;
+    ETP_OK(etp_context_create_mpi(MPI_COMM_WORLD, &cfg, &ctx));
+    return ctx;
+}
+
+static void test_products(void **state)
+{
+    (void)state;
+    etp_context_t *ctx = cuda_ctx();
+    g_run_all(ctx);
+    ETP_OK(etp_context_destroy(ctx));
+}
+
+/* A FIXED_SLOTS forward captured into a CUDA graph and launched on two
+ * inputs: each launch's Y within the tolerance of that input's reference. */
+static void test_graph(void **state)
+{
+    (void)state;
+    etp_context_t *ctx = cuda_ctx();
+    etp_stream_t *s;
+    ETP_OK(etp_stream_create(ctx, ETP_STREAM_PRIORITY_NORMAL, &s));
+    enum { E = 4, S = 24, N = 64, K = 96 };
+    uint16_t *hx = malloc(E * S * K * 2), *hw = malloc(E * N * K * 2), *hy = malloc(E * S * N * 2);
+    assert_non_null(hx);
+    assert_non_null(hw);
+    assert_non_null(hy);
+    void *x, *w, *y;
+    ETP_OK(etp_mem_alloc(ctx, E * S * K * 2, ETP_MEM_USER, &x));
+    ETP_OK(etp_mem_alloc(ctx, E * N * K * 2, ETP_MEM_USER, &w));
+    ETP_OK(etp_mem_alloc(ctx, E * S * N * 2, ETP_MEM_USER, &y));
+    etp_gemm_config_t cfg = ETP_GEMM_CONFIG_INIT;
+    cfg.layout = ETP_GEMM_FIXED_SLOTS;
+    cfg.experts = E;
+    cfg.rows = S;
+    cfg.n = N;
+    cfg.k = K;
+    etp_gemm_plan_t *plan;
+    ETP_OK(etp_gemm_plan_create(ctx, &cfg, &plan));
+    etp_weight_view_t v = ETP_WEIGHT_VIEW_INIT;
+    v.data = w;
+    v.experts = E;
+    v.rows = N;
+    v.cols = K;
+    v.ld = K;
+    v.expert_stride = N * K;
+    etp_gemm_args_t a = ETP_GEMM_ARGS_INIT;
+    a.x = x;
+    a.w = &v;
+    a.y = y;
+    etp_graph_t *g;
+    ETP_OK(etp_stream_begin_capture(s));
+    ETP_OK(etp_gemm_run(plan, &a, s));
+    ETP_OK(etp_stream_end_capture(s, &g));
+    for (uint64_t round = 0; round < 2; round++) {
+        for (int i = 0; i < E * S * K; i++) hx[i] = g_bf16(g_seed, 500 + round, (uint64_t)i);
+        for (int i = 0; i < E * N * K; i++) hw[i] = g_bf16(g_seed, 600 + round, (uint64_t)i);
+        tu_poison(hy, E * S * N * 2);
+        ETP_OK(etp_memcpy_async(s, x, hx, E * S * K * 2));
+        ETP_OK(etp_memcpy_async(s, w, hw, E * N * K * 2));
+        ETP_OK(etp_memcpy_async(s, y, hy, E * S * N * 2));
+        ETP_OK(etp_graph_launch(g, s));
+        ETP_OK(etp_memcpy_async(s, hy, y, E * S * N * 2));
+        ETP_OK(etp_stream_synchronize(s));
+        for (int e = 0; e < E; e++)
+            for (int i = 0; i < S; i++)
+                for (int j = 0; j < N; j++) {
+                    double ref = 0.0, mag = 0.0;
+                    for (int t = 0; t < K; t++) {
+                        const double p = g_bf16_val(hx[(e * S + i) * K + t]) *
+                                         g_bf16_val(hw[(e * N + j) * K + t]);
+                        ref += p;
+                        mag += fabs(p);
+                    }
+                    const double got = g_bf16_val(hy[(e * S + i) * N + j]);
+                    if (!(fabs(got - ref) <= GEMM_TOL * mag + g_bf16_ulp(ref)))
+                        fail_msg("launch %llu expert %d row %d col %d: got %.9g, expected %.9g",
+                                 (unsigned long long)round, e, i, j, got, ref);
+                }
+    }
+    ETP_OK(etp_graph_destroy(g));
+    ETP_OK(etp_gemm_plan_destroy(plan));
+    ETP_OK(etp_mem_free(ctx, x));
+    ETP_OK(etp_mem_free(ctx, w));
+    ETP_OK(etp_mem_free(ctx, y));
+    free(hx);
+    free(hw);
+    free(hy);
+    ETP_OK(etp_stream_destroy(s));
+    ETP_OK(etp_context_destroy(ctx));
+}
+
+static void record(void *arg)
+{
+    int *r = arg;
+    r[1] = r[0];
+}
+
+/* cudaLaunchHostFunc: the function runs after the stream's earlier copy
+ * into pinned memory has landed. */
+static void test_launch_host(void **state)
+{
+    (void)state;
+    etp_context_t *ctx = cuda_ctx();
+    etp_stream_t *s;
+    ETP_OK(etp_stream_create(ctx, ETP_STREAM_PRIORITY_NORMAL, &s));
+    int *pinned;
+    assert_int_equal(cudaMallocHost((void **)&pinned, 2 * sizeof(int)), cudaSuccess);
+    pinned[0] = 7;
+    pinned[1] = 0;
+    int *dev;
+    ETP_OK(etp_mem_alloc(ctx, sizeof(int), ETP_MEM_USER, (void **)&dev));
+    const int v = 42;
+    ETP_OK(etp_memcpy_async(s, dev, &v, sizeof v));
+    ETP_OK(etp_stream_synchronize(s));
+    ETP_OK(etp_memcpy_async(s, pinned, dev, sizeof(int)));
+    ETP_OK(etp_stream_launch_host(s, record, pinned));
+    ETP_OK(etp_stream_synchronize(s));
+    assert_int_equal(pinned[1], 42);
+    ETP_OK(etp_mem_free(ctx, dev));
+    cudaFreeHost(pinned);
+    ETP_OK(etp_stream_destroy(s));
+    ETP_OK(etp_context_destroy(ctx));
+}
+
+int main(int argc, char **argv)
+{
+    tu_mpi_init(&argc, &argv, "test_gemm_gpu");
+    if (tu_gpu_short("test_gemm_gpu")) return tu_gpu_skip();
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_products),
+        cmocka_unit_test(test_graph),
+        cmocka_unit_test(test_launch_host),
+    };
+    return tu_mpi_finish(cmocka_run_group_tests_name("gemm_gpu", tests, NULL, NULL));
+}
