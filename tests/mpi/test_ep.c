@@ -63,15 +63,19 @@ static void test_matrix(void **state)
     assert_int_equal(cases, 64);
 }
 
-/* Every rank with T = 0, and one rank with all the tokens. */
+/* Every rank with T = 0, and one rank with all the tokens, the empty ranks
+ * passing NULL for their empty arrays: both transports, both layouts,
+ * weighted and not. */
 static void test_empty_ranks(void **state)
 {
     ep_fx_t *f = *state;
-    for (int tr = 0; tr < 2; tr++) {
-        gcfg_t g = base_cfg(ep_experts_for(2), 8, 2, ETP_DTYPE_F32,
+    for (int v = 0; v < 8; v++) {
+        const int tr = v % 2, layout = v / 2 % 2, weighted = v / 4;
+        gcfg_t g = base_cfg(ep_experts_for(2), 8, 2, v % 3 ? ETP_DTYPE_F32 : ETP_DTYPE_BF16,
                             tr ? ETP_EP_TRANSPORT_CAPACITY : ETP_EP_TRANSPORT_EXACT);
-        lcfg_t l = {.k = 2, .align = 2, .weighted = 1, .layout = ETP_EP_LAYOUT_PACKED};
-        ep_empty_ranks(f, &g, &l, 7000 + tr, 7100 + tr);
+        lcfg_t l = {.k = 2, .align = 2, .weighted = weighted,
+                    .layout = layout ? ETP_EP_LAYOUT_FIXED_SLOTS : ETP_EP_LAYOUT_PACKED};
+        ep_empty_ranks(f, &g, &l, 7000 + 10 * (uint64_t)v, 7100 + 10 * (uint64_t)v);
     }
 }
 
@@ -437,10 +441,16 @@ static void test_bad_input(void **state)
     ETP_EXPECT_MSG(etp_ep_prepare(ly, b.idx, ETP_DTYPE_I64, -1, NULL, s), ETP_ERR_INVALID_ARGUMENT, "num_tokens");
     ETP_EXPECT_MSG(etp_ep_prepare(ly, b.idx, ETP_DTYPE_I64, ETP_EP_TOKENS_ON_DEVICE, b.tdev, s),
                    ETP_ERR_INVALID_ARGUMENT, "CAPACITY");
-    ETP_EXPECT_MSG(etp_ep_prepare(ly, NULL, ETP_DTYPE_I64, 2, NULL, s), ETP_ERR_INVALID_ARGUMENT, "topk_idx");
+    ETP_EXPECT_MSG(etp_ep_prepare(ly, NULL, ETP_DTYPE_I64, 2, NULL, s), ETP_ERR_INVALID_ARGUMENT,
+                   "'topk_idx' is NULL with num_tokens 2");
+    /* the device count named, not "num_tokens -1 not in [0, ...]" */
+    ETP_EXPECT_MSG(etp_ep_prepare(ly, b.idx, ETP_DTYPE_I64, ETP_EP_TOKENS_ON_DEVICE, NULL, s),
+                   ETP_ERR_INVALID_ARGUMENT, "ETP_EP_TOKENS_ON_DEVICE but argument 'num_tokens_dev' is NULL");
     ETP_EXPECT_MSG(etp_ep_prepare(ly, b.idx, ETP_DTYPE_I64, 1, NULL, NULL), ETP_ERR_INVALID_ARGUMENT, "'stream'");
-    /* a real prepare (collective; T = 0 everywhere), then bad data calls */
-    ETP_OK(etp_ep_prepare(ly, b.idx, ETP_DTYPE_I64, 0, NULL, s));
+    /* a real prepare (collective; one token everywhere, no expert), then
+     * bad data calls: NULL is refused for arrays that are not empty */
+    ETP_OK(etp_memset_async(s, b.idx, 0xFF, 2 * sizeof(int64_t)));
+    ETP_OK(etp_ep_prepare(ly, b.idx, ETP_DTYPE_I64, 1, NULL, s));
     ETP_EXPECT_MSG(etp_ep_combine(ly, b.y, ETP_DTYPE_BF16, l.rows, b.out, s), ETP_ERR_INVALID_STATE,
                    "has not dispatched");
     ETP_EXPECT_MSG(etp_ep_dispatch(ly, b.tok, ETP_DTYPE_BF16, b.w, ETP_DTYPE_F16, b.recv, b.recv_w, l.rows, s),
@@ -470,8 +480,16 @@ static void test_bad_input(void **state)
     ETP_EXPECT_MSG(etp_ep_dispatch(ly, b.tok, ETP_DTYPE_BF16, NULL, ETP_DTYPE_F32, b.recv, NULL, l.rows, s),
                    ETP_ERR_INVALID_ARGUMENT, "weighted");
     ETP_EXPECT_MSG(etp_ep_dispatch(ly, NULL, ETP_DTYPE_BF16, b.w, ETP_DTYPE_F32, b.recv, b.recv_w, l.rows, s),
-                   ETP_ERR_INVALID_ARGUMENT, "tokens");
-    ETP_EXPECT_MSG(etp_ep_combine(ly, b.y, ETP_DTYPE_BF16, l.rows, NULL, s), ETP_ERR_INVALID_ARGUMENT, "out");
+                   ETP_ERR_INVALID_ARGUMENT, "'tokens' is NULL; EP layer 'checked' was prepared with 1 tokens");
+    ETP_EXPECT_MSG(etp_ep_combine(ly, b.y, ETP_DTYPE_BF16, l.rows, NULL, s), ETP_ERR_INVALID_ARGUMENT, "'out'");
+    ETP_EXPECT_MSG(etp_ep_combine_bwd(ly, NULL, ETP_DTYPE_BF16, b.y, l.rows, b.grows, b.gtopk, s),
+                   ETP_ERR_INVALID_ARGUMENT, "'grad_out'");
+    ETP_EXPECT_MSG(etp_ep_combine_bwd(ly, b.gout, ETP_DTYPE_BF16, b.y, l.rows, b.grows, NULL, s),
+                   ETP_ERR_INVALID_ARGUMENT, "'grad_topk_weights' is required");
+    ETP_EXPECT_MSG(etp_ep_dispatch_bwd(ly, b.grows_in, ETP_DTYPE_BF16, NULL, l.rows, NULL, NULL, s),
+                   ETP_ERR_INVALID_ARGUMENT, "'grad_tokens'");
+    ETP_EXPECT_MSG(etp_ep_dispatch_bwd(ly, b.grows_in, ETP_DTYPE_BF16, NULL, l.rows, b.gtok, b.gtopk2, s),
+                   ETP_ERR_INVALID_ARGUMENT, "without grad_row_weights");
     ETP_EXPECT_MSG(etp_ep_combine_bwd(ly, b.gout, ETP_DTYPE_BF16, NULL, l.rows, b.grows, b.gtopk, s),
                    ETP_ERR_INVALID_ARGUMENT, "expert_out");
     ETP_EXPECT_MSG(etp_ep_dispatch_bwd(ly, b.grows_in, ETP_DTYPE_BF16, b.gw_in, l.rows, b.gtok, NULL, s),
