@@ -371,7 +371,7 @@ static void test_swizzle_bad_input(void **state)
     }
     tu_poison(b, sizeof b);
     const etp_quant_swizzle_dir_t sw = ETP_QUANT_SWIZZLE;
-    BAD(etp_quant_swizzle_scales(NULL, 3, in, out, sw, f->s), "'q'");
+    BAD(etp_quant_swizzle_scales(NULL, 3, in, out, sw, f->s), "argument 'quantizer' is NULL");
     BAD(etp_quant_swizzle_scales(q, 3, in, out, sw, NULL), "'stream'");
     BAD(etp_quant_swizzle_scales(q, 3, NULL, out, sw, f->s), "'in' is NULL with n = 3");
     BAD(etp_quant_swizzle_scales(q, 3, in, NULL, sw, f->s), "'out' is NULL with n = 3");
