@@ -194,8 +194,10 @@ static etp_status_t load_rows(etp_param_t *p, const char *src, int64_t src_row0,
     etp_status_t st = ETP_SUCCESS;
     for (int64_t e = 0; e < p->experts && st == ETP_SUCCESS; e++) {
         char *dst = (char *)p->shard + (size_t)(e * p->shard_rows) * row;
-        st = etp_memcpy_async(s, dst, src + (size_t)((e * src_stride + src_row0) * p->cols) * es,
-                              (size_t)p->valid_rows * row);
+        if (p->valid_rows > 0) /* src may be NULL otherwise */
+            st = etp_memcpy_async(s, dst,
+                                  src + (size_t)((e * src_stride + src_row0) * p->cols) * es,
+                                  (size_t)p->valid_rows * row);
         if (st == ETP_SUCCESS)
             st = etp_memset_async(s, dst + (size_t)p->valid_rows * row, 0,
                                   (size_t)(p->shard_rows - p->valid_rows) * row);
@@ -223,8 +225,13 @@ etp_status_t etp_param_load_full(etp_param_t *p, const void *src, etp_stream_t *
 
 etp_status_t etp_param_load_shard(etp_param_t *p, const void *src, etp_stream_t *s)
 {
-    ETP__TRY(check_stream(p, s, "etp_param_load_shard"));
-    ETP__CHECK_NULL(src, "etp_param_load_shard");
+    const char *fn = "etp_param_load_shard";
+    ETP__TRY(check_stream(p, s, fn));
+    /* only the valid rows are read: a shard of padding alone reads none */
+    if (!src && p->valid_rows > 0)
+        return etp__err(ETP_ERR_INVALID_ARGUMENT,
+                        "%s: argument 'src' is NULL; '%s' has %lld valid rows on this rank (NULL "
+                        "only for 0)", fn, p->name, (long long)p->valid_rows);
     return load_rows(p, src, 0, p->shard_rows, s);
 }
 
