@@ -224,8 +224,9 @@ typedef struct etp_chain_config {
 #define ETP_CHAIN_CONFIG_INIT {sizeof(etp_chain_config_t), NULL, NULL, 1, 0, 0, 1, 2, 1, 0, 0}
 
 /* Create a chain with its own all-gather and reduce-scatter streams. Its
- * group needs two roles (ag_role != rs_role; the default group config has
- * one): ETP_ERR_INVALID_ARGUMENT otherwise. */
+ * group needs two roles (ag_role != rs_role; the default group config and
+ * the context's world group have one: split a group with num_roles = 2,
+ * etp_group_split): ETP_ERR_INVALID_ARGUMENT otherwise. */
 ETP_API etp_status_t etp_chain_create(etp_context_t *ctx, const etp_chain_config_t *config,
                                       etp_chain_t **chain);
 /* Errors: ETP_ERR_BUSY while its communication is in flight (call

@@ -21,7 +21,8 @@ etp_status_t etp_chain_create(etp_context_t *ctx, const etp_chain_config_t *conf
     ETP__TRY(etp__vs_in(&in, config, &etp__vs_chain_config, fn, "config"));
     const etp_chain_config_t *cfg = &in;
     ETP__CHECK_ARG(cfg->group != NULL, "%s: config->group is NULL", fn);
-    ETP__CHECK_ARG(cfg->group->ctx == ctx, "%s: the group belongs to another context", fn);
+    ETP__CHECK_ARG(cfg->group->ctx == ctx, "%s: group '%s' belongs to another context", fn,
+                   cfg->group->name);
     ETP__CHECK_ARG(cfg->depth >= 0, "%s: depth %d (expected >= 0)", fn, cfg->depth);
     ETP__CHECK_ARG(cfg->wgrad_ring >= 1, "%s: wgrad_ring %d (expected >= 1)", fn, cfg->wgrad_ring);
     ETP__CHECK_ARG(cfg->num_microbatches >= 1, "%s: num_microbatches %d (expected >= 1)", fn,
@@ -38,6 +39,11 @@ etp_status_t etp_chain_create(etp_context_t *ctx, const etp_chain_config_t *conf
                    "%s: defer_zero_grad is for ungraphed chains (a captured reduction would store "
                    "or add on every replay, whatever etp_zero_grad said)", fn);
     int roles = cfg->group->num_roles;
+    /* the usual first mistake, the context's world (one role): say what to do */
+    ETP__CHECK_ARG(roles >= 2,
+                   "%s: group '%s' has %d role; chains need 2 (all-gather and reduce-scatter): "
+                   "split a group with num_roles = 2, see etp_group_split", fn, cfg->group->name,
+                   roles);
     ETP__CHECK_ARG(cfg->ag_role >= 0 && cfg->ag_role < roles && cfg->rs_role >= 0 && cfg->rs_role < roles,
                    "%s: roles ag %d, rs %d not in [0, %d) of group '%s'", fn, cfg->ag_role,
                    cfg->rs_role, roles, cfg->group->name);
