@@ -307,6 +307,20 @@ static void test_first_mistakes(void **state)
         "group 'world' has 1 role; chains need 2 (all-gather and reduce-scatter): split a group "
         "with num_roles = 2, see etp_group_split");
     assert_true(ch == (etp_chain_t *)0x1);
+    /* arguments named as the header names them, objects by their names */
+    BAD(etp_chain_add(NULL, NULL), "etp_chain_add: argument 'chain' is NULL");
+    BAD(etp_chain_create(f->ctx, &cc, NULL), "argument 'chain' is NULL");
+    etp_param_info_t pi = ETP_PARAM_INFO_INIT;
+    BAD(etp_param_info(NULL, &pi), "argument 'param' is NULL");
+    etp_param_config_t pc = ETP_PARAM_CONFIG_INIT;
+    pc.group = world;
+    pc.name = "w_up";
+    pc.rows = 0;
+    pc.cols = 8;
+    etp_param_t *p = NULL;
+    BAD(etp_param_create(f->ctx, &pc, &p), "etp_param_create: parameter 'w_up': shape [0, 8]");
+    BAD(etp_param_create(f->ctx, &pc, NULL), "argument 'param' is NULL");
+    assert_null(p);
 
     /* a zero-initialised quantizer config: the fields its format ignores
      * are not checked; those it uses are */
