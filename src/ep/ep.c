@@ -319,6 +319,10 @@ etp_status_t etp_ep_group_create(etp_group_t *group, const etp_ep_group_config_t
     if (!out) return etp__err(ETP_ERR_INVALID_ARGUMENT, "%s: argument 'ep' is NULL", fn);
     etp_ep_group_config_t c = ETP_EP_GROUP_CONFIG_INIT;
     ETP__TRY(etp__vs_in(&c, config, &etp__vs_ep_group_config, fn, "config"));
+    /* the config's messages name the EP group */
+    char who[112];
+    snprintf(who, sizeof who, "etp_ep_group_create: EP group '%.63s'", c.name ? c.name : group->name);
+    fn = who;
     const int R = group->size;
     ETP__CHECK_ARG(c.role >= 0 && c.role < group->num_roles,
                    "%s: role %d not in [0, %d) of group '%s'", fn, c.role, group->num_roles,
@@ -488,6 +492,11 @@ etp_status_t etp_ep_layer_create(etp_ep_group_t *ep, const etp_ep_layer_config_t
     etp_ep_layer_config_t c = ETP_EP_LAYER_CONFIG_INIT;
     ETP__TRY(etp__vs_in(&c, config, &etp__vs_ep_layer_config, fn, "config"));
     ETP__TRY(not_tracing(ep, fn));
+    /* the config's messages name the layer (as it would be named) */
+    char who[112], auto_name[24];
+    snprintf(auto_name, sizeof auto_name, "layer%d", ep->next_layer_id);
+    snprintf(who, sizeof who, "etp_ep_layer_create: EP layer '%.63s'", c.name ? c.name : auto_name);
+    fn = who;
     ETP__CHECK_ARG(c.topk >= 1 && c.topk <= ep->cfg.max_topk,
                    "%s: topk %d not in [1, max_topk %d] of EP group '%s'", fn, c.topk,
                    ep->cfg.max_topk, ep->name);

@@ -401,6 +401,14 @@ static void test_bad_input(void **state)
     bad = c;
     bad.num_experts = (int64_t)g_size << 31; /* expert ids are int32 */
     ETP_EXPECT_MSG(etp_ep_group_create(f->world, &bad, &ep), ETP_ERR_INVALID_ARGUMENT, "num_experts");
+    /* the config's refusals name the EP group: its name, else its group's */
+    bad = c;
+    bad.hidden = 0;
+    ETP_EXPECT_MSG(etp_ep_group_create(f->world, &bad, &ep), ETP_ERR_INVALID_ARGUMENT,
+                   "etp_ep_group_create: EP group 'world': hidden 0");
+    bad.name = "moe_ep";
+    ETP_EXPECT_MSG(etp_ep_group_create(f->world, &bad, &ep), ETP_ERR_INVALID_ARGUMENT,
+                   "EP group 'moe_ep': hidden 0");
     assert_null(ep);
 
     g.cap = c.recv_capacity_per_rank;
@@ -409,6 +417,10 @@ static void test_bad_input(void **state)
     etp_ep_layer_t *ly = NULL;
     lc.topk = 3;
     ETP_EXPECT_MSG(etp_ep_layer_create(ep, &lc, &ly), ETP_ERR_INVALID_ARGUMENT, "topk");
+    lc.name = "moe3";
+    ETP_EXPECT_MSG(etp_ep_layer_create(ep, &lc, &ly), ETP_ERR_INVALID_ARGUMENT,
+                   "etp_ep_layer_create: EP layer 'moe3': topk 3");
+    lc.name = NULL;
     lc.topk = 2;
     lc.alignment = 3;
     ETP_EXPECT_MSG(etp_ep_layer_create(ep, &lc, &ly), ETP_ERR_INVALID_ARGUMENT, "does not divide");
