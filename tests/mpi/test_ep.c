@@ -264,6 +264,28 @@ static void test_device_tokens(void **state)
     g.cf = 8;
     lcfg_t l = {.k = 2, .align = 2, .weighted = 1, .layout = ETP_EP_LAYOUT_FIXED_SLOTS};
     ep_device_tokens(f, &g, &l, "graphable", 9700);
+
+    /* T on the device is unknown at enqueue: no array of T rows may be
+     * NULL, even where T turns out 0 */
+    etp_ep_group_t *ep = ep_make_group(f, &g);
+    etp_ep_layer_t *ly = ep_make_layer(ep, &g, &l, "devT");
+    ep_bufs_t b;
+    ep_bufs_alloc(f, &g, l.rows, l.k, &b);
+    const int32_t zero = 0;
+    ep_up(f->s0, b.tdev, &zero, sizeof zero);
+    ETP_EXPECT_MSG(etp_ep_prepare(ly, NULL, ETP_DTYPE_I64, ETP_EP_TOKENS_ON_DEVICE, b.tdev, f->s0),
+                   ETP_ERR_INVALID_ARGUMENT, "'topk_idx' is NULL; with a device token count");
+    ETP_OK(etp_ep_prepare(ly, b.idx, ETP_DTYPE_I64, ETP_EP_TOKENS_ON_DEVICE, b.tdev, f->s0));
+    ETP_EXPECT_MSG(etp_ep_dispatch(ly, NULL, ETP_DTYPE_BF16, b.w, ETP_DTYPE_F32, b.recv, b.recv_w,
+                                   l.rows, f->s0),
+                   ETP_ERR_INVALID_ARGUMENT, "'tokens' is NULL; EP layer 'devT' was prepared with a device");
+    ETP_EXPECT_MSG(etp_ep_dispatch(ly, b.tok, ETP_DTYPE_BF16, NULL, ETP_DTYPE_F32, b.recv, b.recv_w,
+                                   l.rows, f->s0),
+                   ETP_ERR_INVALID_ARGUMENT, "'topk_weights' is NULL, but EP layer 'devT' is weighted");
+    ETP_OK(etp_stream_synchronize(f->s0));
+    ep_bufs_free(f, &b);
+    ETP_OK(etp_ep_layer_destroy(ly));
+    ETP_OK(etp_ep_group_destroy(ep));
 }
 
 /* Many steps of random routing through two layers: the memory report
