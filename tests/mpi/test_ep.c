@@ -2,8 +2,9 @@
  * Expert parallelism on the host backend, against the single-rank reference
  * of test_ep_ref.h (every rank replays every rank's routing and data from
  * the printed seed): 2, 3 and 4 ranks, T varying per rank including 0 (the
- * empty ranks passing NULL for their empty arrays), top-k 1, 2, 6, 8 with -1 slots, uniform and skewed routing, both
- * layouts, weighted and unweighted, both transports, BF16 and F32; two
+ * empty ranks passing NULL for their empty arrays), top-k 1, 2, 6, 8
+ * with -1 slots, uniform and skewed routing, both layouts, weighted and
+ * unweighted, both transports, BF16 and F32; two
  * layers of different top-k and alignment interleaved on two streams;
  * adjoints; overflow and bad indices under both policies; T on the device;
  * many steps with an unchanged memory report; bad input; more than 2^16
