@@ -10,6 +10,7 @@
  * quantizer, so the launch path allocates nothing.
  */
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -63,12 +64,18 @@ etp_status_t etp_quantizer_create(etp_context_t *ctx, const etp_quantizer_config
     if (cfg.format != ETP_QUANT_NVFP4 && cfg.format != ETP_QUANT_MXFP8)
         return etp__err(ETP_ERR_INVALID_ARGUMENT, "%s: format %d is not an etp_quant_format_t", fn,
                         (int)cfg.format);
-    if (cfg.mxfp8_elem != ETP_QUANT_ELEM_E4M3 && cfg.mxfp8_elem != ETP_QUANT_ELEM_E5M2)
-        return etp__err(ETP_ERR_INVALID_ARGUMENT, "%s: mxfp8_elem %d is not an etp_quant_elem_t",
-                        fn, (int)cfg.mxfp8_elem);
-    if (cfg.nvfp4_block != ETP_QUANT_BLOCK_1D && cfg.nvfp4_block != ETP_QUANT_BLOCK_2D)
-        return etp__err(ETP_ERR_INVALID_ARGUMENT, "%s: nvfp4_block %d is not an etp_quant_block_t",
-                        fn, (int)cfg.nvfp4_block);
+    /* a field the format does not use is not checked (a zeroed config of
+     * one format is valid whatever the other format's fields hold) */
+    if (cfg.format == ETP_QUANT_MXFP8 && cfg.mxfp8_elem != ETP_QUANT_ELEM_E4M3 &&
+        cfg.mxfp8_elem != ETP_QUANT_ELEM_E5M2)
+        return etp__err(ETP_ERR_INVALID_ARGUMENT,
+                        "%s: mxfp8_elem %d is not an etp_quant_elem_t (expected "
+                        "ETP_QUANT_ELEM_E4M3 or ETP_QUANT_ELEM_E5M2)", fn, (int)cfg.mxfp8_elem);
+    if (cfg.format == ETP_QUANT_NVFP4 && cfg.nvfp4_block != ETP_QUANT_BLOCK_1D &&
+        cfg.nvfp4_block != ETP_QUANT_BLOCK_2D)
+        return etp__err(ETP_ERR_INVALID_ARGUMENT,
+                        "%s: nvfp4_block %d is not an etp_quant_block_t (expected "
+                        "ETP_QUANT_BLOCK_1D or ETP_QUANT_BLOCK_2D)", fn, (int)cfg.nvfp4_block);
     if (cfg.directions == 0 || (cfg.directions & ~(ETP_QUANT_ROWWISE | ETP_QUANT_COLUMNWISE)))
         return etp__err(ETP_ERR_INVALID_ARGUMENT,
                         "%s: directions 0x%x (expected ETP_QUANT_ROWWISE and/or "
@@ -150,21 +157,34 @@ etp_status_t etp_quantizer_set_noop_flag(etp_quantizer_t *quantizer, const int32
 
 /* ---- sizes ---------------------------------------------------------------- */
 
+/* NO_INDEX: a call of one tensor (etp_quant_sizes), named by its shape only */
+#define NO_INDEX SIZE_MAX
+
+/* "tensor i of [rows, cols]", or "tensor [rows, cols]" for NO_INDEX */
+static const char *tensor_name(char *buf, size_t cap, size_t index, size_t rows, size_t cols)
+{
+    if (index == NO_INDEX)
+        snprintf(buf, cap, "tensor [%zu, %zu]", rows, cols);
+    else
+        snprintf(buf, cap, "tensor %zu of [%zu, %zu]", index, rows, cols);
+    return buf;
+}
+
 static etp_status_t sizes_of(const etp_quantizer_t *q, size_t rows, size_t cols, size_t index,
                              const char *fn, etp_quant_sizes_t *out)
 {
     const size_t blk = block_of(q);
     const int nv = q->cfg.format == ETP_QUANT_NVFP4;
+    char tn[96];
     if (rows > ETP__Q_DIM_MAX || cols > ETP__Q_DIM_MAX)
-        return etp__err(ETP_ERR_INVALID_ARGUMENT,
-                        "%s: tensor %zu of [%zu, %zu]: rows and cols must be at most %zu", fn,
-                        index, rows, cols, ETP__Q_DIM_MAX);
+        return etp__err(ETP_ERR_INVALID_ARGUMENT, "%s: %s: rows and cols must be at most %zu", fn,
+                        tensor_name(tn, sizeof tn, index, rows, cols), ETP__Q_DIM_MAX);
     etp_quant_sizes_t s = ETP_QUANT_SIZES_INIT;
     if (q->cfg.directions & ETP_QUANT_ROWWISE) {
         if (cols % blk)
             return etp__err(ETP_ERR_INVALID_ARGUMENT,
-                            "%s: tensor %zu of [%zu, %zu]: %s rowwise needs cols a multiple of %zu",
-                            fn, index, rows, cols, format_name(q), blk);
+                            "%s: %s: %s rowwise needs cols a multiple of %zu", fn,
+                            tensor_name(tn, sizeof tn, index, rows, cols), format_name(q), blk);
         etp__qf_scale_shape_t sh =
             nv ? etp__qf_nvfp4_row_scales(rows, cols) : etp__qf_mxfp8_row_scales(rows, cols);
         s.rowwise_data_bytes = nv ? rows * cols / 2 : rows * cols;
@@ -175,9 +195,8 @@ static etp_status_t sizes_of(const etp_quantizer_t *q, size_t rows, size_t cols,
     if (q->cfg.directions & ETP_QUANT_COLUMNWISE) {
         if (rows % blk)
             return etp__err(ETP_ERR_INVALID_ARGUMENT,
-                            "%s: tensor %zu of [%zu, %zu]: %s columnwise needs rows a multiple of "
-                            "%zu",
-                            fn, index, rows, cols, format_name(q), blk);
+                            "%s: %s: %s columnwise needs rows a multiple of %zu", fn,
+                            tensor_name(tn, sizeof tn, index, rows, cols), format_name(q), blk);
         etp__qf_scale_shape_t sh =
             nv ? etp__qf_nvfp4_col_scales(rows, cols) : etp__qf_mxfp8_col_scales(rows, cols);
         s.columnwise_data_bytes = nv ? rows * cols / 2 : rows * cols;
@@ -196,7 +215,7 @@ etp_status_t etp_quant_sizes(const etp_quantizer_t *quantizer, size_t rows, size
     ETP__CHECK_NULL(quantizer, fn);
     ETP__CHECK_NULL(sizes, fn);
     etp_quant_sizes_t s = ETP_QUANT_SIZES_INIT;
-    ETP__TRY(sizes_of(quantizer, rows, cols, 0, fn, &s));
+    ETP__TRY(sizes_of(quantizer, rows, cols, NO_INDEX, fn, &s));
     return etp__vs_out(sizes, &s, &etp__vs_quant_sizes, fn, "sizes");
 }
 
@@ -205,7 +224,7 @@ etp_status_t etp_quant_sizes(const etp_quantizer_t *quantizer, size_t rows, size
 static etp_status_t check_call(etp_quantizer_t *q, size_t n, const void *list, const char *list_name,
                                etp_stream_t *stream, const char *fn)
 {
-    ETP__CHECK_NULL(q, fn);
+    if (!q) return etp__err(ETP_ERR_INVALID_ARGUMENT, "%s: argument 'quantizer' is NULL", fn);
     ETP__CHECK_NULL(stream, fn);
     /* launches index tensors in 32 bits (the amax index, the stochastic
      * rounding's tensor id) */
@@ -406,9 +425,11 @@ etp_status_t etp_quant_multi_amax(etp_quantizer_t *quantizer, size_t n,
 {
     const char *fn = "etp_quant_multi_amax";
     ETP__TRY(check_call(quantizer, n, inputs, "inputs", stream, fn));
-    if (!amax_rowwise && !amax_columnwise)
+    /* with n = 0 both arrays are empty, and may both be NULL */
+    if (n > 0 && !amax_rowwise && !amax_columnwise)
         return etp__err(ETP_ERR_INVALID_ARGUMENT,
-                        "%s: amax_rowwise and amax_columnwise are both NULL", fn);
+                        "%s: amax_rowwise and amax_columnwise are both NULL with n = %zu (give at "
+                        "least one)", fn, n);
     if (amax_rowwise) ETP__TRY(check_amax(amax_rowwise, amax_count, n, "amax_rowwise", fn));
     if (amax_columnwise) ETP__TRY(check_amax(amax_columnwise, amax_count, n, "amax_columnwise", fn));
     for (size_t i = 0; i < n; i++) ETP__TRY(check_input(&inputs[i], i, fn));

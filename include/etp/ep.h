@@ -85,6 +85,15 @@
  * the caller's output buffers. Pointers are device pointers (host memory on
  * the host backend). Outputs are written only by the work enqueued.
  *
+ * Empty arrays: an array of zero length may be NULL. The token-side arrays
+ * ([T, ...]: topk_idx, tokens, topk_weights, out, grad_out, grad_tokens,
+ * grad_topk_weights) are empty on a rank whose prepare was given
+ * num_tokens = 0; such a rank still makes every call, with NULL or not.
+ * With T on the device (num_tokens_dev) T is unknown when the work is
+ * enqueued: those arrays hold max_tokens_per_rank rows and are never NULL.
+ * Arrays of the layer's rows (recv_tokens, expert_out, grad_rows, ...)
+ * are never empty.
+ *
  * Thread safety: an EP group and its layers are used by one thread at a
  * time, like their context.
  *
@@ -274,14 +283,16 @@ ETP_API etp_status_t etp_ep_layer_rows(const etp_ep_layer_t *layer, int64_t *row
  * positions. Collective over the EP group.
  *   topk_idx: [T, k] of idx_dtype, which must be ETP_DTYPE_I64; read by the
  *     enqueued work (keep it alive and unchanged until the stream passes).
+ *     NULL allowed when num_tokens is 0.
  *   num_tokens: T (0 .. max_tokens_per_rank), or ETP_EP_TOKENS_ON_DEVICE
  *     with num_tokens_dev (an int32 on the device, read by the enqueued
  *     work; a value outside [0, max_tokens_per_rank] is clamped and flagged
  *     ETP_EP_FLAG_BAD_TOKENS). topk_idx then holds max_tokens_per_rank rows.
  * EXACT synchronizes `stream` once (the counts come to the host) and is
  * refused under capture; CAPACITY never blocks.
- * Errors: ETP_ERR_INVALID_ARGUMENT (NULLs, idx_dtype not I64, T out of range,
- * device T with EXACT), ETP_ERR_INVALID_STATE (a capture with EXACT),
+ * Errors: ETP_ERR_INVALID_ARGUMENT (NULLs (topk_idx NULL with T > 0 or a
+ * device T; ETP_EP_TOKENS_ON_DEVICE without num_tokens_dev), idx_dtype not
+ * I64, T out of range, device T with EXACT), ETP_ERR_INVALID_STATE (a capture with EXACT),
  * ETP_ERR_TIMEOUT, ETP_ERR_ABORTED. */
 ETP_API etp_status_t etp_ep_prepare(etp_ep_layer_t *layer, const void *topk_idx,
                                     etp_dtype_t idx_dtype, int64_t num_tokens,
@@ -301,19 +312,24 @@ ETP_API etp_status_t etp_ep_layout_host(etp_ep_layer_t *layer, etp_stream_t *str
                                         int32_t *counts, int32_t *offsets);
 
 /* Dispatch the tokens of the last prepare. Collective.
- *   tokens: [T, H] of dtype (the group's token dtype).
- *   topk_weights: [T, k] of weights_dtype, which must be ETP_DTYPE_F32; NULL
- *     allowed only for an unweighted layer (then recv_weights must be NULL).
+ *   tokens: [T, H] of dtype (the group's token dtype); NULL when T is 0.
+ *   topk_weights: [T, k] of weights_dtype, which must be ETP_DTYPE_F32;
+ *     NULL when T is 0, or for an unweighted layer without recv_weights
+ *     (ignored there without recv_weights).
  *   recv_tokens: [rows, H] of dtype, rows >= etp_ep_layer_rows(); row r of
  *     local expert e's block holds the token of its (source rank, token).
  *   recv_weights: [rows] FP32: the weight of that row's slot (may be NULL).
  *   rows: the rows recv_tokens and recv_weights hold.
+ * Weights travel when the layer is weighted or recv_weights is given: for
+ * an unweighted layer every rank passes recv_weights or none (an empty rank
+ * decides by recv_weights too, as its topk_weights may be NULL).
  * Rows of [0, layer rows) that hold no token are zero; rows beyond are not
  * touched. Weighted layers keep the received weights for combine and
  * combine_bwd.
- * Errors: ETP_ERR_INVALID_ARGUMENT (NULLs, a dtype other than the group's
- * or F32 for weights, rows too small, weights missing for a weighted
- * layer, an MXFP8 group: it needs etp_ep_dispatch_ex for its scales),
+ * Errors: ETP_ERR_INVALID_ARGUMENT (NULLs of non-empty arrays, a dtype
+ * other than the group's or F32 for weights, rows too small, topk_weights
+ * missing (T > 0) for a weighted layer or with recv_weights, an MXFP8
+ * group: it needs etp_ep_dispatch_ex for its scales),
  * ETP_ERR_INVALID_STATE (before prepare), ETP_ERR_ABORTED. */
 ETP_API etp_status_t etp_ep_dispatch(etp_ep_layer_t *layer, const void *tokens, etp_dtype_t dtype,
                                      const void *topk_weights, etp_dtype_t weights_dtype,
@@ -324,9 +340,10 @@ ETP_API etp_status_t etp_ep_dispatch(etp_ep_layer_t *layer, const void *tokens, 
  * receive buffer of MXFP8 scales. */
 typedef struct etp_ep_dispatch_args {
     size_t size;                /* sizeof(etp_ep_dispatch_args_t) */
-    const void *tokens;         /* [T, H] of dtype */
+    const void *tokens;         /* [T, H] of dtype; NULL when T is 0 */
     etp_dtype_t dtype;          /* the group's token dtype; MXFP8 groups: ETP_DTYPE_BF16 */
-    const void *topk_weights;   /* [T, k] of weights_dtype, or NULL (unweighted layers) */
+    /* [T, k] of weights_dtype; NULL when T is 0, or as etp_ep_dispatch says */
+    const void *topk_weights;
     etp_dtype_t weights_dtype;  /* ETP_DTYPE_F32 */
     /* [rows, H] of the group's token dtype; MXFP8 groups: rows x H bytes of
      * E4M3, row r at byte r * H */
@@ -363,7 +380,8 @@ ETP_API etp_status_t etp_ep_dispatch_ex(etp_ep_layer_t *layer, const etp_ep_disp
 
 /* Combine the expert outputs of the last dispatch back to their tokens.
  * Collective. expert_out: [rows, H] of dtype (the token dtype; BF16 in an
- * MXFP8 group), in the layout of recv_tokens; out: [T, H] of dtype.
+ * MXFP8 group), in the layout of recv_tokens; out: [T, H] of dtype (NULL
+ * when T is 0).
  * Weighted layers multiply by the weights the last dispatch carried.
  * Errors: as dispatch; ETP_ERR_INVALID_STATE for a weighted layer that has
  * not dispatched since its prepare. */
@@ -376,11 +394,13 @@ ETP_API etp_status_t etp_ep_combine(etp_ep_layer_t *layer, const void *expert_ou
  *     the gradient passes the quantization straight through);
  *   grad_row_weights: [rows] FP32 or NULL.
  *   grad_tokens: [T, H] of dtype: the sum of the rows of each token (the
- *     order and rounding of an unweighted combine).
+ *     order and rounding of an unweighted combine). NULL when T is 0.
  *   grad_topk_weights: [T, k] FP32: slot (t, j) gets grad_row_weights of the
  *     row that carried it, 0 for slots without a row. grad_row_weights and
  *     grad_topk_weights are both given or both NULL (ETP_ERR_INVALID_ARGUMENT
- *     otherwise).
+ *     otherwise), except that a rank with T = 0 may pass grad_topk_weights
+ *     NULL with grad_row_weights given. Weight gradients travel when
+ *     grad_row_weights is given: every rank gives it or none.
  * Errors: as dispatch. */
 ETP_API etp_status_t etp_ep_dispatch_bwd(etp_ep_layer_t *layer, const void *grad_rows,
                                          etp_dtype_t dtype, const float *grad_row_weights,
@@ -389,13 +409,14 @@ ETP_API etp_status_t etp_ep_dispatch_bwd(etp_ep_layer_t *layer, const void *grad
 
 /* The adjoint of combine. Collective.
  *   grad_out: [T, H] of dtype (the token dtype; BF16 in an MXFP8 group);
+ *     NULL when T is 0;
  *   expert_out: [rows, H] of dtype, the forward's
  *     input (read only by weighted layers; may be NULL for unweighted ones).
  *   grad_rows: [rows, H] of dtype: w * grad_out[t] (weighted, one rounding)
  *     or grad_out[t]; rows holding no token are zero.
  *   grad_topk_weights: [T, k] FP32, weighted layers only (else NULL): the
  *     dot product of grad_out[t] and the slot's expert_out row, in FP32 in a
- *     fixed order (docs/EP.md); 0 for slots without a row.
+ *     fixed order (docs/EP.md); 0 for slots without a row. NULL when T is 0.
  * Errors: as combine. */
 ETP_API etp_status_t etp_ep_combine_bwd(etp_ep_layer_t *layer, const void *grad_out,
                                         etp_dtype_t dtype, const void *expert_out, int64_t rows,

@@ -149,7 +149,12 @@ ETP_API etp_status_t etp_param_info(const etp_param_t *param, etp_param_info_t *
  * [experts][rows][cols] (dtype of the parameter, host or device memory),
  * or from this rank's own shard [experts][shard_rows][cols] (padding rows
  * are zeroed either way). Fills the master shard too. Marks the parameter
- * updated on `stream`. `src` must stay valid until the stream reaches it. */
+ * updated on `stream`. `src` must stay valid until the stream reaches it.
+ * Only the valid rows of the shard are read: etp_param_load_shard's src may
+ * be NULL on a rank whose valid_shard_rows is 0 (a shard of padding only,
+ * when rows < group size x alignment), as any empty array may in etp.
+ * Errors: ETP_ERR_INVALID_ARGUMENT (NULL param or stream, src NULL where
+ * rows are read, a stream of another context). */
 ETP_API etp_status_t etp_param_load_full(etp_param_t *param, const void *src, etp_stream_t *stream);
 ETP_API etp_status_t etp_param_load_shard(etp_param_t *param, const void *src, etp_stream_t *stream);
 
@@ -219,8 +224,9 @@ typedef struct etp_chain_config {
 #define ETP_CHAIN_CONFIG_INIT {sizeof(etp_chain_config_t), NULL, NULL, 1, 0, 0, 1, 2, 1, 0, 0}
 
 /* Create a chain with its own all-gather and reduce-scatter streams. Its
- * group needs two roles (ag_role != rs_role; the default group config has
- * one): ETP_ERR_INVALID_ARGUMENT otherwise. */
+ * group needs two roles (ag_role != rs_role; the default group config and
+ * the context's world group have one: split a group with num_roles = 2,
+ * etp_group_split): ETP_ERR_INVALID_ARGUMENT otherwise. */
 ETP_API etp_status_t etp_chain_create(etp_context_t *ctx, const etp_chain_config_t *config,
                                       etp_chain_t **chain);
 /* Errors: ETP_ERR_BUSY while its communication is in flight (call

@@ -38,6 +38,11 @@
  * allocate nothing, never synchronize the host, and may be captured in a
  * CUDA graph.
  *
+ * Empty arrays: any array of zero length may be NULL: the arrays of a call
+ * with n = 0, the data of a tensor with 0 elements, and the data and scale
+ * buffers of a direction whose size is 0 bytes (a tensor with rows or cols
+ * 0). An empty tensor still has its amax entry (0).
+ *
  * Alignment: tensors (inputs, dequantize destinations) must be aligned to
  * their element size, amax arrays and the no-op flag to 4 bytes; quantized
  * data and scale buffers may have any alignment. At most 2^32 - 1 tensors
@@ -95,8 +100,8 @@ typedef enum etp_quant_rounding {
 typedef struct etp_quantizer_config {
     size_t size;                   /* sizeof(etp_quantizer_config_t) */
     etp_quant_format_t format;
-    etp_quant_elem_t mxfp8_elem;   /* MXFP8 only */
-    etp_quant_block_t nvfp4_block; /* NVFP4 only */
+    etp_quant_elem_t mxfp8_elem;   /* MXFP8 only (not checked for NVFP4) */
+    etp_quant_block_t nvfp4_block; /* NVFP4 only (not checked for MXFP8) */
     unsigned directions;           /* ETP_QUANT_ROWWISE and/or ETP_QUANT_COLUMNWISE */
     int swizzle_scales;            /* 1: scales in cuBLASLt's 128x4 tiled order, the one a
                                       block-scaled GEMM reads. 0: row-major; with 16x16
@@ -193,9 +198,10 @@ typedef enum etp_quant_swizzle_dir {
  * `config` NULL gives the defaults (NVFP4,
  * 2D blocks, rowwise and columnwise, row-major scales, round to nearest).
  * The other format's field (nvfp4_block for MXFP8, mxfp8_elem for NVFP4)
- * is checked but not used.
+ * is neither checked nor used: a zero-initialised config with its format
+ * set is valid.
  * Errors: ETP_ERR_INVALID_ARGUMENT (NULL ctx or out, an unknown format,
- * element, block or rounding, no direction, stochastic rounding with MXFP8,
+ * an unknown element (MXFP8) or block (NVFP4), an unknown rounding, no direction, stochastic rounding with MXFP8,
  * a config size that is not sizeof(etp_quantizer_config_t) or the end of
  * one of its fields, a noop_flag not 4-byte aligned), ETP_ERR_OUT_OF_MEMORY,
  * ETP_ERR_INVALID_STATE (during a capture: it allocates), ETP_ERR_BACKEND,
@@ -232,7 +238,8 @@ ETP_API etp_status_t etp_quant_sizes(const etp_quantizer_t *quantizer, size_t ro
 /* Phase 1, one launch: amax_rowwise[i] and amax_columnwise[i] = the largest
  * |x| of tensor i (NaN elements ignored, +Inf if any is infinite, 0 for an
  * empty tensor), for i < n. Both arrays get the same values (a transposed
- * copy has the same amax); either may be NULL, not both. amax_count is the
+ * copy has the same amax); either may be NULL, not both (unless n is 0:
+ * then both are empty and may be NULL). amax_count is the
  * number of floats in each array and must equal n (a mismatch is an error,
  * not a partial result). n may be 0 (nothing is enqueued). */
 ETP_API etp_status_t etp_quant_multi_amax(etp_quantizer_t *quantizer, size_t n,

@@ -37,6 +37,13 @@ etp_status_t etp__verr(etp_status_t status, const char *fmt, va_list ap);
         if ((ptr) == NULL)                                                           \
             return etp__err(ETP_ERR_INVALID_ARGUMENT, "%s: argument '%s' is NULL", fn, #ptr); \
     } while (0)
+/* As ETP__CHECK_NULL, naming the argument as the public header does where
+ * the implementation calls it something shorter. */
+#define ETP__CHECK_NULL_AS(ptr, name, fn)                                            \
+    do {                                                                             \
+        if ((ptr) == NULL)                                                           \
+            return etp__err(ETP_ERR_INVALID_ARGUMENT, "%s: argument '%s' is NULL", fn, name); \
+    } while (0)
 /* Return a failure of `expr` to the caller. At debug level each level it
  * passes through logs "file:line -> status (expr)", so a deep failure
  * shows its path; the success path costs the test alone. */

@@ -82,6 +82,7 @@ struct etp_ep_layer {
     int64_t *rows_host;         /* EXACT, 4 x R: send rows, send offsets, recv rows, recv offsets */
     size_t *a2a;                /* 4 x R: the count arrays of one etp_alltoallv */
     int64_t ntok;               /* received token rows the expert-side kernels visit */
+    int64_t t_host;             /* this rank's T of the last prepare; -1: on the device */
     int phase;
     int weights_kept;           /* the last dispatch carried weights (since prepare) */
     etp_event_t *prep_ev;       /* recorded at the end of each prepare */
@@ -318,6 +319,10 @@ etp_status_t etp_ep_group_create(etp_group_t *group, const etp_ep_group_config_t
     if (!out) return etp__err(ETP_ERR_INVALID_ARGUMENT, "%s: argument 'ep' is NULL", fn);
     etp_ep_group_config_t c = ETP_EP_GROUP_CONFIG_INIT;
     ETP__TRY(etp__vs_in(&c, config, &etp__vs_ep_group_config, fn, "config"));
+    /* the config's messages name the EP group */
+    char who[112];
+    snprintf(who, sizeof who, "etp_ep_group_create: EP group '%.63s'", c.name ? c.name : group->name);
+    fn = who;
     const int R = group->size;
     ETP__CHECK_ARG(c.role >= 0 && c.role < group->num_roles,
                    "%s: role %d not in [0, %d) of group '%s'", fn, c.role, group->num_roles,
@@ -487,6 +492,11 @@ etp_status_t etp_ep_layer_create(etp_ep_group_t *ep, const etp_ep_layer_config_t
     etp_ep_layer_config_t c = ETP_EP_LAYER_CONFIG_INIT;
     ETP__TRY(etp__vs_in(&c, config, &etp__vs_ep_layer_config, fn, "config"));
     ETP__TRY(not_tracing(ep, fn));
+    /* the config's messages name the layer (as it would be named) */
+    char who[112], auto_name[24];
+    snprintf(auto_name, sizeof auto_name, "layer%d", ep->next_layer_id);
+    snprintf(who, sizeof who, "etp_ep_layer_create: EP layer '%.63s'", c.name ? c.name : auto_name);
+    fn = who;
     ETP__CHECK_ARG(c.topk >= 1 && c.topk <= ep->cfg.max_topk,
                    "%s: topk %d not in [1, max_topk %d] of EP group '%s'", fn, c.topk,
                    ep->cfg.max_topk, ep->name);
@@ -634,6 +644,11 @@ etp_status_t etp_ep_prepare(etp_ep_layer_t *ly, const void *topk_idx, etp_dtype_
     const int exact = ep->cfg.transport == ETP_EP_TRANSPORT_EXACT;
     ETP__CHECK_ARG(idx_dtype == ETP_DTYPE_I64, "%s: topk_idx has dtype %s (expected i64)", fn,
                    etp_dtype_name(idx_dtype));
+    if (num_tokens == ETP_EP_TOKENS_ON_DEVICE && !num_tokens_dev)
+        return etp__err(ETP_ERR_INVALID_ARGUMENT,
+                        "%s: num_tokens is ETP_EP_TOKENS_ON_DEVICE but argument 'num_tokens_dev' "
+                        "is NULL (pass the device int32 that holds T, or T itself; EP layer '%s')",
+                        fn, ly->name);
     if (num_tokens_dev) {
         ETP__CHECK_ARG(num_tokens == ETP_EP_TOKENS_ON_DEVICE,
                        "%s: num_tokens %lld with num_tokens_dev (pass ETP_EP_TOKENS_ON_DEVICE)", fn,
@@ -646,8 +661,16 @@ etp_status_t etp_ep_prepare(etp_ep_layer_t *ly, const void *topk_idx, etp_dtype_
                        "%s: num_tokens %lld not in [0, max_tokens_per_rank %lld] of EP group '%s'",
                        fn, (long long)num_tokens, (long long)ep->cfg.max_tokens_per_rank, ep->name);
     }
-    ETP__CHECK_ARG(topk_idx != NULL || (num_tokens == 0 && !num_tokens_dev),
-                   "%s: topk_idx is NULL", fn);
+    /* an empty array may be NULL; with T on the device, topk_idx holds
+     * max_tokens_per_rank rows whatever T turns out to be */
+    if (!topk_idx && num_tokens_dev)
+        return etp__err(ETP_ERR_INVALID_ARGUMENT,
+                        "%s: argument 'topk_idx' is NULL; with a device token count it must hold "
+                        "max_tokens_per_rank %lld rows (EP layer '%s')", fn,
+                        (long long)ep->cfg.max_tokens_per_rank, ly->name);
+    ETP__CHECK_ARG(topk_idx != NULL || num_tokens == 0,
+                   "%s: argument 'topk_idx' is NULL with num_tokens %lld (NULL only for 0 tokens; "
+                   "EP layer '%s')", fn, (long long)num_tokens, ly->name);
     if (exact) {
         /* refused before anything is enqueued or the routing dropped: its
          * host synchronization would fail inside the capture, half done */
@@ -706,6 +729,7 @@ etp_status_t etp_ep_prepare(etp_ep_layer_t *ly, const void *topk_idx, etp_dtype_
                               ETP__EP_ST_COUNT * sizeof(int64_t)));
     ETP__TRY(etp_event_record(ly->prep_ev, s));
     ly->prepared_once = 1;
+    ly->t_host = num_tokens_dev ? -1 : num_tokens;
     ly->phase = LAYER_PREPARED;
     return leave(ep, s);
 }
@@ -748,6 +772,23 @@ static etp_status_t check_prepared(const etp_ep_layer_t *ly, const char *fn)
     return ETP_SUCCESS;
 }
 
+/* A token-side array ([T, ...]) may be NULL when it is empty: when this
+ * rank's T of the last prepare, known on the host, is 0. With T on the
+ * device nothing is known to be empty. */
+static etp_status_t check_tok(const etp_ep_layer_t *ly, const void *p, const char *name,
+                              const char *fn)
+{
+    if (p || ly->t_host == 0) return ETP_SUCCESS;
+    if (ly->t_host < 0)
+        return etp__err(ETP_ERR_INVALID_ARGUMENT,
+                        "%s: argument '%s' is NULL; EP layer '%s' was prepared with a device "
+                        "token count, so it must hold max_tokens_per_rank %lld rows", fn, name,
+                        ly->name, (long long)ly->ep->cfg.max_tokens_per_rank);
+    return etp__err(ETP_ERR_INVALID_ARGUMENT,
+                    "%s: argument '%s' is NULL; EP layer '%s' was prepared with %lld tokens on "
+                    "this rank (NULL only for 0)", fn, name, ly->name, (long long)ly->t_host);
+}
+
 static etp_status_t check_rows(const etp_ep_layer_t *ly, int64_t rows, const char *what,
                                const char *fn)
 {
@@ -758,8 +799,10 @@ static etp_status_t check_rows(const etp_ep_layer_t *ly, int64_t rows, const cha
     return ETP_SUCCESS;
 }
 
+/* carry: weights travel (send_w set); `weights` may then still be NULL for
+ * an empty rank, whose pack reads no token. */
 static etp__ep_pack_args_t pack_args(const etp_ep_layer_t *ly, const void *tokens,
-                                     const float *weights)
+                                     const float *weights, int carry)
 {
     const etp_ep_group_t *ep = ly->ep;
     etp__ep_pack_args_t a = {
@@ -767,7 +810,7 @@ static etp__ep_pack_args_t pack_args(const etp_ep_layer_t *ly, const void *token
         .send_pos = ly->send_pos, .send_base = ly->send_base,
         .t_max = ep->cfg.max_tokens_per_rank, .hidden = ep->cfg.hidden, .k = ly->k,
         .ranks = ep->R, .dtype = (int)ep->dt, .send_tok = ep->send_tok,
-        .send_w = weights ? ep->send_small : NULL};
+        .send_w = carry ? ep->send_small : NULL};
     return a;
 }
 
@@ -778,7 +821,7 @@ static etp_status_t dispatch(etp_ep_layer_t *ly, const etp_ep_dispatch_args_t *a
     etp_ep_group_t *ep = ly->ep;
     ETP__TRY(check_dtype(ep, a->dtype, "tokens", fn));
     ETP__TRY(check_prepared(ly, fn));
-    if (!a->tokens) return etp__err(ETP_ERR_INVALID_ARGUMENT, "%s: argument 'tokens' is NULL", fn);
+    ETP__TRY(check_tok(ly, a->tokens, "tokens", fn));
     if (!a->recv_tokens)
         return etp__err(ETP_ERR_INVALID_ARGUMENT, "%s: argument 'recv_tokens' is NULL", fn);
     if (ep->mx)
@@ -796,16 +839,22 @@ static etp_status_t dispatch(etp_ep_layer_t *ly, const etp_ep_dispatch_args_t *a
         ETP__CHECK_ARG(a->weights_dtype == ETP_DTYPE_F32,
                        "%s: topk_weights has dtype %s (expected f32)", fn,
                        etp_dtype_name(a->weights_dtype));
-    ETP__CHECK_ARG(a->topk_weights || !ly->weighted,
-                   "%s: EP layer '%s' is weighted: topk_weights is required", fn, ly->name);
-    ETP__CHECK_ARG(a->topk_weights || !a->recv_weights,
-                   "%s: recv_weights given without topk_weights", fn);
+    /* Whether weights travel is decided from what every rank has alike
+     * (the layer, and recv_weights, which is never empty), not from
+     * topk_weights, which an empty rank may pass as NULL: ranks that
+     * disagreed would make different exchanges. */
+    const int carry = ly->weighted || a->recv_weights != NULL;
+    if (carry && !a->topk_weights && ly->t_host != 0)
+        return etp__err(ETP_ERR_INVALID_ARGUMENT,
+                        "%s: argument 'topk_weights' is NULL, but EP layer '%s' %s and this rank "
+                        "has %s tokens (NULL only for 0)", fn, ly->name,
+                        ly->weighted ? "is weighted" : "was given recv_weights",
+                        ly->t_host < 0 ? "a device count of" : "nonzero");
     const etp__ep_kernels_t *kt = ep->kt;
     etp__be_t *be = ep->be;
-    const void *topk_weights = a->topk_weights;
     ETP__TRY(join(ep, s));
     trace(ep, ETP_TRACE_EP_DISPATCH_PACK, s);
-    etp__ep_pack_args_t pa = pack_args(ly, a->tokens, topk_weights);
+    etp__ep_pack_args_t pa = pack_args(ly, a->tokens, carry ? a->topk_weights : NULL, carry);
     pa.mx = ep->mx;
     ETP__TRY(kt->pack(be, s->bs, &pa));
     trace(ep, ETP_TRACE_EP_DISPATCH_EXCHANGE, s);
@@ -815,20 +864,20 @@ static etp_status_t dispatch(etp_ep_layer_t *ly, const etp_ep_dispatch_args_t *a
         ep->mx ? exchange(ly, 1, ep->send_tok, ep->recv_tok, ETP__EP_MX_ROW_BYTES(ep->cfg.hidden),
                           ETP_DTYPE_U8, s)
                : exchange(ly, 1, ep->send_tok, ep->recv_tok, ep->cfg.hidden, ep->dt, s);
-    if (st == ETP_SUCCESS && topk_weights)
+    if (st == ETP_SUCCESS && carry)
         st = exchange(ly, 1, ep->send_small, ep->recv_small, ly->k, ETP_DTYPE_F32, s);
     etp_status_t st_end = etp_batch_end(ep->ctx);
     ETP__TRY(st);
     ETP__TRY(st_end);
     trace(ep, ETP_TRACE_EP_DISPATCH_EXPAND, s);
     etp__ep_expand_args_t xa = {
-        .recv_tok = ep->recv_tok, .recv_w = topk_weights ? ep->recv_small : NULL,
+        .recv_tok = ep->recv_tok, .recv_w = carry ? ep->recv_small : NULL,
         .row_src = ly->row_src, .rows = ly->rows, .hidden = ep->cfg.hidden, .k = ly->k,
         .dtype = (int)ep->dt, .mx = ep->mx, .out = a->recv_tokens, .out_scales = a->recv_scales,
-        .out_w = a->recv_weights, .keep_w = topk_weights ? ly->row_w : NULL};
+        .out_w = a->recv_weights, .keep_w = carry ? ly->row_w : NULL};
     ETP__TRY(kt->expand(be, s->bs, &xa));
     trace(ep, ETP_TRACE_EP_DISPATCH_END, s);
-    ly->weights_kept = topk_weights != NULL;
+    ly->weights_kept = carry;
     return leave(ep, s);
 }
 
@@ -860,8 +909,8 @@ etp_status_t etp_ep_dispatch_ex(etp_ep_layer_t *ly, const etp_ep_dispatch_args_t
  * call's first trace point; its others follow it in etp_trace_point_t
  * (exchange, sum, end). */
 static etp_status_t rows_to_tokens(etp_ep_layer_t *ly, const void *in, const float *row_w,
-                                   const float *grad_row_w, void *out, float *grad_topk_w,
-                                   etp_trace_point_t first, etp_stream_t *s)
+                                   const float *grad_row_w, void *out, int wgrad,
+                                   float *grad_topk_w, etp_trace_point_t first, etp_stream_t *s)
 {
     etp_ep_group_t *ep = ly->ep;
     trace(ep, first, s);
@@ -871,7 +920,7 @@ static etp_status_t rows_to_tokens(etp_ep_layer_t *ly, const void *in, const flo
                                 .ntok = ly->ntok, .hidden = ep->cfg.hidden, .k = ly->k,
                                 .dtype = (int)ep->dt, .partial = ep->recv_tok};
     ETP__TRY(kt->presum(be, s->bs, &pa));
-    if (grad_topk_w) {
+    if (wgrad) {
         etp__ep_wgrad_args_t wa = {.recv_row = ly->recv_row, .grad_row_w = grad_row_w,
                                    .ntok = ly->ntok, .hidden = ep->cfg.hidden, .k = ly->k,
                                    .dtype = (int)ep->dt, .dot = 0,
@@ -881,7 +930,7 @@ static etp_status_t rows_to_tokens(etp_ep_layer_t *ly, const void *in, const flo
     trace(ep, (etp_trace_point_t)(first + 1), s);
     ETP__TRY(etp_batch_begin(ep->ctx));
     etp_status_t st = exchange(ly, 0, ep->recv_tok, ep->send_tok, ep->cfg.hidden, ETP_DTYPE_F32, s);
-    if (st == ETP_SUCCESS && grad_topk_w)
+    if (st == ETP_SUCCESS && wgrad)
         st = exchange(ly, 0, ep->recv_small, ep->send_small, ly->k, ETP_DTYPE_F32, s);
     etp_status_t st_end = etp_batch_end(ep->ctx);
     ETP__TRY(st);
@@ -892,7 +941,7 @@ static etp_status_t rows_to_tokens(etp_ep_layer_t *ly, const void *in, const flo
                                 .t_max = ep->cfg.max_tokens_per_rank, .hidden = ep->cfg.hidden,
                                 .ranks = ep->R, .dtype = (int)ep->dt, .out = out};
     ETP__TRY(kt->reduce(be, s->bs, &ra));
-    if (grad_topk_w) {
+    if (wgrad) {
         etp__ep_wscatter_args_t wa = {.g_recv = ep->send_small, .t_dev = ly->t_dev,
                                       .slot_dest = ly->slot_dest, .send_pos = ly->send_pos,
                                       .send_base = ly->send_base,
@@ -918,14 +967,14 @@ etp_status_t etp_ep_combine(etp_ep_layer_t *ly, const void *expert_out, etp_dtyp
     ETP__TRY(check_dtype(ly->ep, dtype, "expert_out", fn));
     ETP__TRY(check_prepared(ly, fn));
     ETP__CHECK_NULL(expert_out, fn);
-    ETP__TRY(check_out(out, "out", fn));
+    ETP__TRY(check_tok(ly, out, "out", fn));
     ETP__TRY(check_rows(ly, rows, "expert_out", fn));
     if (ly->weighted && !ly->weights_kept)
         return etp__err(ETP_ERR_INVALID_STATE,
                         "%s: EP layer '%s' is weighted and has not dispatched weights since its "
                         "prepare", fn, ly->name);
     ETP__TRY(join(ly->ep, s));
-    ETP__TRY(rows_to_tokens(ly, expert_out, ly->weighted ? ly->row_w : NULL, NULL, out, NULL,
+    ETP__TRY(rows_to_tokens(ly, expert_out, ly->weighted ? ly->row_w : NULL, NULL, out, 0, NULL,
                             ETP_TRACE_EP_COMBINE_PRESUM, s));
     return leave(ly->ep, s);
 }
@@ -939,13 +988,21 @@ etp_status_t etp_ep_dispatch_bwd(etp_ep_layer_t *ly, const void *grad_rows, etp_
     ETP__TRY(check_dtype(ly->ep, dtype, "grad_rows", fn));
     ETP__TRY(check_prepared(ly, fn));
     ETP__CHECK_NULL(grad_rows, fn);
-    ETP__TRY(check_out(grad_tokens, "grad_tokens", fn));
+    ETP__TRY(check_tok(ly, grad_tokens, "grad_tokens", fn));
     ETP__TRY(check_rows(ly, rows, "grad_rows", fn));
-    ETP__CHECK_ARG(!grad_row_weights == !grad_topk_weights,
-                   "%s: grad_row_weights and grad_topk_weights must be both given or both NULL",
-                   fn);
+    /* grad_row_weights ([rows]) decides whether weight gradients travel;
+     * grad_topk_weights ([T, k]) may be NULL when empty */
+    ETP__CHECK_ARG(grad_row_weights || !grad_topk_weights,
+                   "%s: grad_topk_weights given without grad_row_weights (both given or both "
+                   "NULL; EP layer '%s')", fn, ly->name);
+    if (grad_row_weights && !grad_topk_weights && ly->t_host != 0)
+        return etp__err(ETP_ERR_INVALID_ARGUMENT,
+                        "%s: grad_row_weights given without grad_topk_weights (both given or both "
+                        "NULL; grad_topk_weights may be NULL only when this rank has 0 tokens; EP "
+                        "layer '%s')", fn, ly->name);
     ETP__TRY(join(ly->ep, s));
-    ETP__TRY(rows_to_tokens(ly, grad_rows, NULL, grad_row_weights, grad_tokens, grad_topk_weights,
+    ETP__TRY(rows_to_tokens(ly, grad_rows, NULL, grad_row_weights, grad_tokens,
+                            grad_row_weights != NULL, grad_topk_weights,
                             ETP_TRACE_EP_DISPATCH_BWD_PRESUM, s));
     return leave(ly->ep, s);
 }
@@ -959,13 +1016,17 @@ etp_status_t etp_ep_combine_bwd(etp_ep_layer_t *ly, const void *grad_out, etp_dt
     etp_ep_group_t *ep = ly->ep;
     ETP__TRY(check_dtype(ep, dtype, "grad_out", fn));
     ETP__TRY(check_prepared(ly, fn));
-    ETP__CHECK_NULL(grad_out, fn);
+    ETP__TRY(check_tok(ly, grad_out, "grad_out", fn));
     ETP__TRY(check_out(grad_rows, "grad_rows", fn));
     ETP__TRY(check_rows(ly, rows, "grad_rows", fn));
     if (ly->weighted) {
-        ETP__CHECK_ARG(expert_out && grad_topk_weights,
-                       "%s: EP layer '%s' is weighted: expert_out and grad_topk_weights are "
-                       "required", fn, ly->name);
+        ETP__CHECK_ARG(expert_out != NULL,
+                       "%s: EP layer '%s' is weighted: argument 'expert_out' is required", fn,
+                       ly->name);
+        if (!grad_topk_weights && ly->t_host != 0)
+            return etp__err(ETP_ERR_INVALID_ARGUMENT,
+                            "%s: EP layer '%s' is weighted: argument 'grad_topk_weights' is "
+                            "required (NULL only when this rank has 0 tokens)", fn, ly->name);
         if (!ly->weights_kept)
             return etp__err(ETP_ERR_INVALID_STATE,
                             "%s: EP layer '%s' is weighted and has not dispatched weights since "
@@ -978,7 +1039,7 @@ etp_status_t etp_ep_combine_bwd(etp_ep_layer_t *ly, const void *grad_out, etp_dt
     const etp__ep_kernels_t *kt = ep->kt;
     etp__be_t *be = ep->be;
     ETP__TRY(join(ep, s));
-    etp__ep_pack_args_t pa = pack_args(ly, grad_out, NULL);
+    etp__ep_pack_args_t pa = pack_args(ly, grad_out, NULL, 0);
     ETP__TRY(kt->pack(be, s->bs, &pa));
     ETP__TRY(exchange(ly, 1, ep->send_tok, ep->recv_tok, ep->cfg.hidden, dtype, s));
     etp__ep_expand_args_t xa = {.recv_tok = ep->recv_tok, .scale_w = ly->weighted ? ly->row_w : NULL,

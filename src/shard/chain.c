@@ -16,12 +16,17 @@ etp_status_t etp_chain_create(etp_context_t *ctx, const etp_chain_config_t *conf
     const char *fn = "etp_chain_create";
     ETP__CHECK_NULL(ctx, fn);
     ETP__CHECK_NULL(config, fn);
-    ETP__CHECK_NULL(out, fn);
+    ETP__CHECK_NULL_AS(out, "chain", fn);
     etp_chain_config_t in = ETP_CHAIN_CONFIG_INIT;
     ETP__TRY(etp__vs_in(&in, config, &etp__vs_chain_config, fn, "config"));
     const etp_chain_config_t *cfg = &in;
+    /* the config's messages name the chain */
+    char who[112];
+    snprintf(who, sizeof who, "etp_chain_create: chain '%.63s'", cfg->name ? cfg->name : "chain");
+    fn = who;
     ETP__CHECK_ARG(cfg->group != NULL, "%s: config->group is NULL", fn);
-    ETP__CHECK_ARG(cfg->group->ctx == ctx, "%s: the group belongs to another context", fn);
+    ETP__CHECK_ARG(cfg->group->ctx == ctx, "%s: group '%s' belongs to another context", fn,
+                   cfg->group->name);
     ETP__CHECK_ARG(cfg->depth >= 0, "%s: depth %d (expected >= 0)", fn, cfg->depth);
     ETP__CHECK_ARG(cfg->wgrad_ring >= 1, "%s: wgrad_ring %d (expected >= 1)", fn, cfg->wgrad_ring);
     ETP__CHECK_ARG(cfg->num_microbatches >= 1, "%s: num_microbatches %d (expected >= 1)", fn,
@@ -38,6 +43,11 @@ etp_status_t etp_chain_create(etp_context_t *ctx, const etp_chain_config_t *conf
                    "%s: defer_zero_grad is for ungraphed chains (a captured reduction would store "
                    "or add on every replay, whatever etp_zero_grad said)", fn);
     int roles = cfg->group->num_roles;
+    /* the usual first mistake, the context's world (one role): say what to do */
+    ETP__CHECK_ARG(roles >= 2,
+                   "%s: group '%s' has %d role; chains need 2 (all-gather and reduce-scatter): "
+                   "split a group with num_roles = 2, see etp_group_split", fn, cfg->group->name,
+                   roles);
     ETP__CHECK_ARG(cfg->ag_role >= 0 && cfg->ag_role < roles && cfg->rs_role >= 0 && cfg->rs_role < roles,
                    "%s: roles ag %d, rs %d not in [0, %d) of group '%s'", fn, cfg->ag_role,
                    cfg->rs_role, roles, cfg->group->name);
@@ -187,8 +197,8 @@ static etp_status_t attach(etp_chain_t *c, etp_param_t *p, const char *fn)
 
 etp_status_t etp_chain_add(etp_chain_t *c, etp_param_t *p)
 {
-    ETP__CHECK_NULL(c, "etp_chain_add");
-    ETP__CHECK_NULL(p, "etp_chain_add");
+    ETP__CHECK_NULL_AS(c, "chain", "etp_chain_add");
+    ETP__CHECK_NULL_AS(p, "param", "etp_chain_add");
     if (c->state != ETP__CHAIN_BUILDING)
         return etp__err(ETP_ERR_INVALID_STATE, "etp_chain_add: chain '%s' is %s", c->name,
                         c->state == ETP__CHAIN_RECORDING ? "recording (its gathers add parameters)"
@@ -260,7 +270,7 @@ static etp_status_t plan(etp_chain_t *c)
 
 etp_status_t etp_chain_finalize(etp_chain_t *c)
 {
-    ETP__CHECK_NULL(c, "etp_chain_finalize");
+    ETP__CHECK_NULL_AS(c, "chain", "etp_chain_finalize");
     if (c->state != ETP__CHAIN_BUILDING)
         return etp__err(ETP_ERR_INVALID_STATE, "etp_chain_finalize: chain '%s' is %s", c->name,
                         c->state == ETP__CHAIN_RECORDING ? "recording (end it with etp_chain_end_record)"
@@ -275,7 +285,7 @@ etp_status_t etp_chain_finalize(etp_chain_t *c)
 
 etp_status_t etp_chain_begin_record(etp_chain_t *c)
 {
-    ETP__CHECK_NULL(c, "etp_chain_begin_record");
+    ETP__CHECK_NULL_AS(c, "chain", "etp_chain_begin_record");
     if (c->state != ETP__CHAIN_BUILDING || c->nparams > 0)
         return etp__err(ETP_ERR_INVALID_STATE,
                         "etp_chain_begin_record: chain '%s' must be new and empty to record", c->name);
@@ -290,7 +300,7 @@ etp_status_t etp_chain_begin_record(etp_chain_t *c)
 
 etp_status_t etp_chain_end_record(etp_chain_t *c)
 {
-    ETP__CHECK_NULL(c, "etp_chain_end_record");
+    ETP__CHECK_NULL_AS(c, "chain", "etp_chain_end_record");
     if (c->state != ETP__CHAIN_RECORDING)
         return etp__err(ETP_ERR_INVALID_STATE, "etp_chain_end_record: chain '%s' is not recording",
                         c->name);
@@ -377,7 +387,7 @@ etp_status_t etp__chain_record_ticket(etp_chain_t *c, etp_param_t *p, etp_pass_t
 
 etp_status_t etp_chain_streams(etp_chain_t *c, etp_stream_t **ag, etp_stream_t **rs)
 {
-    ETP__CHECK_NULL(c, "etp_chain_streams");
+    ETP__CHECK_NULL_AS(c, "chain", "etp_chain_streams");
     if (ag) *ag = c->ag;
     if (rs) *rs = c->rs;
     return ETP_SUCCESS;
@@ -385,8 +395,8 @@ etp_status_t etp_chain_streams(etp_chain_t *c, etp_stream_t **ag, etp_stream_t *
 
 etp_status_t etp_chain_cache_report(const etp_chain_t *c, etp_cache_report_t *r)
 {
-    ETP__CHECK_NULL(c, "etp_chain_cache_report");
-    ETP__CHECK_NULL(r, "etp_chain_cache_report");
+    ETP__CHECK_NULL_AS(c, "chain", "etp_chain_cache_report");
+    ETP__CHECK_NULL_AS(r, "report", "etp_chain_cache_report");
     etp_cache_report_t out = {sizeof out, c->ntickets, c->nslots, 0, c->lower_bound,
                               c->ring_bytes * (size_t)c->ring_n};
     for (int s = 0; s < c->nslots; s++) out.slot_bytes += c->slots[s].bytes;
@@ -504,10 +514,11 @@ etp_status_t etp__chain_on_update(etp_param_t *p, etp_stream_t *s)
 static etp_status_t check_use(const etp_param_t *p, etp_pass_t pass, const etp_stream_t *s,
                               const char *fn)
 {
-    ETP__CHECK_NULL(p, fn);
-    ETP__CHECK_NULL(s, fn);
-    ETP__CHECK_ARG(pass == ETP_PASS_FORWARD || pass == ETP_PASS_BACKWARD, "%s: pass %d is unknown",
-                   fn, (int)pass);
+    ETP__CHECK_NULL_AS(p, "param", fn);
+    ETP__CHECK_NULL_AS(s, "stream", fn);
+    ETP__CHECK_ARG(pass == ETP_PASS_FORWARD || pass == ETP_PASS_BACKWARD,
+                   "%s: '%s': pass %d (expected ETP_PASS_FORWARD or ETP_PASS_BACKWARD)", fn,
+                   p->name, (int)pass);
     ETP__CHECK_ARG(s->ctx == p->ctx, "%s: the stream belongs to another context than '%s'", fn,
                    p->name);
     ETP__TRY(etp__ctx_no_batch(p->ctx, fn));

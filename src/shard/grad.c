@@ -79,8 +79,8 @@ etp_status_t etp__chain_ensure_workspace(etp_chain_t *c)
 static etp_status_t chain_of(const etp_param_t *p, const etp_stream_t *s, const char *fn,
                              etp_chain_t **out)
 {
-    ETP__CHECK_NULL(p, fn);
-    ETP__CHECK_NULL(s, fn);
+    ETP__CHECK_NULL_AS(p, "param", fn);
+    ETP__CHECK_NULL_AS(s, "stream", fn);
     ETP__CHECK_ARG(s->ctx == p->ctx, "%s: the stream belongs to another context than '%s'", fn,
                    p->name);
     ETP__TRY(etp__ctx_usable(p->ctx, fn));
@@ -138,7 +138,7 @@ etp_status_t etp_reduce_grad(etp_param_t *p, etp_stream_t *stream, float scale)
     etp_chain_t *c = NULL;
     ETP__TRY(chain_of(p, stream, fn, &c));
     ETP__TRY(etp__capture_note(p->ctx, &c->graph_refs, stream));
-    ETP__CHECK_ARG(isfinite(scale), "%s: scale is not finite", fn);
+    ETP__CHECK_ARG(isfinite(scale), "%s: '%s': scale %g is not finite", fn, p->name, (double)scale);
     if (p->wgrad_entry < 0)
         return etp__err(ETP_ERR_INVALID_STATE,
                         "%s: '%s' has no wgrad buffer to reduce (call etp_wgrad_buffer first)", fn,
@@ -192,9 +192,10 @@ etp_status_t etp_reduce_grad(etp_param_t *p, etp_stream_t *stream, float scale)
 
 etp_status_t etp_zero_grad(etp_chain_t *c, etp_stream_t *stream)
 {
-    ETP__CHECK_NULL(c, "etp_zero_grad");
+    ETP__CHECK_NULL_AS(c, "chain", "etp_zero_grad");
     ETP__CHECK_NULL(stream, "etp_zero_grad");
-    ETP__CHECK_ARG(stream->ctx == c->ctx, "etp_zero_grad: the stream belongs to another context");
+    ETP__CHECK_ARG(stream->ctx == c->ctx,
+                   "etp_zero_grad: the stream belongs to another context than chain '%s'", c->name);
     ETP__TRY(etp__ctx_usable(c->ctx, "etp_zero_grad"));
     ETP__TRY(etp__capture_note(c->ctx, &c->graph_refs, stream));
     /* deferred too: the first reductions' writes then follow whatever
@@ -233,9 +234,10 @@ etp_status_t etp__chain_zero_pending(etp_chain_t *c)
 
 etp_status_t etp_wait_grads(etp_chain_t *c, etp_stream_t *stream)
 {
-    ETP__CHECK_NULL(c, "etp_wait_grads");
+    ETP__CHECK_NULL_AS(c, "chain", "etp_wait_grads");
     ETP__CHECK_NULL(stream, "etp_wait_grads");
-    ETP__CHECK_ARG(stream->ctx == c->ctx, "etp_wait_grads: the stream belongs to another context");
+    ETP__CHECK_ARG(stream->ctx == c->ctx,
+                   "etp_wait_grads: the stream belongs to another context than chain '%s'", c->name);
     ETP__TRY(etp__ctx_usable(c->ctx, "etp_wait_grads"));
     ETP__TRY(etp__capture_note(c->ctx, &c->graph_refs, stream));
     ETP__TRY(etp__chain_zero_pending(c));
@@ -249,7 +251,7 @@ etp_status_t etp_wait_grads(etp_chain_t *c, etp_stream_t *stream)
 etp_status_t etp_chain_grad_stats(etp_chain_t *c, double *sum_squares, int64_t *nonfinite)
 {
     const char *fn = "etp_chain_grad_stats";
-    ETP__CHECK_NULL(c, fn);
+    ETP__CHECK_NULL_AS(c, "chain", fn);
     ETP__CHECK_NULL(sum_squares, fn);
     ETP__CHECK_NULL(nonfinite, fn);
     ETP__TRY(etp__ctx_usable(c->ctx, fn));

@@ -76,12 +76,16 @@ etp_status_t etp_param_create(etp_context_t *ctx, const etp_param_config_t *conf
     const char *fn = "etp_param_create";
     ETP__CHECK_NULL(ctx, fn);
     ETP__CHECK_NULL(config, fn);
-    ETP__CHECK_NULL(out, fn);
+    ETP__CHECK_NULL_AS(out, "param", fn);
     etp_param_config_t in = ETP_PARAM_CONFIG_INIT;
     ETP__TRY(etp__vs_in(&in, config, &etp__vs_param_config, fn, "config"));
     const etp_param_config_t *cfg = &in;
-    ETP__TRY(check_config(cfg, fn));
-    ETP__CHECK_ARG(cfg->group->ctx == ctx, "%s: the group belongs to another context", fn);
+    /* the config's messages name the parameter */
+    char who[112];
+    snprintf(who, sizeof who, "%s: parameter '%.63s'", fn, cfg->name ? cfg->name : "param");
+    ETP__TRY(check_config(cfg, who));
+    ETP__CHECK_ARG(cfg->group->ctx == ctx, "%s: group '%s' belongs to another context", who,
+                   cfg->group->name);
     ETP__TRY(etp__ctx_usable(ctx, fn));
 
     etp_param_t *p = calloc(1, sizeof *p);
@@ -165,7 +169,7 @@ etp_status_t etp_param_destroy(etp_param_t *p)
 
 etp_status_t etp_param_info(const etp_param_t *p, etp_param_info_t *info)
 {
-    ETP__CHECK_NULL(p, "etp_param_info");
+    ETP__CHECK_NULL_AS(p, "param", "etp_param_info");
     ETP__CHECK_NULL(info, "etp_param_info");
     etp_param_info_t i = {sizeof i, p->name, p->experts, p->rows, p->cols, p->padded_rows,
                           p->shard_rows, p->row_begin, p->valid_rows, p->dtype, p->wgrad_dtype,
@@ -175,8 +179,8 @@ etp_status_t etp_param_info(const etp_param_t *p, etp_param_info_t *info)
 
 static etp_status_t check_stream(const etp_param_t *p, const etp_stream_t *s, const char *fn)
 {
-    ETP__CHECK_NULL(p, fn);
-    ETP__CHECK_NULL(s, fn);
+    ETP__CHECK_NULL_AS(p, "param", fn);
+    ETP__CHECK_NULL_AS(s, "stream", fn);
     ETP__CHECK_ARG(s->ctx == p->ctx, "%s: the stream belongs to another context than '%s'", fn,
                    p->name);
     return etp__ctx_usable(p->ctx, fn);
@@ -194,8 +198,10 @@ static etp_status_t load_rows(etp_param_t *p, const char *src, int64_t src_row0,
     etp_status_t st = ETP_SUCCESS;
     for (int64_t e = 0; e < p->experts && st == ETP_SUCCESS; e++) {
         char *dst = (char *)p->shard + (size_t)(e * p->shard_rows) * row;
-        st = etp_memcpy_async(s, dst, src + (size_t)((e * src_stride + src_row0) * p->cols) * es,
-                              (size_t)p->valid_rows * row);
+        if (p->valid_rows > 0) /* src may be NULL otherwise */
+            st = etp_memcpy_async(s, dst,
+                                  src + (size_t)((e * src_stride + src_row0) * p->cols) * es,
+                                  (size_t)p->valid_rows * row);
         if (st == ETP_SUCCESS)
             st = etp_memset_async(s, dst + (size_t)p->valid_rows * row, 0,
                                   (size_t)(p->shard_rows - p->valid_rows) * row);
@@ -223,8 +229,13 @@ etp_status_t etp_param_load_full(etp_param_t *p, const void *src, etp_stream_t *
 
 etp_status_t etp_param_load_shard(etp_param_t *p, const void *src, etp_stream_t *s)
 {
-    ETP__TRY(check_stream(p, s, "etp_param_load_shard"));
-    ETP__CHECK_NULL(src, "etp_param_load_shard");
+    const char *fn = "etp_param_load_shard";
+    ETP__TRY(check_stream(p, s, fn));
+    /* only the valid rows are read: a shard of padding alone reads none */
+    if (!src && p->valid_rows > 0)
+        return etp__err(ETP_ERR_INVALID_ARGUMENT,
+                        "%s: argument 'src' is NULL; '%s' has %lld valid rows on this rank (NULL "
+                        "only for 0)", fn, p->name, (long long)p->valid_rows);
     return load_rows(p, src, 0, p->shard_rows, s);
 }
 
@@ -266,7 +277,7 @@ etp_status_t etp_param_export_full(etp_param_t *p, void *dst, etp_stream_t *s)
 
 etp_status_t etp_param_set_grad_callback(etp_param_t *p, etp_grad_ready_fn_t fn, void *user)
 {
-    ETP__CHECK_NULL(p, "etp_param_set_grad_callback");
+    ETP__CHECK_NULL_AS(p, "param", "etp_param_set_grad_callback");
     p->cb = fn;
     p->cb_user = user;
     return ETP_SUCCESS;

@@ -293,6 +293,54 @@ static void vs_assert_untouched(const void *p, size_t from, size_t to)
         BAD(expr, "inside field '" #field "'");                                            \
     } while (0)
 
+/* Refusals a user meets first, with messages that say what to do. */
+static void test_first_mistakes(void **state)
+{
+    fx_t *f = *state;
+    /* a chain on the context's world, which has one role */
+    etp_group_t *world = NULL;
+    ETP_OK(etp_context_world(f->ctx, &world));
+    etp_chain_config_t cc = ETP_CHAIN_CONFIG_INIT;
+    cc.group = world;
+    etp_chain_t *ch = (etp_chain_t *)0x1;
+    BAD(etp_chain_create(f->ctx, &cc, &ch),
+        "group 'world' has 1 role; chains need 2 (all-gather and reduce-scatter): split a group "
+        "with num_roles = 2, see etp_group_split");
+    assert_true(ch == (etp_chain_t *)0x1);
+    /* arguments named as the header names them, objects by their names */
+    BAD(etp_chain_add(NULL, NULL), "etp_chain_add: argument 'chain' is NULL");
+    BAD(etp_chain_create(f->ctx, &cc, NULL), "argument 'chain' is NULL");
+    etp_param_info_t pi = ETP_PARAM_INFO_INIT;
+    BAD(etp_param_info(NULL, &pi), "argument 'param' is NULL");
+    etp_param_config_t pc = ETP_PARAM_CONFIG_INIT;
+    pc.group = world;
+    pc.name = "w_up";
+    pc.rows = 0;
+    pc.cols = 8;
+    etp_param_t *p = NULL;
+    BAD(etp_param_create(f->ctx, &pc, &p), "etp_param_create: parameter 'w_up': shape [0, 8]");
+    BAD(etp_param_create(f->ctx, &pc, NULL), "argument 'param' is NULL");
+    assert_null(p);
+
+    /* a zero-initialised quantizer config: the fields its format ignores
+     * are not checked; those it uses are */
+    etp_quantizer_config_t qc;
+    memset(&qc, 0, sizeof qc);
+    qc.size = sizeof qc;
+    qc.format = ETP_QUANT_MXFP8; /* nvfp4_block 0: not an etp_quant_block_t, unused */
+    qc.directions = ETP_QUANT_ROWWISE;
+    etp_quantizer_t *q = NULL;
+    ETP_OK(etp_quantizer_create(f->ctx, &qc, &q));
+    /* one tensor's sizes: named by its shape, not as tensor 0 of a batch */
+    etp_quant_sizes_t qs = ETP_QUANT_SIZES_INIT;
+    BAD(etp_quant_sizes(q, 4, 48, &qs), "etp_quant_sizes: tensor [4, 48]: MXFP8 rowwise needs cols");
+    ETP_OK(etp_quantizer_destroy(q));
+    qc.format = ETP_QUANT_NVFP4; /* uses nvfp4_block: 0 is refused */
+    q = (etp_quantizer_t *)0x1;
+    BAD(etp_quantizer_create(f->ctx, &qc, &q), "nvfp4_block 0 is not an etp_quant_block_t");
+    assert_true(q == (etp_quantizer_t *)0x1);
+}
+
 static void test_versioned_structs(void **state)
 {
     fx_t *f = *state;
@@ -487,6 +535,7 @@ int main(int argc, char **argv)
         cmocka_unit_test_setup_teardown(test_groups, setup, teardown),
         cmocka_unit_test_setup_teardown(test_collectives, setup, teardown),
         cmocka_unit_test_setup_teardown(test_versioned_structs, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_first_mistakes, setup, teardown),
     };
     return tu_mpi_finish(cmocka_run_group_tests(tests, NULL, NULL));
 }

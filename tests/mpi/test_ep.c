@@ -1,9 +1,10 @@
 /*
  * Expert parallelism on the host backend, against the single-rank reference
  * of test_ep_ref.h (every rank replays every rank's routing and data from
- * the printed seed): 2, 3 and 4 ranks, T varying per rank including 0,
- * top-k 1, 2, 6, 8 with -1 slots, uniform and skewed routing, both
- * layouts, weighted and unweighted, both transports, BF16 and F32; two
+ * the printed seed): 2, 3 and 4 ranks, T varying per rank including 0 (the
+ * empty ranks passing NULL for their empty arrays), top-k 1, 2, 6, 8
+ * with -1 slots, uniform and skewed routing, both layouts, weighted and
+ * unweighted, both transports, BF16 and F32; two
  * layers of different top-k and alignment interleaved on two streams;
  * adjoints; overflow and bad indices under both policies; T on the device;
  * many steps with an unchanged memory report; bad input; more than 2^16
@@ -63,15 +64,19 @@ static void test_matrix(void **state)
     assert_int_equal(cases, 64);
 }
 
-/* Every rank with T = 0, and one rank with all the tokens. */
+/* Every rank with T = 0, and one rank with all the tokens, the empty ranks
+ * passing NULL for their empty arrays: both transports, both layouts,
+ * weighted and not. */
 static void test_empty_ranks(void **state)
 {
     ep_fx_t *f = *state;
-    for (int tr = 0; tr < 2; tr++) {
-        gcfg_t g = base_cfg(ep_experts_for(2), 8, 2, ETP_DTYPE_F32,
+    for (int v = 0; v < 8; v++) {
+        const int tr = v % 2, layout = v / 2 % 2, weighted = v / 4;
+        gcfg_t g = base_cfg(ep_experts_for(2), 8, 2, v % 3 ? ETP_DTYPE_F32 : ETP_DTYPE_BF16,
                             tr ? ETP_EP_TRANSPORT_CAPACITY : ETP_EP_TRANSPORT_EXACT);
-        lcfg_t l = {.k = 2, .align = 2, .weighted = 1, .layout = ETP_EP_LAYOUT_PACKED};
-        ep_empty_ranks(f, &g, &l, 7000 + tr, 7100 + tr);
+        lcfg_t l = {.k = 2, .align = 2, .weighted = weighted,
+                    .layout = layout ? ETP_EP_LAYOUT_FIXED_SLOTS : ETP_EP_LAYOUT_PACKED};
+        ep_empty_ranks(f, &g, &l, 7000 + 10 * (uint64_t)v, 7100 + 10 * (uint64_t)v);
     }
 }
 
@@ -260,6 +265,28 @@ static void test_device_tokens(void **state)
     g.cf = 8;
     lcfg_t l = {.k = 2, .align = 2, .weighted = 1, .layout = ETP_EP_LAYOUT_FIXED_SLOTS};
     ep_device_tokens(f, &g, &l, "graphable", 9700);
+
+    /* T on the device is unknown at enqueue: no array of T rows may be
+     * NULL, even where T turns out 0 */
+    etp_ep_group_t *ep = ep_make_group(f, &g);
+    etp_ep_layer_t *ly = ep_make_layer(ep, &g, &l, "devT");
+    ep_bufs_t b;
+    ep_bufs_alloc(f, &g, l.rows, l.k, &b);
+    const int32_t zero = 0;
+    ep_up(f->s0, b.tdev, &zero, sizeof zero);
+    ETP_EXPECT_MSG(etp_ep_prepare(ly, NULL, ETP_DTYPE_I64, ETP_EP_TOKENS_ON_DEVICE, b.tdev, f->s0),
+                   ETP_ERR_INVALID_ARGUMENT, "'topk_idx' is NULL; with a device token count");
+    ETP_OK(etp_ep_prepare(ly, b.idx, ETP_DTYPE_I64, ETP_EP_TOKENS_ON_DEVICE, b.tdev, f->s0));
+    ETP_EXPECT_MSG(etp_ep_dispatch(ly, NULL, ETP_DTYPE_BF16, b.w, ETP_DTYPE_F32, b.recv, b.recv_w,
+                                   l.rows, f->s0),
+                   ETP_ERR_INVALID_ARGUMENT, "'tokens' is NULL; EP layer 'devT' was prepared with a device");
+    ETP_EXPECT_MSG(etp_ep_dispatch(ly, b.tok, ETP_DTYPE_BF16, NULL, ETP_DTYPE_F32, b.recv, b.recv_w,
+                                   l.rows, f->s0),
+                   ETP_ERR_INVALID_ARGUMENT, "'topk_weights' is NULL, but EP layer 'devT' is weighted");
+    ETP_OK(etp_stream_synchronize(f->s0));
+    ep_bufs_free(f, &b);
+    ETP_OK(etp_ep_layer_destroy(ly));
+    ETP_OK(etp_ep_group_destroy(ep));
 }
 
 /* Many steps of random routing through two layers: the memory report
@@ -397,6 +424,14 @@ static void test_bad_input(void **state)
     bad = c;
     bad.num_experts = (int64_t)g_size << 31; /* expert ids are int32 */
     ETP_EXPECT_MSG(etp_ep_group_create(f->world, &bad, &ep), ETP_ERR_INVALID_ARGUMENT, "num_experts");
+    /* the config's refusals name the EP group: its name, else its group's */
+    bad = c;
+    bad.hidden = 0;
+    ETP_EXPECT_MSG(etp_ep_group_create(f->world, &bad, &ep), ETP_ERR_INVALID_ARGUMENT,
+                   "etp_ep_group_create: EP group 'world': hidden 0");
+    bad.name = "moe_ep";
+    ETP_EXPECT_MSG(etp_ep_group_create(f->world, &bad, &ep), ETP_ERR_INVALID_ARGUMENT,
+                   "EP group 'moe_ep': hidden 0");
     assert_null(ep);
 
     g.cap = c.recv_capacity_per_rank;
@@ -405,6 +440,10 @@ static void test_bad_input(void **state)
     etp_ep_layer_t *ly = NULL;
     lc.topk = 3;
     ETP_EXPECT_MSG(etp_ep_layer_create(ep, &lc, &ly), ETP_ERR_INVALID_ARGUMENT, "topk");
+    lc.name = "moe3";
+    ETP_EXPECT_MSG(etp_ep_layer_create(ep, &lc, &ly), ETP_ERR_INVALID_ARGUMENT,
+                   "etp_ep_layer_create: EP layer 'moe3': topk 3");
+    lc.name = NULL;
     lc.topk = 2;
     lc.alignment = 3;
     ETP_EXPECT_MSG(etp_ep_layer_create(ep, &lc, &ly), ETP_ERR_INVALID_ARGUMENT, "does not divide");
@@ -437,10 +476,16 @@ static void test_bad_input(void **state)
     ETP_EXPECT_MSG(etp_ep_prepare(ly, b.idx, ETP_DTYPE_I64, -1, NULL, s), ETP_ERR_INVALID_ARGUMENT, "num_tokens");
     ETP_EXPECT_MSG(etp_ep_prepare(ly, b.idx, ETP_DTYPE_I64, ETP_EP_TOKENS_ON_DEVICE, b.tdev, s),
                    ETP_ERR_INVALID_ARGUMENT, "CAPACITY");
-    ETP_EXPECT_MSG(etp_ep_prepare(ly, NULL, ETP_DTYPE_I64, 2, NULL, s), ETP_ERR_INVALID_ARGUMENT, "topk_idx");
+    ETP_EXPECT_MSG(etp_ep_prepare(ly, NULL, ETP_DTYPE_I64, 2, NULL, s), ETP_ERR_INVALID_ARGUMENT,
+                   "'topk_idx' is NULL with num_tokens 2");
+    /* the device count named, not "num_tokens -1 not in [0, ...]" */
+    ETP_EXPECT_MSG(etp_ep_prepare(ly, b.idx, ETP_DTYPE_I64, ETP_EP_TOKENS_ON_DEVICE, NULL, s),
+                   ETP_ERR_INVALID_ARGUMENT, "ETP_EP_TOKENS_ON_DEVICE but argument 'num_tokens_dev' is NULL");
     ETP_EXPECT_MSG(etp_ep_prepare(ly, b.idx, ETP_DTYPE_I64, 1, NULL, NULL), ETP_ERR_INVALID_ARGUMENT, "'stream'");
-    /* a real prepare (collective; T = 0 everywhere), then bad data calls */
-    ETP_OK(etp_ep_prepare(ly, b.idx, ETP_DTYPE_I64, 0, NULL, s));
+    /* a real prepare (collective; one token everywhere, no expert), then
+     * bad data calls: NULL is refused for arrays that are not empty */
+    ETP_OK(etp_memset_async(s, b.idx, 0xFF, 2 * sizeof(int64_t)));
+    ETP_OK(etp_ep_prepare(ly, b.idx, ETP_DTYPE_I64, 1, NULL, s));
     ETP_EXPECT_MSG(etp_ep_combine(ly, b.y, ETP_DTYPE_BF16, l.rows, b.out, s), ETP_ERR_INVALID_STATE,
                    "has not dispatched");
     ETP_EXPECT_MSG(etp_ep_dispatch(ly, b.tok, ETP_DTYPE_BF16, b.w, ETP_DTYPE_F16, b.recv, b.recv_w, l.rows, s),
@@ -470,8 +515,16 @@ static void test_bad_input(void **state)
     ETP_EXPECT_MSG(etp_ep_dispatch(ly, b.tok, ETP_DTYPE_BF16, NULL, ETP_DTYPE_F32, b.recv, NULL, l.rows, s),
                    ETP_ERR_INVALID_ARGUMENT, "weighted");
     ETP_EXPECT_MSG(etp_ep_dispatch(ly, NULL, ETP_DTYPE_BF16, b.w, ETP_DTYPE_F32, b.recv, b.recv_w, l.rows, s),
-                   ETP_ERR_INVALID_ARGUMENT, "tokens");
-    ETP_EXPECT_MSG(etp_ep_combine(ly, b.y, ETP_DTYPE_BF16, l.rows, NULL, s), ETP_ERR_INVALID_ARGUMENT, "out");
+                   ETP_ERR_INVALID_ARGUMENT, "'tokens' is NULL; EP layer 'checked' was prepared with 1 tokens");
+    ETP_EXPECT_MSG(etp_ep_combine(ly, b.y, ETP_DTYPE_BF16, l.rows, NULL, s), ETP_ERR_INVALID_ARGUMENT, "'out'");
+    ETP_EXPECT_MSG(etp_ep_combine_bwd(ly, NULL, ETP_DTYPE_BF16, b.y, l.rows, b.grows, b.gtopk, s),
+                   ETP_ERR_INVALID_ARGUMENT, "'grad_out'");
+    ETP_EXPECT_MSG(etp_ep_combine_bwd(ly, b.gout, ETP_DTYPE_BF16, b.y, l.rows, b.grows, NULL, s),
+                   ETP_ERR_INVALID_ARGUMENT, "'grad_topk_weights' is required");
+    ETP_EXPECT_MSG(etp_ep_dispatch_bwd(ly, b.grows_in, ETP_DTYPE_BF16, NULL, l.rows, NULL, NULL, s),
+                   ETP_ERR_INVALID_ARGUMENT, "'grad_tokens'");
+    ETP_EXPECT_MSG(etp_ep_dispatch_bwd(ly, b.grows_in, ETP_DTYPE_BF16, NULL, l.rows, b.gtok, b.gtopk2, s),
+                   ETP_ERR_INVALID_ARGUMENT, "without grad_row_weights");
     ETP_EXPECT_MSG(etp_ep_combine_bwd(ly, b.gout, ETP_DTYPE_BF16, NULL, l.rows, b.grows, b.gtopk, s),
                    ETP_ERR_INVALID_ARGUMENT, "expert_out");
     ETP_EXPECT_MSG(etp_ep_dispatch_bwd(ly, b.grows_in, ETP_DTYPE_BF16, b.gw_in, l.rows, b.gtok, NULL, s),

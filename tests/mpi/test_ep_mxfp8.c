@@ -61,14 +61,15 @@ static void test_mx_matrix(void **state)
 }
 
 /* Every rank with T = 0 (every row zero: data and scales), and one rank
- * with all the tokens. */
+ * with all the tokens; the empty ranks pass NULL tokens, weights and
+ * token-side outputs (ep_empty_ranks). Weighted and unweighted. */
 static void test_mx_empty_ranks(void **state)
 {
     ep_fx_t *f = *state;
     for (int tr = 0; tr < 2; tr++)
         for (int layout = 0; layout < 2; layout++) {
             gcfg_t g = mx_cfg(ep_experts_for(2), 64, 2, tr ? ETP_EP_TRANSPORT_CAPACITY : ETP_EP_TRANSPORT_EXACT);
-            lcfg_t l = {.k = 2, .align = 2, .weighted = 1,
+            lcfg_t l = {.k = 2, .align = 2, .weighted = (tr + layout + 1) % 2,
                         .layout = layout ? ETP_EP_LAYOUT_FIXED_SLOTS : ETP_EP_LAYOUT_PACKED};
             ep_empty_ranks(f, &g, &l, 37000 + 10 * tr + layout, 37100 + 10 * tr + layout);
         }

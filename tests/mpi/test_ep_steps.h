@@ -257,6 +257,7 @@ typedef struct {
     int device_T;            /* pass T through a device int32 (fixed_T may then be bad) */
     int check_report;        /* compare the counters with the reference */
     int misalign;            /* tokens start 2 bytes past a 16-byte boundary */
+    int empty_ptrs;          /* T = 0 on the host: pass buffers, not NULL, for the [T, ...] arrays */
 } ep_step_opts_t;
 
 /* One full step of layer `ly`, checked. Only the ranks' own data is
@@ -329,28 +330,36 @@ static inline void ep_step(ep_fx_t *f, const gcfg_t *g, const lcfg_t *l, etp_ep_
     ETP_OK(etp_stream_synchronize(s));
     ETP_OK(etp_memory_report(f->ctx, &m0));
 
+    /* An empty rank (T = 0 on the host) passes NULL for every array of T
+     * rows: topk_idx, tokens, topk_weights, out, grad_out, grad_tokens and
+     * both grad_topk_weights; the poisoned buffers must stay untouched. */
+    const int nul = Tm == 0 && !o->device_T && !o->empty_ptrs;
+#define EP_TOKP(p) (nul ? NULL : (p))
     /* the step: nothing allocated from here to m1 */
     if (o->device_T)
         ETP_OK(etp_ep_prepare(ly, b->idx, ETP_DTYPE_I64, ETP_EP_TOKENS_ON_DEVICE, b->tdev, s));
     else
-        ETP_OK(etp_ep_prepare(ly, b->idx, ETP_DTYPE_I64, Tm, NULL, s));
+        ETP_OK(etp_ep_prepare(ly, EP_TOKP(b->idx), ETP_DTYPE_I64, Tm, NULL, s));
     if (g->mx) {
         etp_ep_dispatch_args_t da = ETP_EP_DISPATCH_ARGS_INIT;
-        da.tokens = tokp;
+        da.tokens = EP_TOKP(tokp);
         da.dtype = ETP_DTYPE_BF16;
-        da.topk_weights = b->w;
+        da.topk_weights = EP_TOKP(b->w);
         da.recv_tokens = b->recv;
         da.recv_scales = b->recv_s;
         da.recv_weights = b->recv_w;
         da.rows = rows + 2;
         ETP_OK(etp_ep_dispatch_ex(ly, &da, s));
     } else {
-        ETP_OK(etp_ep_dispatch(ly, tokp, dt, b->w, ETP_DTYPE_F32, b->recv, b->recv_w, rows + 2, s));
+        ETP_OK(etp_ep_dispatch(ly, EP_TOKP(tokp), dt, EP_TOKP(b->w), ETP_DTYPE_F32, b->recv,
+                               b->recv_w, rows + 2, s));
     }
-    ETP_OK(etp_ep_combine(ly, b->y, dt, rows, b->out, s));
-    ETP_OK(etp_ep_combine_bwd(ly, b->gout, dt, l->weighted ? b->y : NULL, rows, b->grows,
-                              l->weighted ? b->gtopk : NULL, s));
-    ETP_OK(etp_ep_dispatch_bwd(ly, b->grows_in, dt, b->gw_in, rows, b->gtok, b->gtopk2, s));
+    ETP_OK(etp_ep_combine(ly, b->y, dt, rows, EP_TOKP(b->out), s));
+    ETP_OK(etp_ep_combine_bwd(ly, EP_TOKP(b->gout), dt, l->weighted ? b->y : NULL, rows, b->grows,
+                              l->weighted ? EP_TOKP(b->gtopk) : NULL, s));
+    ETP_OK(etp_ep_dispatch_bwd(ly, b->grows_in, dt, b->gw_in, rows, EP_TOKP(b->gtok),
+                               EP_TOKP(b->gtopk2), s));
+#undef EP_TOKP
     ETP_OK(etp_stream_synchronize(s));
     ETP_OK(etp_memory_report(f->ctx, &m1));
     assert_true(ep_same_report(&m0, &m1));
@@ -619,17 +628,23 @@ static inline void ep_two_steps(ep_fx_t *f, gcfg_t *g, lcfg_t *l, const char *na
     ep_run_steps(f, g, l, name, opts, tags, 2, NULL);
 }
 
-/* Every rank with T = 0, then one rank with all the tokens. */
+/* Every rank with T = 0, then one rank with all the tokens, the empty
+ * ranks passing NULL for their arrays of T rows (ep_step); then the same
+ * with real buffers on the empty ranks, and with every other rank empty. */
 static inline void ep_empty_ranks(ep_fx_t *f, gcfg_t *g, lcfg_t *l, uint64_t tag_zero,
                                   uint64_t tag_one)
 {
     static const int64_t zeros[64] = {0};
-    int64_t one[64] = {0};
+    int64_t one[64] = {0}, alt[64] = {0};
     one[g_size - 1] = g->tmax;
-    const ep_step_opts_t opts[2] = {{.route_mode = ROUTE_UNIFORM, .fixed_T = zeros, .check_report = 1},
-                                    {.route_mode = ROUTE_UNIFORM, .fixed_T = one, .check_report = 1}};
-    const uint64_t tags[2] = {tag_zero, tag_one};
-    ep_run_steps(f, g, l, "empty", opts, tags, 2, NULL);
+    for (int r = 0; r < g_size; r++) alt[r] = r % 2 ? 0 : 1 + r % g->tmax;
+    const ep_step_opts_t opts[4] = {
+        {.route_mode = ROUTE_UNIFORM, .fixed_T = zeros, .check_report = 1},
+        {.route_mode = ROUTE_UNIFORM, .fixed_T = one, .check_report = 1},
+        {.route_mode = ROUTE_UNIFORM, .fixed_T = one, .check_report = 1, .empty_ptrs = 1},
+        {.route_mode = ROUTE_SKEWED, .fixed_T = alt, .check_report = 1}};
+    const uint64_t tags[4] = {tag_zero, tag_one, tag_one + 1000, tag_zero + 1000};
+    ep_run_steps(f, g, l, "empty", opts, tags, 4, NULL);
 }
 
 /* T on the device: in range, 0, and past tmax on rank 0 (clamped and

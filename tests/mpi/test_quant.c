@@ -111,9 +111,21 @@ typedef struct {
     etp_quant_input_t *in;
     etp_quant_output_t *out;
     etp_quant_sizes_t *sz;
+    /* what the calls get: in and out with NULL for every empty buffer */
+    etp_quant_input_t *in_call;
+    etp_quant_output_t *out_call;
     float *amax, *amax_col;
     int32_t *noop;
 } run_t;
+
+/* p, or NULL when it holds nothing: etp is given NULL for every empty
+ * array (the buffer itself stays allocated and poisoned, so a write
+ * through a NULL-accepting path would be seen as a crash or as changed
+ * poison). */
+static void *nul_if_empty(void *p, size_t bytes)
+{
+    return bytes ? p : NULL;
+}
 
 static void run_alloc(fx_t *f, run_t *r, etp_quantizer_t *q, size_t n, uint64_t tag)
 {
@@ -122,6 +134,8 @@ static void run_alloc(fx_t *f, run_t *r, etp_quantizer_t *q, size_t n, uint64_t 
     r->in = calloc(n, sizeof *r->in);
     r->out = calloc(n, sizeof *r->out);
     r->sz = calloc(n, sizeof *r->sz);
+    r->in_call = calloc(n, sizeof *r->in_call);
+    r->out_call = calloc(n, sizeof *r->out_call);
     ETP_OK(etp_mem_alloc(f->ctx, n * sizeof(float) + 4, ETP_MEM_USER, (void **)&r->amax));
     ETP_OK(etp_mem_alloc(f->ctx, n * sizeof(float) + 4, ETP_MEM_USER, (void **)&r->amax_col));
     ETP_OK(etp_mem_alloc(f->ctx, sizeof(int32_t), ETP_MEM_USER, (void **)&r->noop));
@@ -150,6 +164,15 @@ static void run_alloc(fx_t *f, run_t *r, etp_quantizer_t *q, size_t n, uint64_t 
         ETP_OK(etp_mem_alloc(f->ctx, o->columnwise_data_bytes + 1, ETP_MEM_USER, &o->columnwise_data));
         ETP_OK(etp_mem_alloc(f->ctx, o->columnwise_scales_bytes + 1, ETP_MEM_USER,
                              &o->columnwise_scales));
+        r->in_call[i] = r->in[i];
+        r->in_call[i].data = nul_if_empty((void *)r->in[i].data,
+                                          s.rows * s.cols * etp_dtype_size(s.dtype));
+        etp_quant_output_t *oc = &r->out_call[i];
+        *oc = *o;
+        oc->rowwise_data = nul_if_empty(o->rowwise_data, o->rowwise_data_bytes);
+        oc->rowwise_scales = nul_if_empty(o->rowwise_scales, o->rowwise_scales_bytes);
+        oc->columnwise_data = nul_if_empty(o->columnwise_data, o->columnwise_data_bytes);
+        oc->columnwise_scales = nul_if_empty(o->columnwise_scales, o->columnwise_scales_bytes);
     }
 }
 
@@ -182,6 +205,8 @@ static void run_free(fx_t *f, run_t *r)
     free(r->in);
     free(r->out);
     free(r->sz);
+    free(r->in_call);
+    free(r->out_call);
 }
 
 static int all_poison(const void *p, size_t n)
@@ -251,7 +276,7 @@ static void run_config(fx_t *f, etp_quantizer_config_t cfg, size_t n, uint64_t t
 
     /* phase 1 */
     poison_outputs(&r);
-    ETP_OK(etp_quant_multi_amax(q, n, r.in, r.amax, r.amax_col, n, f->s));
+    ETP_OK(etp_quant_multi_amax(q, n, r.in_call, r.amax, r.amax_col, n, f->s));
     ETP_OK(etp_stream_synchronize(f->s));
     for (size_t i = 0; i < n; i++) {
         assert_true(r.amax[i] == local[i]);
@@ -263,7 +288,7 @@ static void run_config(fx_t *f, etp_quantizer_config_t cfg, size_t n, uint64_t t
     ETP_OK(etp_stream_synchronize(f->s));
     for (size_t i = 0; i < n; i++) assert_true(r.amax[i] == global[i]);
     /* phase 3 */
-    ETP_OK(etp_quant_cast_only(q, n, r.in, nv ? r.amax : NULL, nv ? n : 0, r.out, f->s));
+    ETP_OK(etp_quant_cast_only(q, n, r.in_call, nv ? r.amax : NULL, nv ? n : 0, r.out_call, f->s));
     ETP_OK(etp_stream_synchronize(f->s));
     for (size_t i = 0; i < n; i++) check_outputs(&r, i, global[i], tag, "cast_only");
 
@@ -271,8 +296,8 @@ static void run_config(fx_t *f, etp_quantizer_config_t cfg, size_t n, uint64_t t
     poison_outputs(&r);
     *r.noop = 1;
     ETP_OK(etp_quantizer_set_noop_flag(q, r.noop));
-    ETP_OK(etp_quant_multi_amax(q, n, r.in, r.amax, NULL, n, f->s));
-    ETP_OK(etp_quant_cast_only(q, n, r.in, r.amax_col, n, r.out, f->s));
+    ETP_OK(etp_quant_multi_amax(q, n, r.in_call, r.amax, NULL, n, f->s));
+    ETP_OK(etp_quant_cast_only(q, n, r.in_call, r.amax_col, n, r.out_call, f->s));
     ETP_OK(etp_stream_synchronize(f->s));
     assert_true(all_poison(r.amax, n * sizeof(float)));
     for (size_t i = 0; i < n; i++) {
@@ -285,7 +310,7 @@ static void run_config(fx_t *f, etp_quantizer_config_t cfg, size_t n, uint64_t t
 
     /* the chained quantize */
     poison_outputs(&r);
-    ETP_OK(etp_quant_quantize(q, n, r.in, r.amax, n, f->world, 0, r.out, f->s));
+    ETP_OK(etp_quant_quantize(q, n, r.in_call, r.amax, n, f->world, 0, r.out_call, f->s));
     ETP_OK(etp_stream_synchronize(f->s));
     for (size_t i = 0; i < n; i++) {
         if (nv) assert_true(r.amax[i] == global[i]);
@@ -295,7 +320,7 @@ static void run_config(fx_t *f, etp_quantizer_config_t cfg, size_t n, uint64_t t
     /* dequantize both directions against the reference dequantizer */
     for (unsigned dir = 1; dir <= 2; dir++) {
         if (!(cfg.directions & dir)) continue;
-        etp_quant_dest_t *d = calloc(n, sizeof *d);
+        etp_quant_dest_t *d = calloc(n, sizeof *d), *dc = calloc(n, sizeof *dc);
         for (size_t i = 0; i < n; i++) {
             d[i].rows = r.shapes[i].rows;
             d[i].cols = r.shapes[i].cols;
@@ -303,8 +328,10 @@ static void run_config(fx_t *f, etp_quantizer_config_t cfg, size_t n, uint64_t t
             d[i].bytes = d[i].rows * d[i].cols * etp_dtype_size(d[i].dtype);
             ETP_OK(etp_mem_alloc(f->ctx, d[i].bytes + 1, ETP_MEM_USER, &d[i].data));
             tu_poison(d[i].data, d[i].bytes + 1);
+            dc[i] = d[i];
+            dc[i].data = nul_if_empty(d[i].data, d[i].bytes);
         }
-        ETP_OK(etp_quant_dequantize(q, n, r.out, nv ? r.amax : NULL, nv ? n : 0, dir, d, f->s));
+        ETP_OK(etp_quant_dequantize(q, n, r.out_call, nv ? r.amax : NULL, nv ? n : 0, dir, dc, f->s));
         ETP_OK(etp_stream_synchronize(f->s));
         for (size_t i = 0; i < n; i++) {
             const etp_quant_output_t *o = &r.out[i];
@@ -322,6 +349,7 @@ static void run_config(fx_t *f, etp_quantizer_config_t cfg, size_t n, uint64_t t
             ETP_OK(etp_mem_free(f->ctx, d[i].data));
         }
         free(d);
+        free(dc);
     }
     free(local);
     free(global);
@@ -411,6 +439,14 @@ static void test_bad_input(void **state)
     BAD(etp_quantizer_create(f->ctx, &c, &q), "nvfp4_block 3");
     c = (etp_quantizer_config_t)ETP_QUANTIZER_CONFIG_INIT;
     c.format = ETP_QUANT_MXFP8;
+    c.mxfp8_elem = (etp_quant_elem_t)7;
+    BAD(etp_quantizer_create(f->ctx, &c, &q), "mxfp8_elem 7");
+    /* the other format's field is not checked: NVFP4 ignores mxfp8_elem */
+    c.format = ETP_QUANT_NVFP4;
+    ETP_OK(etp_quantizer_create(f->ctx, &c, &old));
+    ETP_OK(etp_quantizer_destroy(old));
+    c = (etp_quantizer_config_t)ETP_QUANTIZER_CONFIG_INIT;
+    c.format = ETP_QUANT_MXFP8;
     c.rounding = ETP_QUANT_ROUND_STOCHASTIC;
     BAD(etp_quantizer_create(f->ctx, &c, &q), "stochastic");
     assert_true(q == (etp_quantizer_t *)0x1);
@@ -421,11 +457,24 @@ static void test_bad_input(void **state)
     etp_quant_sizes_t sz = ETP_QUANT_SIZES_INIT;
     BAD(etp_quant_sizes(q, 32, 40, &sz), "cols a multiple of 16");
     BAD(etp_quant_sizes(q, 40, 32, &sz), "[40, 32]");
+    /* one tensor: named by its shape, not as "tensor 0" of a batch */
+    BAD(etp_quant_sizes(q, 40, 32, &sz), "etp_quant_sizes: tensor [40, 32]: NVFP4 columnwise");
     ETP_OK(etp_quant_sizes(q, 32, 64, &sz));
     assert_int_equal(sz.rowwise_data_bytes, 32 * 32);
     assert_int_equal(sz.rowwise_scales_bytes, 128 * 4);
     assert_int_equal(sz.columnwise_data_bytes, 64 * 16);
     assert_int_equal(sz.columnwise_scales_bytes, 128 * 4);
+
+    /* n = 0: every array is empty and may be NULL (nothing is enqueued;
+     * quantize still all-reduces its zero amaxes, collectively) */
+    ETP_OK(etp_quant_multi_amax(q, 0, NULL, NULL, NULL, 0, f->s));
+    ETP_OK(etp_quant_cast_only(q, 0, NULL, NULL, 0, NULL, f->s));
+    ETP_OK(etp_quant_quantize(q, 0, NULL, NULL, 0, f->world, 0, NULL, f->s));
+    ETP_OK(etp_quant_quantize(q, 0, NULL, NULL, 0, NULL, 0, NULL, f->s));
+    ETP_OK(etp_quant_amax_allreduce(f->world, 0, NULL, 0, f->s));
+    ETP_OK(etp_quant_dequantize(q, 0, NULL, NULL, 0, ETP_QUANT_ROWWISE, NULL, f->s));
+    ETP_OK(etp_quant_swizzle_scales(q, 0, NULL, NULL, ETP_QUANT_SWIZZLE, f->s));
+    ETP_OK(etp_stream_synchronize(f->s));
 
     enum { R = 32, C = 64 };
     static float x[R * C], amax[4];
@@ -437,7 +486,7 @@ static void test_bad_input(void **state)
         out[i] = (etp_quant_output_t){rd, sizeof rd, rs, sizeof rs, cd, sizeof cd, cs, sizeof cs};
     }
     tu_poison(rd, sizeof rd);
-    BAD(etp_quant_cast_only(NULL, 3, in, amax, 3, out, f->s), "'q'");
+    BAD(etp_quant_cast_only(NULL, 3, in, amax, 3, out, f->s), "argument 'quantizer' is NULL");
     BAD(etp_quant_cast_only(q, 3, in, amax, 3, out, NULL), "'stream'");
     BAD(etp_quant_cast_only(q, 3, NULL, amax, 3, out, f->s), "'inputs'");
     BAD(etp_quant_cast_only(q, 3, in, amax, 3, NULL, f->s), "'outputs'");

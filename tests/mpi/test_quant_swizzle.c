@@ -96,6 +96,20 @@ static void scales_alloc(fx_t *f, const etp_quantizer_t *q, scales_t *b, size_t 
     }
 }
 
+/* b's descriptors as a call gets them: NULL for every empty matrix (the
+ * buffers stay allocated and poisoned, so a write through NULL-accepting
+ * paths would show). Free the result. */
+static etp_quant_scales_t *scales_nul(const scales_t *b)
+{
+    etp_quant_scales_t *v = calloc(b->n + 1, sizeof *v);
+    for (size_t i = 0; i < b->n; i++) {
+        v[i] = b->sc[i];
+        if (!v[i].rowwise_bytes) v[i].rowwise = NULL;
+        if (!v[i].columnwise_bytes) v[i].columnwise = NULL;
+    }
+    return v;
+}
+
 static void scales_poison(scales_t *b)
 {
     for (size_t i = 0; i < b->n; i++) {
@@ -241,8 +255,11 @@ static void run_cast_config(fx_t *f, etp_quantizer_config_t cfg, size_t n, uint6
                     "swizzled cast vs the formula on the row-major cast", tag);
     /* and back from our own swizzle */
     scales_poison(&back);
-    ETP_OK(etp_quant_swizzle_scales(q[1], n, swz.sc, back.sc, ETP_QUANT_UNSWIZZLE, f->s));
+    etp_quant_scales_t *swz_nul = scales_nul(&swz), *back_nul = scales_nul(&back);
+    ETP_OK(etp_quant_swizzle_scales(q[1], n, swz_nul, back_nul, ETP_QUANT_UNSWIZZLE, f->s));
     ETP_OK(etp_stream_synchronize(f->s));
+    free(swz_nul);
+    free(back_nul);
     scales_equal(&back, &cast[0], "unswizzle(swizzle(row-major cast))", tag);
 
     for (size_t i = 0; i < n; i++) {
@@ -371,7 +388,7 @@ static void test_swizzle_bad_input(void **state)
     }
     tu_poison(b, sizeof b);
     const etp_quant_swizzle_dir_t sw = ETP_QUANT_SWIZZLE;
-    BAD(etp_quant_swizzle_scales(NULL, 3, in, out, sw, f->s), "'q'");
+    BAD(etp_quant_swizzle_scales(NULL, 3, in, out, sw, f->s), "argument 'quantizer' is NULL");
     BAD(etp_quant_swizzle_scales(q, 3, in, out, sw, NULL), "'stream'");
     BAD(etp_quant_swizzle_scales(q, 3, NULL, out, sw, f->s), "'in' is NULL with n = 3");
     BAD(etp_quant_swizzle_scales(q, 3, in, NULL, sw, f->s), "'out' is NULL with n = 3");

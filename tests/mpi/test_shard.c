@@ -560,6 +560,14 @@ static void test_recorded_chain(void **state)
 }
 
 /* Misuse is an error with a message, and nothing is corrupted. */
+static int all_poison_f(const float *p)
+{
+    const uint8_t *b = (const uint8_t *)p;
+    for (size_t i = 0; i < sizeof *p; i++)
+        if (b[i] != 0xA5) return 0;
+    return 1;
+}
+
 static void test_errors(void **state)
 {
     (void)state;
@@ -672,6 +680,40 @@ static void test_errors(void **state)
     pc.alignment = 1 << 30;
     ETP_EXPECT_MSG(etp_param_create(r.ctx, &pc, &bad), ETP_ERR_INVALID_ARGUMENT, "too large");
     assert_null(bad);
+    /* a shard of padding only: one row over the group leaves the ranks past
+     * the first without a valid row; they load from NULL (nothing is read),
+     * the others are refused NULL, and the export still gives every row */
+    {
+        etp_param_config_t oc = ETP_PARAM_CONFIG_INIT;
+        oc.group = r.tp;
+        oc.name = "one_row";
+        oc.experts = 2;
+        oc.rows = 1;
+        oc.cols = 4;
+        oc.dtype = ETP_DTYPE_F32;
+        etp_param_t *one = NULL;
+        ETP_OK(etp_param_create(r.ctx, &oc, &one));
+        etp_param_info_t oi = ETP_PARAM_INFO_INIT;
+        ETP_OK(etp_param_info(one, &oi));
+        const int empty = oi.valid_shard_rows == 0;
+        assert_int_equal(empty, oi.shard_row_begin > 0);
+        float sh[2 * 4 * 4], full[2 * 4 + 1];
+        assert_true(oi.shard_rows * 2 * 4 <= (int64_t)(sizeof sh / sizeof sh[0]));
+        for (int e = 0; e < 2; e++)
+            for (int64_t i = 0; i < oi.shard_rows * 4; i++)
+                sh[e * oi.shard_rows * 4 + i] = 1.0f + (float)(e * 10 + i);
+        if (!empty)
+            ETP_EXPECT_MSG(etp_param_load_shard(one, NULL, r.main), ETP_ERR_INVALID_ARGUMENT,
+                           "'src' is NULL; 'one_row' has 1 valid rows");
+        ETP_OK(etp_param_load_shard(one, empty ? NULL : sh, r.main));
+        tu_poison(full, sizeof full);
+        ETP_OK(etp_param_export_full(one, full, r.main));
+        ETP_OK(etp_stream_synchronize(r.main));
+        for (int e = 0; e < 2; e++)
+            for (int c = 0; c < 4; c++) assert_true(full[e * 4 + c] == 1.0f + (float)(e * 10 + c));
+        assert_true(all_poison_f(&full[8]));
+        ETP_OK(etp_param_destroy(one));
+    }
     ETP_OK(etp_param_destroy(loose));
     /* the reduction still goes through and the chain still works */
     ETP_OK(etp_reduce_grad(r.p[2], r.main, 1.0f));
