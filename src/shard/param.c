@@ -241,7 +241,7 @@ etp_status_t etp_param_mark_updated(etp_param_t *p, etp_stream_t *s)
     return etp__chain_on_update(p, s);
 }
 
-etp_status_t etp_param_export_full(etp_param_t *p, void *dst, etp_stream_t *s)
+static etp_status_t export_full(etp_param_t *p, void *dst, etp_stream_t *s)
 {
     const char *fn = "etp_param_export_full";
     ETP__TRY(check_stream(p, s, fn));
@@ -262,6 +262,13 @@ etp_status_t etp_param_export_full(etp_param_t *p, void *dst, etp_stream_t *s)
     /* etp_mem_free waits for the enqueued work, the copies included. */
     etp_status_t st2 = etp_mem_free(p->ctx, full);
     return st != ETP_SUCCESS ? st : st2;
+}
+
+etp_status_t etp_param_export_full(etp_param_t *p, void *dst, etp_stream_t *s)
+{
+    /* collective over the parameter's group: a refusal is recorded there */
+    etp__refusal_guard_t gd = etp__refusal_guard(p ? p->group : NULL);
+    return etp__refusal_guard_end(gd, export_full(p, dst, s), "etp_param_export_full");
 }
 
 etp_status_t etp_param_set_grad_callback(etp_param_t *p, etp_grad_ready_fn_t fn, void *user)
