@@ -40,6 +40,7 @@ static etp_status_t issue(etp_group_t *g, int role, etp__coll_t *d, etp_stream_t
 {
     ETP__TRY(etp__group_ready(g, 1, fn));
     etp_status_t noted = etp__capture_note_group(g, s);
+    if (noted == ETP_SUCCESS) noted = etp__stream_order_use(g, role, s, fn);
     if (noted != ETP_SUCCESS) return etp__group_refused(g, noted, fn);
     d->group_name = g->name;
     d->role = role;

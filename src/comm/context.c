@@ -92,6 +92,7 @@ void etp__ctx_free(etp_context_t *ctx)
     etp__trace_unbind(&ctx->log);
     free(ctx->allocs);
     free(ctx->cap_refs);
+    free(ctx->done.e);
     free(ctx);
 }
 

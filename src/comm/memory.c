@@ -121,7 +121,10 @@ etp_status_t etp_mem_free(etp_context_t *ctx, void *ptr)
                         "etp_mem_free: %p was not allocated by this context (or was freed already)",
                         ptr);
     /* Like cudaFree: nothing enqueued may still use it. */
-    if (!ctx->be->failed) ETP__TRY(ctx->be->ops->device_sync(ctx->be));
+    if (!ctx->be->failed) {
+        ETP__TRY(ctx->be->ops->device_sync(ctx->be));
+        etp__stream_order_waited(ctx, NULL, NULL, 1);
+    }
     etp__alloc_rec_t r = ctx->allocs[i];
     ctx->allocs[i] = ctx->allocs[--ctx->num_allocs];
     if (r.win_group) {
