@@ -38,10 +38,13 @@ static etp_status_t check_buffers(const void *send, const void *recv, size_t cou
 static etp_status_t issue(etp_group_t *g, int role, etp__coll_t *d, etp_stream_t *s,
                           const char *fn)
 {
-    ETP__TRY(etp__group_ready(g, 1, fn));
+    /* this rank's own refusals first: one while an earlier refusal's
+     * outcome is pending counts with it, as on the other ranks */
     etp_status_t noted = etp__capture_note_group(g, s);
-    if (noted == ETP_SUCCESS) noted = etp__stream_order_use(g, role, s, fn);
+    if (noted == ETP_SUCCESS) noted = etp__stream_order_use(g, role, s, fn, 0);
     if (noted != ETP_SUCCESS) return etp__group_refused(g, noted, fn);
+    ETP__TRY(etp__group_ready(g, 1, fn));
+    ETP__TRY(etp__stream_order_use(g, role, s, fn, 1));
     d->group_name = g->name;
     d->role = role;
     d->seq = ++g->seq[role];

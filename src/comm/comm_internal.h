@@ -148,11 +148,12 @@ etp_status_t etp__capture_note_group(etp_group_t *group, etp_stream_t *stream);
  * last stream after that collective, waited for by this stream, directly or
  * through other streams): otherwise the ranks may pair different
  * collectives. Checked (ETP_ERR_INVALID_STATE naming both streams, recorded
- * as a refusal) where `checking` says so; recorded always. Collectives
+ * as a refusal) where `checking` says so; with `record`, the collective
+ * is then recorded as the last use (always, checking or not). Collectives
  * enqueued while capturing are neither checked nor recorded. */
 int etp__stream_order_checking(const etp_context_t *ctx);
 etp_status_t etp__stream_order_use(etp_group_t *group, int role, etp_stream_t *stream,
-                                   const char *fn);
+                                   const char *fn, int record);
 /* Host waits: what they waited for is complete, so later collectives
  * from any stream follow it. all: every stream (a device-wide wait). */
 void etp__stream_order_waited(etp_context_t *ctx, etp_stream_t *stream, etp_event_t *event,

@@ -79,7 +79,8 @@ void etp__stream_describe(char *buf, size_t n, uint64_t id, const char *label)
         snprintf(buf, n, "stream #%llu", (unsigned long long)id);
 }
 
-etp_status_t etp__stream_order_use(etp_group_t *g, int role, etp_stream_t *s, const char *fn)
+etp_status_t etp__stream_order_use(etp_group_t *g, int role, etp_stream_t *s, const char *fn,
+                                   int record)
 {
     etp_context_t *ctx = g->ctx;
     if (ctx->captures) {
@@ -102,6 +103,7 @@ etp_status_t etp__stream_order_use(etp_group_t *g, int role, etp_stream_t *s, co
                         fn, g->name, role, mine, theirs, (unsigned long long)g->last_seq[role],
                         theirs, mine);
     }
+    if (!record) return ETP_SUCCESS;
     s->colls++;
     g->last_stream[role] = s->id;
     g->last_colls[role] = s->colls;
