@@ -376,6 +376,12 @@ etp_status_t etp__hcoll_progress(etp__host_t *h, etp__hcoll_t *hc, int *done)
  * the refusing rank learns that its group is broken; a peer that refused
  * alike sends the same record, and the group stays in step. */
 
+/* One peer's refusals not settled yet. */
+struct etp__hrefs {
+    etp__refusal_t *r;
+    int n, cap;
+};
+
 /* A record being sent: its buffer lives until every send completed. */
 struct etp__hsend {
     struct etp__hsend *next;
@@ -446,8 +452,24 @@ static etp_status_t refusals_in(etp__bcomm_t *c)
         if (r.magic != ETP__REFUSAL_MAGIC) continue;
         r.call[sizeof r.call - 1] = '\0';
         r.msg[sizeof r.msg - 1] = '\0';
-        if (r.kind == ETP__REFUSAL_REFUSED) c->peer_ref[st.MPI_SOURCE] = r;
-        else if (r.kind == ETP__REFUSAL_WENT_ON) c->peer_ans[st.MPI_SOURCE] = r;
+        if (r.kind == ETP__REFUSAL_WENT_ON) {
+            c->peer_ans[st.MPI_SOURCE] = r;
+            continue;
+        }
+        if (r.kind != ETP__REFUSAL_REFUSED) continue;
+        struct etp__hrefs *h = &c->peer_ref[st.MPI_SOURCE];
+        if (h->n && h->r[h->n - 1].seq == r.seq) {
+            h->r[h->n - 1] = r; /* a later count at the same point */
+            continue;
+        }
+        if (h->n == h->cap) {
+            int cap = h->cap ? 2 * h->cap : 4;
+            etp__refusal_t *a = realloc(h->r, (size_t)cap * sizeof *a);
+            if (!a) return etp__err(ETP_ERR_OUT_OF_MEMORY, "refusal records: out of memory");
+            h->r = a;
+            h->cap = cap;
+        }
+        h->r[h->n++] = r;
     }
 }
 
@@ -458,8 +480,10 @@ static etp_status_t refused_by_peer(etp__host_t *h, etp__hcoll_t *hc)
     etp__bcomm_t *c = hc->comm;
     ETP__TRY(refusals_in(c));
     for (int p = 0; p < c->size; p++) {
-        const etp__refusal_t *r = &c->peer_ref[p];
-        if (p == c->rank || r->magic == 0 || (uint64_t)r->seq > hc->d.seq) continue;
+        /* the peer's earliest refusal not settled: it joins nothing from there */
+        if (p == c->rank || c->peer_ref[p].n == 0) continue;
+        const etp__refusal_t *r = &c->peer_ref[p].r[0];
+        if ((uint64_t)r->seq > hc->d.seq) continue;
         if (!c->answered[p]) {
             etp__refusal_t a = {.magic = ETP__REFUSAL_MAGIC, .kind = ETP__REFUSAL_WENT_ON,
                                 .seq = (int64_t)hc->d.seq, .world_rank = h->base.rank};
@@ -495,26 +519,55 @@ etp_status_t etp__hcomm_refusal_poll(etp__be_t *be, etp__bcomm_t *c, const etp__
     int alike = 1;
     for (int p = 0; p < c->size; p++) {
         if (p == c->rank) continue;
-        const etp__refusal_t *a = &c->peer_ans[p], *r = &c->peer_ref[p];
+        const etp__refusal_t *a = &c->peer_ans[p];
         if (a->magic) {
             snprintf(why, why_bytes, "%s", a->msg);
             *verdict = -1;
             return ETP_SUCCESS;
         }
-        if (r->magic && (r->seq != mine->seq || r->count > mine->count)) {
-            snprintf(why, why_bytes,
-                     "rank %d refused %s otherwise (%lld refusal(s) before seq %lld; this rank "
-                     "%lld before seq %lld)", p, r->call, (long long)r->count, (long long)r->seq,
-                     (long long)mine->count, (long long)mine->seq);
+        const struct etp__hrefs *h = &c->peer_ref[p];
+        const etp__refusal_t *at = NULL;
+        int past = 0; /* the peer refused later: it went through this point */
+        for (int i = 0; i < h->n; i++) {
+            const etp__refusal_t *r = &h->r[i];
+            if (r->seq < mine->seq) {
+                snprintf(why, why_bytes,
+                         "rank %d refused %s before seq %lld, where this rank went on", p, r->call,
+                         (long long)r->seq);
+                *verdict = -1;
+                return ETP_SUCCESS;
+            }
+            if (r->seq == mine->seq) at = r;
+            past |= r->seq > mine->seq;
+        }
+        const int64_t theirs = at ? at->count : -1;
+        /* out of step: more refusals here than this rank, fewer and done
+         * with this point, or past it without refusing here */
+        const int out = at ? theirs > mine->count || (theirs < mine->count && past) : past;
+        if (out) {
+            if (at)
+                snprintf(why, why_bytes,
+                         "rank %d refused otherwise before seq %lld (%lld refusal(s) in all, this "
+                         "rank %lld; its last: %s)", p, (long long)mine->seq, (long long)theirs,
+                         (long long)mine->count, at->call);
+            else
+                snprintf(why, why_bytes, "rank %d went past seq %lld without refusing there", p,
+                         (long long)mine->seq);
             *verdict = -1;
             return ETP_SUCCESS;
         }
-        alike &= r->magic && r->count == mine->count;
+        alike &= theirs == mine->count;
     }
     *verdict = alike;
-    /* in step: the records are spent (a later refusal sends new ones) */
+    /* in step: the records up to this point are spent */
     if (alike)
-        for (int p = 0; p < c->size; p++) c->peer_ref[p].magic = 0;
+        for (int p = 0; p < c->size; p++) {
+            struct etp__hrefs *h = &c->peer_ref[p];
+            int keep = 0;
+            for (int i = 0; i < h->n; i++)
+                if (h->r[i].seq > mine->seq) h->r[keep++] = h->r[i];
+            h->n = keep;
+        }
     return ETP_SUCCESS;
 }
 
@@ -523,6 +576,7 @@ void etp__hcomm_refusals_free(etp__bcomm_t *c)
     reap_sends(c);
     /* a send still pending has a peer that never took it: its buffer stays */
     c->sends = NULL;
+    for (int p = 0; c->peer_ref && p < c->size; p++) free(c->peer_ref[p].r);
     free(c->peer_ref);
     free(c->peer_ans);
     free(c->answered);

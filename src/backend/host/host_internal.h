@@ -94,7 +94,9 @@ struct etp__bcomm {
     int rank, size;
     etp__hcoll_t *zombies; /* failed collectives whose MPI requests are still live */
     /* refusals (host_coll.c), allocated at the first one seen or sent */
-    etp__refusal_t *peer_ref; /* size: each peer's latest refusal (magic 0: none) */
+    /* size: each peer's refusals not settled yet, the latest record for
+     * each sequence number, in order (a peer may be several ahead) */
+    struct etp__hrefs *peer_ref;
     etp__refusal_t *peer_ans; /* size: a peer's answer to this rank's refusal (magic 0: none) */
     int *answered;            /* size: this rank told that peer it went on */
     struct etp__hsend *sends; /* refusal records still being sent */
