@@ -573,8 +573,11 @@ etp_status_t etp__hcomm_refusal_poll(etp__be_t *be, etp__bcomm_t *c, const etp__
 
 void etp__hcomm_refusals_free(etp__bcomm_t *c)
 {
-    reap_sends(c);
-    /* a send still pending has a peer that never took it: its buffer stays */
+    /* a record the peer took completes at the next progress; one still
+     * pending after a short while has a peer that never takes it: its
+     * buffer stays (MPI may still read it) */
+    const double t0 = etp__now_s();
+    for (reap_sends(c); c->sends && etp__now_s() - t0 < 2.0; reap_sends(c)) etp__sleep_us(200);
     c->sends = NULL;
     for (int p = 0; c->peer_ref && p < c->size; p++) free(c->peer_ref[p].r);
     free(c->peer_ref);
