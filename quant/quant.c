@@ -436,8 +436,8 @@ etp_status_t etp_quant_multi_amax(etp_quantizer_t *quantizer, size_t n,
     return multi_amax(quantizer, n, inputs, amax_rowwise, amax_columnwise, stream);
 }
 
-etp_status_t etp_quant_amax_allreduce(etp_group_t *group, int role, float *amax, size_t n,
-                                      etp_stream_t *stream)
+static etp_status_t amax_allreduce(etp_group_t *group, int role, float *amax, size_t n,
+                                   etp_stream_t *stream)
 {
     const char *fn = "etp_quant_amax_allreduce";
     ETP__CHECK_NULL(group, fn);
@@ -447,6 +447,14 @@ etp_status_t etp_quant_amax_allreduce(etp_group_t *group, int role, float *amax,
     ETP__TRY(check_amax_aligned(amax, "amax", fn));
     /* one collective for all n: the point of the split phases */
     return etp_allreduce(group, role, amax, amax, n, ETP_DTYPE_F32, ETP_REDOP_MAX, stream);
+}
+
+etp_status_t etp_quant_amax_allreduce(etp_group_t *group, int role, float *amax, size_t n,
+                                      etp_stream_t *stream)
+{
+    etp__refusal_guard_t gd = etp__refusal_guard(group);
+    return etp__refusal_guard_end(gd, amax_allreduce(group, role, amax, n, stream),
+                                  "etp_quant_amax_allreduce");
 }
 
 static etp_status_t check_cast(etp_quantizer_t *q, size_t n, const etp_quant_input_t *inputs,
@@ -479,10 +487,10 @@ etp_status_t etp_quant_cast_only(etp_quantizer_t *quantizer, size_t n,
     return cast_only(quantizer, n, inputs, amax, outputs, stream);
 }
 
-etp_status_t etp_quant_quantize(etp_quantizer_t *quantizer, size_t n,
-                                const etp_quant_input_t *inputs, float *amax, size_t amax_count,
-                                etp_group_t *group, int role, const etp_quant_output_t *outputs,
-                                etp_stream_t *stream)
+static etp_status_t quantize(etp_quantizer_t *quantizer, size_t n,
+                             const etp_quant_input_t *inputs, float *amax, size_t amax_count,
+                             etp_group_t *group, int role, const etp_quant_output_t *outputs,
+                             etp_stream_t *stream)
 {
     const char *fn = "etp_quant_quantize";
     ETP__TRY(check_cast(quantizer, n, inputs, amax, amax_count, outputs, stream, fn));
@@ -504,6 +512,21 @@ etp_status_t etp_quant_quantize(etp_quantizer_t *quantizer, size_t n,
         if (group) ETP__TRY(etp_quant_amax_allreduce(group, role, amax, n, stream));
     }
     return cast_only(quantizer, n, inputs, amax, outputs, stream);
+}
+
+etp_status_t etp_quant_quantize(etp_quantizer_t *quantizer, size_t n,
+                                const etp_quant_input_t *inputs, float *amax, size_t amax_count,
+                                etp_group_t *group, int role, const etp_quant_output_t *outputs,
+                                etp_stream_t *stream)
+{
+    /* with a group, NVFP4 quantization is collective (the amax all-reduce):
+     * a refusal is recorded on the group */
+    const int collective = group && quantizer && quantizer->cfg.format == ETP_QUANT_NVFP4;
+    etp__refusal_guard_t gd = etp__refusal_guard(collective ? group : NULL);
+    return etp__refusal_guard_end(gd,
+                                  quantize(quantizer, n, inputs, amax, amax_count, group, role,
+                                           outputs, stream),
+                                  "etp_quant_quantize");
 }
 
 static void fill_dequant(const void *arg, size_t i, etp__qb_tensor_t *t)

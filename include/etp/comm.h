@@ -9,6 +9,26 @@
  * must issue the operations of one (group, role) in the same order; different
  * roles are independent.
  *
+ * One stream per (group, role) at a time: a collective on (group, role)
+ * enqueued on another stream than the last one that issued there must be
+ * ordered after that one by etp: an etp_event_record on the last stream
+ * after its collective that this stream waited for (etp_stream_wait_event,
+ * directly or through other streams), or a host wait that saw it complete
+ * (stream or event synchronize, a completed event query, etp_mem_free), or
+ * the last stream's destroy. Otherwise two streams enqueue on one
+ * communicator with nothing ordering them, and ranks pair different
+ * collectives (a hang or wrong data on CUDA). Native waits on wrapped
+ * streams (cudaStreamWaitEvent) are invisible to etp and do not count.
+ * With ETP_CHECK_COLLECTIVES=1, or on the host backend in shuffle mode,
+ * such a collective is refused (ETP_ERR_INVALID_STATE naming both streams)
+ * and the refusal is recorded on the group ("Refused calls" in
+ * etp/context.h: refused on every rank alike, the group goes on).
+ * Collectives enqueued during a graph capture are not checked, and graph
+ * launches do not count as uses. etp's own collectives keep the rule: a
+ * chain's gathers (and etp_param_export_full of its parameters) on its
+ * all-gather stream, its reductions and gradient statistics on its
+ * reduction stream, EP calls joined to the group's previous call.
+ *
  * Collectives are enqueued on an etp stream of the group's context and
  * complete asynchronously, like NCCL. Each carries a sequence number per
  * (group, role). A collective that does not complete within the context's

@@ -144,7 +144,36 @@ ETP_API etp_status_t etp_context_world(etp_context_t *ctx, etp_group_t **world);
 
 /* ETP_SUCCESS while the context is healthy; ETP_ERR_ABORTED (with the first
  * failure as the message) once a timeout, mismatch or backend error has
- * aborted its communicators. An aborted context accepts only destroy calls. */
+ * aborted its communicators. An aborted context accepts only destroy calls.
+ * ETP_ERR_INVALID_STATE when one of its groups is broken on this rank by a
+ * refused call (below; the message names the group and quotes the
+ * refusal); the context's other groups still work. Never blocks: a
+ * refusal whose outcome the peers have not told yet is not reported.
+ *
+ * Refused calls. A call refused for its arguments or state returns the
+ * error and enqueues nothing. When it is a call that issues collectives on
+ * a group of more than one rank (etp_allgather, etp_reduce_scatter,
+ * etp_allreduce, etp_alltoallv, etp_ep_prepare and the EP data calls,
+ * etp_param_export_full, etp_quant_amax_allreduce, etp_quant_quantize of
+ * NVFP4 with a group), its peers may be waiting in a collective this rank
+ * will not join, so the refusal is recorded on the group:
+ * - refused on every rank alike (the same calls at the same point), the
+ *   group is in step and goes on as before;
+ * - otherwise the group is broken on this rank: its next collective (and
+ *   every later one, a split from it, a window on it) fails at once with
+ *   ETP_ERR_INVALID_STATE quoting the first refusal, and etp_context_check
+ *   says so. Destroy the group (and what is built on it) to go on.
+ * Host backend: the peers are told at once, beside the fingerprint
+ * exchange. A peer's collective that the refusing rank will not join fails
+ * with ETP_ERR_COLLECTIVE_MISMATCH naming that rank, the call and its
+ * message (its context aborts), and answers that it went on. The refusing
+ * rank's next collective on the group waits for the answers (bounded by the
+ * timeout): all refused alike, or one went on.
+ * CUDA backend: no channel beside NCCL tells the peers, so a refusal breaks
+ * the group on the refusing rank at once (refused alike on every rank, it
+ * is broken on every rank); the peers' waits time out (ETP_ERR_TIMEOUT)
+ * naming the group, role, operation and sequence number of the collective
+ * not joined (NCCL does not say which rank is missing). */
 ETP_API etp_status_t etp_context_check(const etp_context_t *ctx);
 
 /* ---- streams ---------------------------------------------------------- */

@@ -4,7 +4,9 @@
  * Every etp function returns an etp_status_t; ETP_SUCCESS is 0. On failure the
  * calling thread's etp_last_error() holds a sentence saying what was wrong
  * (which argument, expected against got, which rank or group). Output arguments
- * are written only on success.
+ * are written only on success. A refused call that would have issued
+ * collectives may leave its group out of step with the other ranks: see
+ * "Refused calls" in etp/context.h.
  *
  * Versioned structs: every struct etp takes or fills that starts with
  * `size_t size` is set up with its ETP_*_INIT initializer, which sets size to
@@ -44,7 +46,7 @@ extern "C" {
 typedef enum etp_status {
     ETP_SUCCESS = 0,
     ETP_ERR_INVALID_ARGUMENT = 1,  /* a null, out-of-range or inconsistent argument */
-    ETP_ERR_INVALID_STATE = 2,     /* a call at the wrong time (e.g. destroy while in use) */
+    ETP_ERR_INVALID_STATE = 2,     /* a call at the wrong time (e.g. destroy while in use, a collective on a group a refused call broke: etp/context.h) */
     ETP_ERR_OUT_OF_MEMORY = 3,     /* an allocation through the context allocator failed */
     ETP_ERR_UNSUPPORTED = 4,       /* not built in, or not possible on this backend */
     ETP_ERR_TIMEOUT = 5,           /* a collective or wait did not finish within ETP_TIMEOUT_S */

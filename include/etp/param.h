@@ -158,10 +158,17 @@ ETP_API etp_status_t etp_param_info(const etp_param_t *param, etp_param_info_t *
 ETP_API etp_status_t etp_param_load_full(etp_param_t *param, const void *src, etp_stream_t *stream);
 ETP_API etp_status_t etp_param_load_shard(etp_param_t *param, const void *src, etp_stream_t *stream);
 
-/* Gather the full tensor into dst [experts][rows][cols] (no padding), on
- * `stream`. Collective over the parameter's group (its role 0). Allocates a
- * staging buffer for the call and frees it at the end, which waits for the
- * context's enqueued work: blocks the host (not for use under capture). */
+/* Gather the full tensor into dst [experts][rows][cols] (no padding),
+ * ordered after the work enqueued on `stream` so far, and `stream`'s later
+ * work after it. Collective over the parameter's group: for a parameter of
+ * a chain, on the chain's all-gather stream and role, behind the chain's
+ * gathers and prefetches (so it may run during a step, or straight after a
+ * load that prefetched); for one in no chain, on `stream` and role 0. Any
+ * time, with the same order of calls on every rank. Allocates a staging
+ * buffer for the call and frees it at the end, which waits for the
+ * context's enqueued work: blocks the host (not for use under capture).
+ * A refusal (a NULL dst on one rank, say) is recorded on the group
+ * ("Refused calls" in etp/context.h). */
 ETP_API etp_status_t etp_param_export_full(etp_param_t *param, void *dst, etp_stream_t *stream);
 
 /* Tell etp that the shard was written on `stream` (after an optimizer step):

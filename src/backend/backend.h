@@ -81,6 +81,26 @@ void etp__fp_make(const etp__coll_t *op, int peer, etp__fp_t *fp);
  * sequence number, both ranks, what each issued, and what differs. */
 etp_status_t etp__fp_check(const etp__coll_t *op, int me, int peer, const etp__fp_t *theirs);
 
+/* ---- refusals (host_coll.c) ------------------------------------------------ */
+
+/* A rank refused a collective-issuing call on a group of several ranks, or
+ * a peer answers such a refusal: what travels on the collective-checking
+ * channel, beside the fingerprints (never matched by them). */
+typedef struct etp__refusal {
+    int64_t magic;  /* ETP__REFUSAL_MAGIC */
+    int64_t kind;   /* ETP__REFUSAL_REFUSED or ETP__REFUSAL_WENT_ON */
+    int64_t seq;    /* refused: the first sequence number of the communicator the sender will
+                     * not join; went on: the sequence number the sender issued */
+    int64_t count;  /* refused: the sender's refusals on the group so far */
+    int64_t world_rank;
+    char call[48];  /* the refused call ("etp_allreduce"), or the collective issued */
+    char msg[400];  /* the refusal's message, or what the answering rank did */
+} etp__refusal_t;
+
+enum { ETP__REFUSAL_REFUSED = 1, ETP__REFUSAL_WENT_ON = 2 };
+/* "etprf1" in ASCII */
+#define ETP__REFUSAL_MAGIC INT64_C(0x657470726631)
+
 /* Each module's kernels, one table per module, declared in
  * src/backend/kernels_<module>.h and implemented by each backend in
  * host/host_<module>.c and cuda/cuda_<module>.c. */
@@ -164,6 +184,19 @@ typedef struct etp__backend_ops {
     void (*win_free)(etp__be_t *be, etp__bcomm_t *c, void *ptr, void *win);
     etp_status_t (*batch_begin)(etp__be_t *be);
     etp_status_t (*batch_end)(etp__be_t *be);
+
+    /* Refusals (src/comm/refusal.c); both NULL on a backend with no channel
+     * beside its collectives (cuda), where a refusal breaks the group at
+     * once. refuse: tell every peer of c, at once and without blocking,
+     * that this rank will not join c's collectives from rec->seq on; their
+     * collectives from there on then fail naming this rank and the call.
+     * refusal_poll: without blocking, what the peers of c did about this
+     * rank's refusal `mine`: *verdict 1 every peer refused alike (same
+     * sequence number and count; the records are then forgotten), -1 a peer
+     * went on or refused otherwise (why: which, what), 0 not known yet. */
+    etp_status_t (*refuse)(etp__be_t *be, etp__bcomm_t *c, const etp__refusal_t *rec);
+    etp_status_t (*refusal_poll)(etp__be_t *be, etp__bcomm_t *c, const etp__refusal_t *mine,
+                                 int *verdict, char *why, size_t why_bytes);
 
     /* Graph capture: record what `s` (and the streams that join it by
      * events) enqueue, instead of running it; a graph replays it. */

@@ -35,9 +35,16 @@ static etp_status_t check_buffers(const void *send, const void *recv, size_t cou
     return ETP_SUCCESS;
 }
 
-static etp_status_t issue(etp_group_t *g, int role, etp__coll_t *d, etp_stream_t *s)
+static etp_status_t issue(etp_group_t *g, int role, etp__coll_t *d, etp_stream_t *s,
+                          const char *fn)
 {
-    ETP__TRY(etp__capture_note_group(g, s));
+    /* this rank's own refusals first: one while an earlier refusal's
+     * outcome is pending counts with it, as on the other ranks */
+    etp_status_t noted = etp__capture_note_group(g, s);
+    if (noted == ETP_SUCCESS) noted = etp__stream_order_use(g, role, s, fn, 0);
+    if (noted != ETP_SUCCESS) return etp__group_refused(g, noted, fn);
+    ETP__TRY(etp__group_ready(g, 1, fn));
+    ETP__TRY(etp__stream_order_use(g, role, s, fn, 1));
     d->group_name = g->name;
     d->role = role;
     d->seq = ++g->seq[role];
@@ -48,46 +55,60 @@ static etp_status_t issue(etp_group_t *g, int role, etp__coll_t *d, etp_stream_t
     etp_status_t st = be->ops->coll(be, g->comms[role], d, s->bs);
     /* refused on this rank before anything reached a peer (the backend
      * fails the context otherwise): the number is not used */
-    if (st != ETP_SUCCESS && !be->failed) g->seq[role]--;
+    if (st != ETP_SUCCESS && !be->failed) {
+        g->seq[role]--;
+        return etp__group_refused(g, st, fn);
+    }
     return st;
 }
+
+/* A collective refused on this rank: recorded on its group (refusal.c). */
+#define REFUSE_ON_FAIL(group, expr, fn)                                   \
+    do {                                                                  \
+        etp_status_t st_ = (expr);                                        \
+        if (st_ != ETP_SUCCESS) return etp__group_refused(group, st_, fn); \
+    } while (0)
 
 etp_status_t etp_allgather(etp_group_t *group, int role, const void *send, void *recv, size_t count,
                            etp_dtype_t dtype, etp_stream_t *stream)
 {
-    ETP__TRY(check_common(group, role, dtype, stream, "etp_allgather"));
-    ETP__TRY(check_buffers(send, recv, count, "etp_allgather"));
+    const char *fn = "etp_allgather";
+    REFUSE_ON_FAIL(group, check_common(group, role, dtype, stream, fn), fn);
+    REFUSE_ON_FAIL(group, check_buffers(send, recv, count, fn), fn);
     etp__coll_t d = {.kind = ETP__COLL_ALLGATHER, .send = send, .recv = recv, .count = count,
                      .dtype = dtype};
-    return issue(group, role, &d, stream);
+    return issue(group, role, &d, stream, fn);
 }
 
 etp_status_t etp_reduce_scatter(etp_group_t *group, int role, const void *send, void *recv,
                                 size_t recvcount, etp_dtype_t dtype, etp_redop_t op,
                                 etp_stream_t *stream)
 {
-    ETP__TRY(check_common(group, role, dtype, stream, "etp_reduce_scatter"));
-    ETP__TRY(check_redop(op, "etp_reduce_scatter"));
-    ETP__TRY(check_buffers(send, recv, recvcount, "etp_reduce_scatter"));
+    const char *fn = "etp_reduce_scatter";
+    REFUSE_ON_FAIL(group, check_common(group, role, dtype, stream, fn), fn);
+    REFUSE_ON_FAIL(group, check_redop(op, fn), fn);
+    REFUSE_ON_FAIL(group, check_buffers(send, recv, recvcount, fn), fn);
     etp__coll_t d = {.kind = ETP__COLL_REDUCE_SCATTER, .send = send, .recv = recv,
                      .count = recvcount, .dtype = dtype, .op = op};
-    return issue(group, role, &d, stream);
+    return issue(group, role, &d, stream, fn);
 }
 
 etp_status_t etp_allreduce(etp_group_t *group, int role, const void *send, void *recv, size_t count,
                            etp_dtype_t dtype, etp_redop_t op, etp_stream_t *stream)
 {
-    ETP__TRY(check_common(group, role, dtype, stream, "etp_allreduce"));
-    ETP__TRY(check_redop(op, "etp_allreduce"));
-    ETP__TRY(check_buffers(send, recv, count, "etp_allreduce"));
+    const char *fn = "etp_allreduce";
+    REFUSE_ON_FAIL(group, check_common(group, role, dtype, stream, fn), fn);
+    REFUSE_ON_FAIL(group, check_redop(op, fn), fn);
+    REFUSE_ON_FAIL(group, check_buffers(send, recv, count, fn), fn);
     etp__coll_t d = {.kind = ETP__COLL_ALLREDUCE, .send = send, .recv = recv, .count = count,
                      .dtype = dtype, .op = op};
-    return issue(group, role, &d, stream);
+    return issue(group, role, &d, stream, fn);
 }
 
-etp_status_t etp_alltoallv(etp_group_t *group, int role, const void *send, const size_t *sendcounts,
-                           const size_t *sdispls, void *recv, const size_t *recvcounts,
-                           const size_t *rdispls, etp_dtype_t dtype, etp_stream_t *stream)
+static etp_status_t check_alltoallv(etp_group_t *group, int role, const void *send,
+                                    const size_t *sendcounts, const size_t *sdispls, void *recv,
+                                    const size_t *recvcounts, const size_t *rdispls,
+                                    etp_dtype_t dtype, etp_stream_t *stream, size_t *total)
 {
     const char *fn = "etp_alltoallv";
     ETP__TRY(check_common(group, role, dtype, stream, fn));
@@ -107,10 +128,24 @@ etp_status_t etp_alltoallv(etp_group_t *group, int role, const void *send, const
     ETP__CHECK_ARG(sent == 0 || send != NULL, "%s: send is NULL with %zu elements to send", fn, sent);
     ETP__CHECK_ARG(received == 0 || recv != NULL, "%s: recv is NULL with %zu elements to receive",
                    fn, received);
+    *total = sent;
+    return ETP_SUCCESS;
+}
+
+etp_status_t etp_alltoallv(etp_group_t *group, int role, const void *send, const size_t *sendcounts,
+                           const size_t *sdispls, void *recv, const size_t *recvcounts,
+                           const size_t *rdispls, etp_dtype_t dtype, etp_stream_t *stream)
+{
+    const char *fn = "etp_alltoallv";
+    size_t sent = 0;
+    REFUSE_ON_FAIL(group,
+                   check_alltoallv(group, role, send, sendcounts, sdispls, recv, recvcounts,
+                                   rdispls, dtype, stream, &sent),
+                   fn);
     etp__coll_t d = {.kind = ETP__COLL_ALLTOALLV, .send = send, .recv = recv, .count = sent,
                      .dtype = dtype, .sendcounts = sendcounts, .sdispls = sdispls,
                      .recvcounts = recvcounts, .rdispls = rdispls};
-    return issue(group, role, &d, stream);
+    return issue(group, role, &d, stream, fn);
 }
 
 etp_status_t etp__ctx_no_batch(const etp_context_t *ctx, const char *fn)

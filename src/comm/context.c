@@ -92,6 +92,7 @@ void etp__ctx_free(etp_context_t *ctx)
     etp__trace_unbind(&ctx->log);
     free(ctx->allocs);
     free(ctx->cap_refs);
+    free(ctx->done.e);
     free(ctx);
 }
 
@@ -106,6 +107,7 @@ etp_status_t etp__ctx_finish(etp_context_t *ctx, etp__bcomm_t *world_comm)
     w->num_roles = 1;
     w->comms[0] = world_comm;
     ctx->world = w;
+    ctx->groups = w;
     ctx->log.rank = w->rank;
     ctx->be->rank = w->rank;
     ctx->be->size = w->size;
@@ -353,5 +355,8 @@ etp_status_t etp_context_world(etp_context_t *ctx, etp_group_t **world)
 etp_status_t etp_context_check(const etp_context_t *ctx)
 {
     ETP__CHECK_NULL(ctx, "etp_context_check");
-    return etp__ctx_usable(ctx, "etp_context_check");
+    ETP__TRY(etp__ctx_usable(ctx, "etp_context_check"));
+    for (etp_group_t *g = ctx->groups; g; g = g->next_group)
+        ETP__TRY(etp__group_ready(g, 0, "etp_context_check"));
+    return ETP_SUCCESS;
 }

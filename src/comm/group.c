@@ -32,6 +32,8 @@ etp_status_t etp_group_split(etp_group_t *parent, int color, int key,
                    "etp_group_split: name longer than %zu characters", sizeof parent->name - 1);
     etp_context_t *ctx = parent->ctx;
     ETP__TRY(etp__ctx_usable(ctx, "etp_group_split"));
+    /* collective over the parent's role 0, like any of its collectives */
+    ETP__TRY(etp__group_ready(parent, 1, "etp_group_split"));
 
     etp_group_t *g = calloc(1, sizeof *g);
     if (!g) return etp__err(ETP_ERR_OUT_OF_MEMORY, "etp_group_split: out of memory");
@@ -64,6 +66,8 @@ etp_status_t etp_group_split(etp_group_t *parent, int color, int key,
     g->size = be->ops->comm_size(g->comms[0]);
     parent->children++;
     ctx->num_groups++;
+    g->next_group = ctx->groups;
+    ctx->groups = g;
     ETP__LOG(&ctx->log, ETP_LOG_INFO, ETP_SUBSYS_COMM,
              "group '%s': rank %d of %d, %d role(s), split from '%s' (color %d, key %d)", g->name,
              g->rank, g->size, g->num_roles, parent->name, color, key);
@@ -98,6 +102,11 @@ etp_status_t etp_group_destroy(etp_group_t *group)
                         "slots of a chain: destroy the chain first)",
                         group->name, group->windows);
     destroy_comms(ctx, group);
+    for (etp_group_t **pp = &ctx->groups; *pp; pp = &(*pp)->next_group)
+        if (*pp == group) {
+            *pp = group->next_group;
+            break;
+        }
     group->parent->children--;
     ctx->num_groups--;
     free(group);

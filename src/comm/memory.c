@@ -90,8 +90,11 @@ etp_status_t etp__mem_alloc_window(etp_group_t *group, int role, size_t bytes,
     }
     ETP__CHECK_ARG(bytes > 0, "etp_mem_alloc: bytes is 0");
     ETP__TRY(etp__ctx_usable(ctx, "etp_mem_alloc"));
-    ETP__TRY(refuse_in_capture(ctx, bytes, owner));
-    ETP__TRY(reserve_record(ctx));
+    /* registration is collective over the role's communicator */
+    ETP__TRY(etp__group_ready(group, 1, "window registration"));
+    etp_status_t pre = refuse_in_capture(ctx, bytes, owner);
+    if (pre == ETP_SUCCESS) pre = reserve_record(ctx);
+    if (pre != ETP_SUCCESS) return etp__group_refused(group, pre, "window registration");
     void *p = NULL, *win = NULL;
     etp_status_t st = ops->win_alloc(ctx->be, group->comms[role], bytes, &p, &win);
     if (st == ETP_ERR_UNSUPPORTED) /* returned without a message: not an error */
@@ -118,7 +121,10 @@ etp_status_t etp_mem_free(etp_context_t *ctx, void *ptr)
                         "etp_mem_free: %p was not allocated by this context (or was freed already)",
                         ptr);
     /* Like cudaFree: nothing enqueued may still use it. */
-    if (!ctx->be->failed) ETP__TRY(ctx->be->ops->device_sync(ctx->be));
+    if (!ctx->be->failed) {
+        ETP__TRY(ctx->be->ops->device_sync(ctx->be));
+        etp__stream_order_waited(ctx, NULL, NULL, 1);
+    }
     etp__alloc_rec_t r = ctx->allocs[i];
     ctx->allocs[i] = ctx->allocs[--ctx->num_allocs];
     if (r.win_group) {

@@ -1,4 +1,5 @@
 /* Streams, events and the asynchronous memory operations. */
+#include <stdio.h>
 #include <stdlib.h>
 
 #include "comm_internal.h"
@@ -28,6 +29,104 @@ etp_status_t etp_stream_create(etp_context_t *ctx, int priority, etp_stream_t **
     return ETP_SUCCESS;
 }
 
+/* ---- ordering clocks ------------------------------------------------------ */
+
+static uint64_t clock_get(const etp__clock_t *c, uint64_t stream)
+{
+    for (int i = 0; i < c->n; i++)
+        if (c->e[i].stream == stream) return c->e[i].colls;
+    return 0;
+}
+
+static etp_status_t clock_raise(etp__clock_t *c, uint64_t stream, uint64_t colls)
+{
+    for (int i = 0; i < c->n; i++)
+        if (c->e[i].stream == stream) {
+            if (c->e[i].colls < colls) c->e[i].colls = colls;
+            return ETP_SUCCESS;
+        }
+    if (colls == 0) return ETP_SUCCESS;
+    if (c->n == c->cap) {
+        int cap = c->cap ? 2 * c->cap : 4;
+        etp__clock_entry_t *e = realloc(c->e, (size_t)cap * sizeof *e);
+        if (!e) return etp__err(ETP_ERR_OUT_OF_MEMORY, "stream ordering: out of host memory");
+        c->e = e;
+        c->cap = cap;
+    }
+    c->e[c->n++] = (etp__clock_entry_t){stream, colls};
+    return ETP_SUCCESS;
+}
+
+static etp_status_t clock_merge(etp__clock_t *into, const etp__clock_t *from)
+{
+    for (int i = 0; i < from->n; i++)
+        ETP__TRY(clock_raise(into, from->e[i].stream, from->e[i].colls));
+    return ETP_SUCCESS;
+}
+
+int etp__stream_order_checking(const etp_context_t *ctx)
+{
+    const etp__be_t *be = ctx->be;
+    return be->cfg.check_collectives ||
+           (be->ops->kind == ETP_BACKEND_HOST && be->cfg.host_streams == ETP_HOST_STREAMS_SHUFFLE);
+}
+
+void etp__stream_describe(char *buf, size_t n, uint64_t id, const char *label)
+{
+    if (label[0])
+        snprintf(buf, n, "stream #%llu (%s)", (unsigned long long)id, label);
+    else
+        snprintf(buf, n, "stream #%llu", (unsigned long long)id);
+}
+
+etp_status_t etp__stream_order_use(etp_group_t *g, int role, etp_stream_t *s, const char *fn,
+                                   int record)
+{
+    etp_context_t *ctx = g->ctx;
+    if (ctx->captures) {
+        int capturing = 0;
+        ETP__TRY(etp__stream_capturing(s, &capturing));
+        if (capturing) return ETP_SUCCESS;
+    }
+    const uint64_t last = g->last_stream[role];
+    if (last && last != s->id && etp__stream_order_checking(ctx) &&
+        clock_get(&s->after, last) < g->last_colls[role] &&
+        clock_get(&ctx->done, last) < g->last_colls[role]) {
+        char mine[96], theirs[96];
+        etp__stream_describe(mine, sizeof mine, s->id, s->label);
+        etp__stream_describe(theirs, sizeof theirs, last, g->last_label[role]);
+        return etp__err(ETP_ERR_INVALID_STATE,
+                        "%s: group '%s' role %d from %s, but %s issued the last collective there "
+                        "(seq %llu) and no etp event orders the two (record an event on %s after "
+                        "it and make %s wait for it): collectives of one communicator from two "
+                        "unordered streams pair differently on different ranks",
+                        fn, g->name, role, mine, theirs, (unsigned long long)g->last_seq[role],
+                        theirs, mine);
+    }
+    if (!record) return ETP_SUCCESS;
+    s->colls++;
+    g->last_stream[role] = s->id;
+    g->last_colls[role] = s->colls;
+    g->last_seq[role] = g->seq[role] + 1;
+    snprintf(g->last_label[role], sizeof g->last_label[role], "%s", s->label);
+    return ETP_SUCCESS;
+}
+
+void etp__stream_order_waited(etp_context_t *ctx, etp_stream_t *s, etp_event_t *e, int all)
+{
+    if (all) {
+        for (etp_group_t *g = ctx->groups; g; g = g->next_group)
+            for (int r = 0; r < g->num_roles; r++) g->last_stream[r] = 0;
+        return;
+    }
+    /* out of host memory, the knowledge is lost: a later check may refuse
+     * what a wait ordered, never accept what nothing ordered */
+    if (s && (clock_merge(&ctx->done, &s->after) != ETP_SUCCESS ||
+              clock_raise(&ctx->done, s->id, s->colls) != ETP_SUCCESS))
+        return;
+    if (e) (void)clock_merge(&ctx->done, &e->clock);
+}
+
 etp_status_t etp_stream_destroy(etp_stream_t *stream)
 {
     if (!stream) return ETP_SUCCESS;
@@ -38,6 +137,12 @@ etp_status_t etp_stream_destroy(etp_stream_t *stream)
     etp_status_t st = ctx->be->ops->stream_destroy(ctx->be, stream->bs);
     if (st != ETP_SUCCESS && !ctx->be->failed) return st;
     ctx->num_streams--;
+    /* its work completes first: a later collective from another stream
+     * follows it */
+    for (etp_group_t *g = ctx->groups; g; g = g->next_group)
+        for (int r = 0; r < g->num_roles; r++)
+            if (g->last_stream[r] == stream->id) g->last_stream[r] = 0;
+    free(stream->after.e);
     free(stream);
     return ETP_SUCCESS;
 }
@@ -46,7 +151,9 @@ etp_status_t etp_stream_synchronize(etp_stream_t *stream)
 {
     ETP__CHECK_NULL(stream, "etp_stream_synchronize");
     ETP__TRY(etp__ctx_usable(stream->ctx, "etp_stream_synchronize"));
-    return stream->ctx->be->ops->stream_sync(stream->ctx->be, stream->bs);
+    ETP__TRY(stream->ctx->be->ops->stream_sync(stream->ctx->be, stream->bs));
+    etp__stream_order_waited(stream->ctx, stream, NULL, 0);
+    return ETP_SUCCESS;
 }
 
 etp_status_t etp__stream_capturing(etp_stream_t *stream, int *capturing)
@@ -118,6 +225,7 @@ etp_status_t etp_event_destroy(etp_event_t *event)
     etp_context_t *ctx = event->ctx;
     etp_status_t st = ctx->be->ops->event_destroy(ctx->be, event->be_ev);
     ctx->num_events--;
+    free(event->clock.e);
     free(event);
     return st;
 }
@@ -135,7 +243,11 @@ etp_status_t etp_event_record(etp_event_t *event, etp_stream_t *stream)
     ETP__CHECK_NULL(event, "etp_event_record");
     ETP__CHECK_NULL(stream, "etp_event_record");
     ETP__TRY(same_ctx(event, stream, "etp_event_record"));
-    return stream->ctx->be->ops->event_record(stream->ctx->be, event->be_ev, stream->bs);
+    ETP__TRY(stream->ctx->be->ops->event_record(stream->ctx->be, event->be_ev, stream->bs));
+    /* the event now stands for this stream's work so far and what it followed */
+    event->clock.n = 0;
+    ETP__TRY(clock_merge(&event->clock, &stream->after));
+    return clock_raise(&event->clock, stream->id, stream->colls);
 }
 
 etp_status_t etp_stream_wait_event(etp_stream_t *stream, etp_event_t *event)
@@ -143,7 +255,8 @@ etp_status_t etp_stream_wait_event(etp_stream_t *stream, etp_event_t *event)
     ETP__CHECK_NULL(stream, "etp_stream_wait_event");
     ETP__CHECK_NULL(event, "etp_stream_wait_event");
     ETP__TRY(same_ctx(event, stream, "etp_stream_wait_event"));
-    return stream->ctx->be->ops->stream_wait_event(stream->ctx->be, stream->bs, event->be_ev);
+    ETP__TRY(stream->ctx->be->ops->stream_wait_event(stream->ctx->be, stream->bs, event->be_ev));
+    return clock_merge(&stream->after, &event->clock);
 }
 
 etp_status_t etp_event_query(etp_event_t *event, int *done)
@@ -153,6 +266,7 @@ etp_status_t etp_event_query(etp_event_t *event, int *done)
     ETP__TRY(etp__ctx_usable(event->ctx, "etp_event_query"));
     int d = 0;
     ETP__TRY(event->ctx->be->ops->event_query(event->ctx->be, event->be_ev, &d));
+    if (d) etp__stream_order_waited(event->ctx, NULL, event, 0);
     *done = d;
     return ETP_SUCCESS;
 }
@@ -161,7 +275,9 @@ etp_status_t etp_event_synchronize(etp_event_t *event)
 {
     ETP__CHECK_NULL(event, "etp_event_synchronize");
     ETP__TRY(etp__ctx_usable(event->ctx, "etp_event_synchronize"));
-    return event->ctx->be->ops->event_sync(event->ctx->be, event->be_ev);
+    ETP__TRY(event->ctx->be->ops->event_sync(event->ctx->be, event->be_ev));
+    etp__stream_order_waited(event->ctx, NULL, event, 0);
+    return ETP_SUCCESS;
 }
 
 etp_status_t etp_memset_async(etp_stream_t *stream, void *ptr, int value, size_t bytes)

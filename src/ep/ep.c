@@ -635,7 +635,7 @@ static void exact_rows(etp_ep_layer_t *ly)
     ly->ntok = roff;
 }
 
-etp_status_t etp_ep_prepare(etp_ep_layer_t *ly, const void *topk_idx, etp_dtype_t idx_dtype,
+static etp_status_t ep_prepare_call(etp_ep_layer_t *ly, const void *topk_idx, etp_dtype_t idx_dtype,
                             int64_t num_tokens, const int32_t *num_tokens_dev, etp_stream_t *s)
 {
     const char *fn = "etp_ep_prepare";
@@ -732,6 +732,13 @@ etp_status_t etp_ep_prepare(etp_ep_layer_t *ly, const void *topk_idx, etp_dtype_
     ly->t_host = num_tokens_dev ? -1 : num_tokens;
     ly->phase = LAYER_PREPARED;
     return leave(ep, s);
+}
+
+etp_status_t etp_ep_prepare(etp_ep_layer_t *ly, const void *topk_idx, etp_dtype_t idx_dtype,
+                            int64_t num_tokens, const int32_t *num_tokens_dev, etp_stream_t *s)
+{
+    etp__refusal_guard_t gd = etp__refusal_guard(ly ? ly->ep->group : NULL);
+    return etp__refusal_guard_end(gd, ep_prepare_call(ly, topk_idx, idx_dtype, num_tokens, num_tokens_dev, s), "etp_ep_prepare");
 }
 
 etp_status_t etp_ep_layout(const etp_ep_layer_t *ly, const int32_t **counts_dev,
@@ -891,17 +898,23 @@ etp_status_t etp_ep_dispatch(etp_ep_layer_t *ly, const void *tokens, etp_dtype_t
                                 .topk_weights = topk_weights, .weights_dtype = weights_dtype,
                                 .recv_tokens = recv_tokens, .recv_scales = NULL,
                                 .recv_weights = recv_weights, .rows = rows};
-    return dispatch(ly, &a, s, "etp_ep_dispatch");
+    etp__refusal_guard_t gd = etp__refusal_guard(ly ? ly->ep->group : NULL);
+    return etp__refusal_guard_end(gd, dispatch(ly, &a, s, "etp_ep_dispatch"), "etp_ep_dispatch");
 }
 
 etp_status_t etp_ep_dispatch_ex(etp_ep_layer_t *ly, const etp_ep_dispatch_args_t *args,
                                 etp_stream_t *s)
 {
     const char *fn = "etp_ep_dispatch_ex";
-    if (!args) return etp__err(ETP_ERR_INVALID_ARGUMENT, "%s: argument 'args' is NULL", fn);
+    etp__refusal_guard_t gd = etp__refusal_guard(ly ? ly->ep->group : NULL);
+    etp_status_t st = ETP_SUCCESS;
     etp_ep_dispatch_args_t a = ETP_EP_DISPATCH_ARGS_INIT;
-    ETP__TRY(etp__vs_in(&a, args, &etp__vs_ep_dispatch_args, fn, "args"));
-    return dispatch(ly, &a, s, fn);
+    if (!args)
+        st = etp__err(ETP_ERR_INVALID_ARGUMENT, "%s: argument 'args' is NULL", fn);
+    else
+        st = etp__vs_in(&a, args, &etp__vs_ep_dispatch_args, fn, "args");
+    if (st == ETP_SUCCESS) st = dispatch(ly, &a, s, fn);
+    return etp__refusal_guard_end(gd, st, fn);
 }
 
 /* Expert rows -> per (token, rank) FP32 partials -> back -> sum in rank
@@ -959,7 +972,7 @@ static etp_status_t check_out(const void *out, const char *name, const char *fn)
     return ETP_SUCCESS;
 }
 
-etp_status_t etp_ep_combine(etp_ep_layer_t *ly, const void *expert_out, etp_dtype_t dtype,
+static etp_status_t ep_combine_call(etp_ep_layer_t *ly, const void *expert_out, etp_dtype_t dtype,
                             int64_t rows, void *out, etp_stream_t *s)
 {
     const char *fn = "etp_ep_combine";
@@ -979,7 +992,14 @@ etp_status_t etp_ep_combine(etp_ep_layer_t *ly, const void *expert_out, etp_dtyp
     return leave(ly->ep, s);
 }
 
-etp_status_t etp_ep_dispatch_bwd(etp_ep_layer_t *ly, const void *grad_rows, etp_dtype_t dtype,
+etp_status_t etp_ep_combine(etp_ep_layer_t *ly, const void *expert_out, etp_dtype_t dtype,
+                            int64_t rows, void *out, etp_stream_t *s)
+{
+    etp__refusal_guard_t gd = etp__refusal_guard(ly ? ly->ep->group : NULL);
+    return etp__refusal_guard_end(gd, ep_combine_call(ly, expert_out, dtype, rows, out, s), "etp_ep_combine");
+}
+
+static etp_status_t ep_dispatch_bwd_call(etp_ep_layer_t *ly, const void *grad_rows, etp_dtype_t dtype,
                                  const float *grad_row_weights, int64_t rows, void *grad_tokens,
                                  float *grad_topk_weights, etp_stream_t *s)
 {
@@ -1007,7 +1027,15 @@ etp_status_t etp_ep_dispatch_bwd(etp_ep_layer_t *ly, const void *grad_rows, etp_
     return leave(ly->ep, s);
 }
 
-etp_status_t etp_ep_combine_bwd(etp_ep_layer_t *ly, const void *grad_out, etp_dtype_t dtype,
+etp_status_t etp_ep_dispatch_bwd(etp_ep_layer_t *ly, const void *grad_rows, etp_dtype_t dtype,
+                                 const float *grad_row_weights, int64_t rows, void *grad_tokens,
+                                 float *grad_topk_weights, etp_stream_t *s)
+{
+    etp__refusal_guard_t gd = etp__refusal_guard(ly ? ly->ep->group : NULL);
+    return etp__refusal_guard_end(gd, ep_dispatch_bwd_call(ly, grad_rows, dtype, grad_row_weights, rows, grad_tokens, grad_topk_weights, s), "etp_ep_dispatch_bwd");
+}
+
+static etp_status_t ep_combine_bwd_call(etp_ep_layer_t *ly, const void *grad_out, etp_dtype_t dtype,
                                 const void *expert_out, int64_t rows, void *grad_rows,
                                 float *grad_topk_weights, etp_stream_t *s)
 {
@@ -1062,6 +1090,14 @@ etp_status_t etp_ep_combine_bwd(etp_ep_layer_t *ly, const void *grad_out, etp_dt
         ETP__TRY(kt->wscatter(be, s->bs, &sa));
     }
     return leave(ep, s);
+}
+
+etp_status_t etp_ep_combine_bwd(etp_ep_layer_t *ly, const void *grad_out, etp_dtype_t dtype,
+                                const void *expert_out, int64_t rows, void *grad_rows,
+                                float *grad_topk_weights, etp_stream_t *s)
+{
+    etp__refusal_guard_t gd = etp__refusal_guard(ly ? ly->ep->group : NULL);
+    return etp__refusal_guard_end(gd, ep_combine_bwd_call(ly, grad_out, dtype, expert_out, rows, grad_rows, grad_topk_weights, s), "etp_ep_combine_bwd");
 }
 
 /* ---- reports ------------------------------------------------------------ */

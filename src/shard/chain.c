@@ -76,6 +76,9 @@ etp_status_t etp_chain_create(etp_context_t *ctx, const etp_chain_config_t *conf
     if (st == ETP_SUCCESS) st = etp_stream_create(ctx, ETP_STREAM_PRIORITY_HIGH, &c->rs);
     if (st == ETP_SUCCESS) st = etp_event_create(ctx, &c->scratch);
     if (st == ETP_SUCCESS) {
+        /* for messages about streams (etp__stream_order_use) */
+        snprintf(c->ag->label, sizeof c->ag->label, "chain '%.40s' all-gathers", c->name);
+        snprintf(c->rs->label, sizeof c->rs->label, "chain '%.40s' reductions", c->name);
         c->ring = calloc((size_t)c->ring_n, sizeof *c->ring);
         c->ring_holder = calloc((size_t)c->ring_n, sizeof *c->ring_holder);
         c->ring_done = calloc((size_t)c->ring_n, sizeof *c->ring_done);

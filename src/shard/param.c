@@ -252,7 +252,7 @@ etp_status_t etp_param_mark_updated(etp_param_t *p, etp_stream_t *s)
     return etp__chain_on_update(p, s);
 }
 
-etp_status_t etp_param_export_full(etp_param_t *p, void *dst, etp_stream_t *s)
+static etp_status_t export_full(etp_param_t *p, void *dst, etp_stream_t *s)
 {
     const char *fn = "etp_param_export_full";
     ETP__TRY(check_stream(p, s, fn));
@@ -261,18 +261,44 @@ etp_status_t etp_param_export_full(etp_param_t *p, void *dst, etp_stream_t *s)
     size_t es = esize(p->dtype), row = (size_t)p->cols * es;
     size_t shard_elems = (size_t)(p->shard_rows * p->cols);
     void *full;
+    /* first: refused during a capture before anything is enqueued */
     ETP__TRY(etp_mem_alloc(p->ctx, (size_t)(p->experts * p->padded_rows) * row, ETP_MEM_WORKSPACE,
                            &full));
-    etp_status_t st = etp__grouped_allgather(p->group, 0, p->shard, shard_elems * es, full,
-                                             (size_t)p->padded_rows * row, shard_elems, p->dtype,
-                                             p->experts, s);
+    /* A parameter of a chain gathers on the chain's all-gather stream and
+     * role, where its prefetches go: two streams on one communicator would
+     * pair different collectives across ranks. That stream waits for the
+     * caller's (the shard's writers), and the caller for the copies. */
+    etp_chain_t *c = p->chain;
+    etp_stream_t *xs = c ? c->ag : s;
+    const int role = c ? c->ag_role : 0;
+    etp_event_t *ev = NULL;
+    etp_status_t st = ETP_SUCCESS;
+    if (c) {
+        st = etp_event_create(p->ctx, &ev);
+        if (st == ETP_SUCCESS) st = etp_event_record(ev, s);
+        if (st == ETP_SUCCESS) st = etp_stream_wait_event(xs, ev);
+    }
+    if (st == ETP_SUCCESS)
+        st = etp__grouped_allgather(p->group, role, p->shard, shard_elems * es, full,
+                                    (size_t)p->padded_rows * row, shard_elems, p->dtype,
+                                    p->experts, xs);
     for (int64_t e = 0; e < p->experts && st == ETP_SUCCESS; e++)
-        st = etp_memcpy_async(s, (char *)dst + (size_t)(e * p->rows) * row,
+        st = etp_memcpy_async(xs, (char *)dst + (size_t)(e * p->rows) * row,
                               (char *)full + (size_t)(e * p->padded_rows) * row,
                               (size_t)p->rows * row);
+    if (c && st == ETP_SUCCESS) st = etp_event_record(ev, xs);
+    if (c && st == ETP_SUCCESS) st = etp_stream_wait_event(s, ev);
+    if (ev) (void)etp_event_destroy(ev);
     /* etp_mem_free waits for the enqueued work, the copies included. */
     etp_status_t st2 = etp_mem_free(p->ctx, full);
     return st != ETP_SUCCESS ? st : st2;
+}
+
+etp_status_t etp_param_export_full(etp_param_t *p, void *dst, etp_stream_t *s)
+{
+    /* collective over the parameter's group: a refusal is recorded there */
+    etp__refusal_guard_t gd = etp__refusal_guard(p ? p->group : NULL);
+    return etp__refusal_guard_end(gd, export_full(p, dst, s), "etp_param_export_full");
 }
 
 etp_status_t etp_param_set_grad_callback(etp_param_t *p, etp_grad_ready_fn_t fn, void *user)

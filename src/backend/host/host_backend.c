@@ -307,6 +307,7 @@ static void host_comm_destroy(etp__be_t *be, etp__bcomm_t *c)
 {
     if (!c) return;
     etp__hcomm_drain(HOST(be), c);
+    etp__hcomm_refusals_free(c);
     MPI_Comm_free(&c->ctrl);
     MPI_Comm_free(&c->data);
     free(c);
@@ -404,6 +405,8 @@ static const etp__backend_ops_t host_ops = {
     .coll = host_coll,
     .batch_begin = host_batch_begin,
     .batch_end = host_batch_end,
+    .refuse = etp__hcomm_refuse,
+    .refusal_poll = etp__hcomm_refusal_poll,
     .capture_begin = etp__hcap_begin,
     .capture_end = etp__hcap_end,
     .graph_launch = etp__hcap_launch,

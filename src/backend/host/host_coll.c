@@ -11,7 +11,9 @@
 #include "../../core/half.h"
 #include "host_internal.h"
 
-enum { FP_TAG = 7, VERDICT_TAG = 8 };
+enum { FP_TAG = 7, VERDICT_TAG = 8, REFUSAL_TAG = 9 };
+
+static etp_status_t refused_by_peer(etp__host_t *h, etp__hcoll_t *hc);
 
 static MPI_Datatype mpi_type(etp_dtype_t t)
 {
@@ -203,6 +205,8 @@ etp_status_t etp__hcoll_start(etp__host_t *h, etp__hcoll_t *hc)
     etp__bcomm_t *c = hc->comm;
     int n = c->size;
     hc->t_start = etp__now_s();
+    /* a peer that refused it already: fail before anything is posted */
+    ETP__TRY(refused_by_peer(h, hc));
     for (int p = 0; p < n; p++) {
         if (p == c->rank) {
             hc->fp_in[p] = hc->fp_out[p];
@@ -318,6 +322,7 @@ etp_status_t etp__hcoll_progress(etp__host_t *h, etp__hcoll_t *hc, int *done)
     etp__bcomm_t *c = hc->comm;
     int n = c->size;
     *done = 0;
+    if (!hc->data_done) ETP__TRY(refused_by_peer(h, hc));
     if (!hc->ctrl_done) {
         int all = 1;
         for (int i = 0; i < 2 * n; i++) {
@@ -360,6 +365,224 @@ etp_status_t etp__hcoll_progress(etp__host_t *h, etp__hcoll_t *hc, int *done)
     if (h->base.cfg.timeout_s > 0 && waited > h->base.cfg.timeout_s)
         return timeout_error(h, hc, waited);
     return ETP_SUCCESS;
+}
+
+/* ---- refusals ------------------------------------------------------------
+ * A rank that refused a call which would have issued collectives on a group
+ * sends every peer, on each of the group's control communicators, the first
+ * sequence number it will not join there (tag REFUSAL_TAG: never matched
+ * by a fingerprint). A peer's collective from that number on fails at once,
+ * naming the rank and the call, and answers that it went on, which is how
+ * the refusing rank learns that its group is broken; a peer that refused
+ * alike sends the same record, and the group stays in step. */
+
+/* One peer's refusals not settled yet. */
+struct etp__hrefs {
+    etp__refusal_t *r;
+    int n, cap;
+};
+
+/* A record being sent: its buffer lives until every send completed. */
+struct etp__hsend {
+    struct etp__hsend *next;
+    int n;
+    etp__refusal_t rec;
+    MPI_Request reqs[];
+};
+
+static void reap_sends(etp__bcomm_t *c)
+{
+    for (struct etp__hsend **pp = &c->sends; *pp;) {
+        struct etp__hsend *q = *pp;
+        int flag = 0;
+        if (MPI_Testall(q->n, q->reqs, &flag, MPI_STATUSES_IGNORE) != MPI_SUCCESS) flag = 0;
+        if (flag) {
+            *pp = q->next;
+            free(q);
+        } else {
+            pp = &q->next;
+        }
+    }
+}
+
+/* Send rec to `to`, or to every peer for -1. */
+static etp_status_t send_refusal(etp__bcomm_t *c, const etp__refusal_t *rec, int to)
+{
+    reap_sends(c);
+    int n = c->size;
+    struct etp__hsend *q = calloc(1, sizeof *q + (size_t)n * sizeof(MPI_Request));
+    if (!q) return etp__err(ETP_ERR_OUT_OF_MEMORY, "refusal record: out of memory");
+    q->rec = *rec;
+    q->n = n;
+    int rc = MPI_SUCCESS;
+    for (int p = 0; p < n; p++) {
+        q->reqs[p] = MPI_REQUEST_NULL;
+        if (p == c->rank || (to >= 0 && p != to) || rc != MPI_SUCCESS) continue;
+        rc = MPI_Isend(&q->rec, (int)sizeof q->rec, MPI_BYTE, p, REFUSAL_TAG, c->ctrl, &q->reqs[p]);
+    }
+    q->next = c->sends;
+    c->sends = q;
+    if (rc != MPI_SUCCESS) return etp__err(ETP_ERR_BACKEND, "sending a refusal record failed (MPI %d)", rc);
+    return ETP_SUCCESS;
+}
+
+/* Take in every refusal record that has arrived. */
+static etp_status_t refusals_in(etp__bcomm_t *c)
+{
+    int n = c->size;
+    if (!c->peer_ref) {
+        c->peer_ref = calloc((size_t)n, sizeof *c->peer_ref);
+        c->peer_ans = calloc((size_t)n, sizeof *c->peer_ans);
+        c->answered = calloc((size_t)n, sizeof *c->answered);
+        if (!c->peer_ref || !c->peer_ans || !c->answered)
+            return etp__err(ETP_ERR_OUT_OF_MEMORY, "refusal records: out of memory");
+    }
+    for (;;) {
+        int flag = 0;
+        MPI_Status st;
+        int rc = MPI_Iprobe(MPI_ANY_SOURCE, REFUSAL_TAG, c->ctrl, &flag, &st);
+        if (rc != MPI_SUCCESS)
+            return etp__err(ETP_ERR_BACKEND, "probing for refusal records failed (MPI %d)", rc);
+        if (!flag) return ETP_SUCCESS;
+        etp__refusal_t r;
+        rc = MPI_Recv(&r, (int)sizeof r, MPI_BYTE, st.MPI_SOURCE, REFUSAL_TAG, c->ctrl,
+                      MPI_STATUS_IGNORE);
+        if (rc != MPI_SUCCESS)
+            return etp__err(ETP_ERR_BACKEND, "receiving a refusal record failed (MPI %d)", rc);
+        if (r.magic != ETP__REFUSAL_MAGIC) continue;
+        r.call[sizeof r.call - 1] = '\0';
+        r.msg[sizeof r.msg - 1] = '\0';
+        if (r.kind == ETP__REFUSAL_WENT_ON) {
+            c->peer_ans[st.MPI_SOURCE] = r;
+            continue;
+        }
+        if (r.kind != ETP__REFUSAL_REFUSED) continue;
+        struct etp__hrefs *h = &c->peer_ref[st.MPI_SOURCE];
+        if (h->n && h->r[h->n - 1].seq == r.seq) {
+            h->r[h->n - 1] = r; /* a later count at the same point */
+            continue;
+        }
+        if (h->n == h->cap) {
+            int cap = h->cap ? 2 * h->cap : 4;
+            etp__refusal_t *a = realloc(h->r, (size_t)cap * sizeof *a);
+            if (!a) return etp__err(ETP_ERR_OUT_OF_MEMORY, "refusal records: out of memory");
+            h->r = a;
+            h->cap = cap;
+        }
+        h->r[h->n++] = r;
+    }
+}
+
+/* hc waits for a peer that refused a call and will not join it: fail, and
+ * tell that peer this rank went on. */
+static etp_status_t refused_by_peer(etp__host_t *h, etp__hcoll_t *hc)
+{
+    etp__bcomm_t *c = hc->comm;
+    ETP__TRY(refusals_in(c));
+    for (int p = 0; p < c->size; p++) {
+        /* the peer's earliest refusal not settled: it joins nothing from there */
+        if (p == c->rank || c->peer_ref[p].n == 0) continue;
+        const etp__refusal_t *r = &c->peer_ref[p].r[0];
+        if ((uint64_t)r->seq > hc->d.seq) continue;
+        if (!c->answered[p]) {
+            etp__refusal_t a = {.magic = ETP__REFUSAL_MAGIC, .kind = ETP__REFUSAL_WENT_ON,
+                                .seq = (int64_t)hc->d.seq, .world_rank = h->base.rank};
+            snprintf(a.call, sizeof a.call, "%s", etp__coll_name(hc->d.kind));
+            snprintf(a.msg, sizeof a.msg, "rank %d of group '%s' issued %s seq %llu on role %d",
+                     c->rank, hc->group_name, etp__coll_name(hc->d.kind),
+                     (unsigned long long)hc->d.seq, hc->d.role);
+            c->answered[p] = 1;
+            ETP__TRY(send_refusal(c, &a, p));
+        }
+        return etp__err(ETP_ERR_COLLECTIVE_MISMATCH,
+                        "rank %d of group '%s' (world rank %lld) refused %s and will not join %s "
+                        "seq %llu on role %d, which this rank (%d) issued: %s",
+                        p, hc->group_name, (long long)r->world_rank, r->call,
+                        etp__coll_name(hc->d.kind), (unsigned long long)hc->d.seq, hc->d.role,
+                        c->rank, r->msg);
+    }
+    return ETP_SUCCESS;
+}
+
+etp_status_t etp__hcomm_refuse(etp__be_t *be, etp__bcomm_t *c, const etp__refusal_t *rec)
+{
+    (void)be;
+    ETP__TRY(refusals_in(c));
+    return send_refusal(c, rec, -1);
+}
+
+etp_status_t etp__hcomm_refusal_poll(etp__be_t *be, etp__bcomm_t *c, const etp__refusal_t *mine,
+                                     int *verdict, char *why, size_t why_bytes)
+{
+    (void)be;
+    ETP__TRY(refusals_in(c));
+    int alike = 1;
+    for (int p = 0; p < c->size; p++) {
+        if (p == c->rank) continue;
+        const etp__refusal_t *a = &c->peer_ans[p];
+        if (a->magic) {
+            snprintf(why, why_bytes, "%s", a->msg);
+            *verdict = -1;
+            return ETP_SUCCESS;
+        }
+        const struct etp__hrefs *h = &c->peer_ref[p];
+        const etp__refusal_t *at = NULL;
+        int past = 0; /* the peer refused later: it went through this point */
+        for (int i = 0; i < h->n; i++) {
+            const etp__refusal_t *r = &h->r[i];
+            if (r->seq < mine->seq) {
+                snprintf(why, why_bytes,
+                         "rank %d refused %s before seq %lld, where this rank went on", p, r->call,
+                         (long long)r->seq);
+                *verdict = -1;
+                return ETP_SUCCESS;
+            }
+            if (r->seq == mine->seq) at = r;
+            past |= r->seq > mine->seq;
+        }
+        const int64_t theirs = at ? at->count : -1;
+        /* out of step: more refusals here than this rank, fewer and done
+         * with this point, or past it without refusing here */
+        const int out = at ? theirs > mine->count || (theirs < mine->count && past) : past;
+        if (out) {
+            if (at)
+                snprintf(why, why_bytes,
+                         "rank %d refused otherwise before seq %lld (%lld refusal(s) in all, this "
+                         "rank %lld; its last: %s)", p, (long long)mine->seq, (long long)theirs,
+                         (long long)mine->count, at->call);
+            else
+                snprintf(why, why_bytes, "rank %d went past seq %lld without refusing there", p,
+                         (long long)mine->seq);
+            *verdict = -1;
+            return ETP_SUCCESS;
+        }
+        alike &= theirs == mine->count;
+    }
+    *verdict = alike;
+    /* in step: the records up to this point are spent */
+    if (alike)
+        for (int p = 0; p < c->size; p++) {
+            struct etp__hrefs *h = &c->peer_ref[p];
+            int keep = 0;
+            for (int i = 0; i < h->n; i++)
+                if (h->r[i].seq > mine->seq) h->r[keep++] = h->r[i];
+            h->n = keep;
+        }
+    return ETP_SUCCESS;
+}
+
+void etp__hcomm_refusals_free(etp__bcomm_t *c)
+{
+    /* a record the peer took completes at the next progress; one still
+     * pending after a short while has a peer that never takes it: its
+     * buffer stays (MPI may still read it) */
+    const double t0 = etp__now_s();
+    for (reap_sends(c); c->sends && etp__now_s() - t0 < 2.0; reap_sends(c)) etp__sleep_us(200);
+    c->sends = NULL;
+    for (int p = 0; c->peer_ref && p < c->size; p++) free(c->peer_ref[p].r);
+    free(c->peer_ref);
+    free(c->peer_ans);
+    free(c->answered);
 }
 
 void etp__hcoll_zombify(etp__hcoll_t *hc)

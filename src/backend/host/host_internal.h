@@ -93,6 +93,13 @@ struct etp__bcomm {
     MPI_Comm ctrl; /* fingerprints / arrival notes, so they never match data messages */
     int rank, size;
     etp__hcoll_t *zombies; /* failed collectives whose MPI requests are still live */
+    /* refusals (host_coll.c), allocated at the first one seen or sent */
+    /* size: each peer's refusals not settled yet, the latest record for
+     * each sequence number, in order (a peer may be several ahead) */
+    struct etp__hrefs *peer_ref;
+    etp__refusal_t *peer_ans; /* size: a peer's answer to this rank's refusal (magic 0: none) */
+    int *answered;            /* size: this rank told that peer it went on */
+    struct etp__hsend *sends; /* refusal records still being sent */
 };
 
 /* One collective in flight (host_coll.c). */
@@ -158,6 +165,12 @@ void etp__hcoll_zombify(etp__hcoll_t *hc);
 /* Try (bounded by the timeout) to finish a comm's zombies; leak what stays. */
 void etp__hcomm_drain(etp__host_t *h, etp__bcomm_t *c);
 etp_status_t etp__hcoll_ops_create(etp__host_t *h);
+/* The backend ops refuse and refusal_poll (backend.h), and what a comm's
+ * destroy frees of them. */
+etp_status_t etp__hcomm_refuse(etp__be_t *be, etp__bcomm_t *c, const etp__refusal_t *rec);
+etp_status_t etp__hcomm_refusal_poll(etp__be_t *be, etp__bcomm_t *c, const etp__refusal_t *mine,
+                                     int *verdict, char *why, size_t why_bytes);
+void etp__hcomm_refusals_free(etp__bcomm_t *c);
 void etp__hcoll_ops_free(etp__host_t *h);
 
 /* host_capture.c: graph capture, with CUDA's rules. */
