@@ -169,11 +169,15 @@ ETP_API etp_status_t etp_context_world(etp_context_t *ctx, etp_group_t **world);
  * message (its context aborts), and answers that it went on. The refusing
  * rank's next collective on the group waits for the answers (bounded by the
  * timeout): all refused alike, or one went on.
- * CUDA backend: no channel beside NCCL tells the peers, so a refusal breaks
- * the group on the refusing rank at once (refused alike on every rank, it
- * is broken on every rank); the peers' waits time out (ETP_ERR_TIMEOUT)
- * naming the group, role, operation and sequence number of the collective
- * not joined (NCCL does not say which rank is missing). */
+ * CUDA backend: no channel beside NCCL tells the peers, so the refusing
+ * rank cannot learn which case it is in. It keeps the group in step (a
+ * call refused alike on every rank, the common case of a bad argument,
+ * must not break a working job) and logs a warning naming the group, its
+ * rank and the refused call. Refused on this rank only, the peers' waits
+ * time out (ETP_ERR_TIMEOUT) naming the group, role, operation and
+ * sequence number of the collective not joined (NCCL does not say which
+ * rank is missing); with ETP_CHECK_COLLECTIVES=1 the next collective's
+ * fingerprint comparison reports the mismatch instead, naming the ranks. */
 ETP_API etp_status_t etp_context_check(const etp_context_t *ctx);
 
 /* ---- streams ---------------------------------------------------------- */

@@ -7,7 +7,13 @@
  * peers' answers: all refused alike (the group goes on), or one went on
  * (the group is broken on this rank, and every later collective on it fails
  * at once quoting the refusal). A backend with no channel to tell the peers
- * (cuda) breaks the group at once.
+ * (cuda) cannot learn which it was: breaking the group there would break
+ * every program that refuses a call alike on every rank (a bad argument
+ * that every rank computes the same way), so it keeps the group in step,
+ * says on the warning log which call this rank refused, and leaves a
+ * one-rank refusal to the peers' timeout (which names the group, role,
+ * operation and sequence number) or, with collective checking on, to the
+ * next collective's fingerprint comparison.
  */
 #include <stdio.h>
 #include <string.h>
@@ -45,15 +51,17 @@ etp_status_t etp__group_refused(etp_group_t *g, etp_status_t status, const char 
         copy_msg(r->call, sizeof r->call, fn);
         copy_msg(r->msg, sizeof r->msg, msg);
     }
-    r->state = ETP__GROUP_REFUSED;
     r->count++;
-    ETP__LOG(&g->ctx->log, ETP_LOG_INFO, ETP_SUBSYS_COMM,
-             "group '%s': %s refused on this rank (refusal %lld); telling the peers", g->name, fn,
-             (long long)r->count);
     if (!be->ops->refuse) {
-        set_broken(g, "the peers may have entered the collectives it would have issued (this "
-                      "backend cannot learn whether they refused alike)");
+        ETP__LOG(&g->ctx->log, ETP_LOG_WARN, ETP_SUBSYS_COMM,
+                 "group '%s' (rank %d of %d): %s was refused on this rank (%s); if a peer did not "
+                 "refuse it alike, that peer waits for this rank until its timeout",
+                 g->name, g->rank, g->size, fn, msg);
     } else {
+        r->state = ETP__GROUP_REFUSED;
+        ETP__LOG(&g->ctx->log, ETP_LOG_INFO, ETP_SUBSYS_COMM,
+                 "group '%s': %s refused on this rank (refusal %lld); telling the peers", g->name,
+                 fn, (long long)r->count);
         for (int k = 0; k < g->num_roles; k++) {
             etp__refusal_t rec = {.magic = ETP__REFUSAL_MAGIC, .kind = ETP__REFUSAL_REFUSED,
                                   .seq = (int64_t)(g->seq[k] + 1), .count = r->count,
