@@ -707,7 +707,16 @@ static void test_errors(void **state)
                            "'src' is NULL; 'one_row' has 1 valid rows");
         ETP_OK(etp_param_load_shard(one, empty ? NULL : sh, r.main));
         tu_poison(full, sizeof full);
+        /* a parameter in no chain exports on the caller's stream and role 0,
+         * which the chain's all-gather stream used last: an event orders them */
+        etp_stream_t *ag0, *rs0;
+        etp_event_t *ev;
+        ETP_OK(etp_chain_streams(r.chain, &ag0, &rs0));
+        ETP_OK(etp_event_create(r.ctx, &ev));
+        ETP_OK(etp_event_record(ev, ag0));
+        ETP_OK(etp_stream_wait_event(r.main, ev));
         ETP_OK(etp_param_export_full(one, full, r.main));
+        ETP_OK(etp_event_destroy(ev));
         ETP_OK(etp_stream_synchronize(r.main));
         for (int e = 0; e < 2; e++)
             for (int c = 0; c < 4; c++) assert_true(full[e * 4 + c] == 1.0f + (float)(e * 10 + c));
