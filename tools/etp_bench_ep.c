@@ -60,7 +60,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../src/backend/ep_args.h"
 #include "etp/ep.h"
 #include "etp_bench.h"
 #if ETP_HAVE_CUDA
@@ -485,7 +484,7 @@ static void run_case(bench_t *b, const opts_t *o, case_t *c, etp_group_t *world,
     }
     /* MXFP8: a wire row holds H data and H/32 scale bytes (padded to 16);
      * what dispatch delivers per row is H + H/32 bytes; combine stays BF16. */
-    const size_t wrow = c->mx ? (size_t)ETP__EP_MX_ROW_BYTES(H) : rb;
+    const size_t wrow = c->mx ? info.wire_row_bytes : rb;
     const size_t xrow = c->mx ? (size_t)(H + H / ETP_EP_MXFP8_BLOCK) : rb;
     const size_t drow = wrow + (c->weighted ? (size_t)k * 4 : 0), crow = (size_t)H * 4;
     const double x_rows = max_over_ranks_i(x_to > x_from ? x_to : x_from);

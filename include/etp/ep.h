@@ -211,9 +211,12 @@ typedef struct etp_ep_group_info {
     int64_t recv_token_rows;  /* token rows the receive transport buffer holds */
     int64_t send_token_rows;  /* token rows the send transport buffer holds */
     size_t buffer_bytes;      /* transport buffers, all together */
+    size_t wire_row_bytes;    /* bytes one token's row takes in dispatch's exchange: hidden x the
+                               * token dtype's size, or for MXFP8 its data, E8M0 scales and zero
+                               * padding to a multiple of 16 (docs/EP.md) */
 } etp_ep_group_info_t;
 
-#define ETP_EP_GROUP_INFO_INIT {sizeof(etp_ep_group_info_t), 0, 0, 0, 0, 0, 0, 0, 0}
+#define ETP_EP_GROUP_INFO_INIT {sizeof(etp_ep_group_info_t), 0, 0, 0, 0, 0, 0, 0, 0, 0}
 
 ETP_API etp_status_t etp_ep_group_info(const etp_ep_group_t *ep, etp_ep_group_info_t *info);
 

@@ -167,7 +167,7 @@ const etp__vstruct_t etp__vs_ep_group_config =
 #define F(f) ETP__FIELD(etp_ep_group_info_t, f)
 static const etp__field_t ep_group_info_fields[] = {
     F(size), F(rank), F(ranks), F(local_experts), F(first_expert), F(slab_rows),
-    F(recv_token_rows), F(send_token_rows), F(buffer_bytes)};
+    F(recv_token_rows), F(send_token_rows), F(buffer_bytes), F(wire_row_bytes)};
 #undef F
 const etp__vstruct_t etp__vs_ep_group_info =
     ETP__VSTRUCT(etp_ep_group_info_t, ETP_EP_GROUP_INFO_INIT, ep_group_info_fields);

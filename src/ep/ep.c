@@ -462,6 +462,8 @@ etp_status_t etp_ep_group_info(const etp_ep_group_t *ep, etp_ep_group_info_t *in
     i.recv_token_rows = ep->tok_cap;
     i.send_token_rows = ep->send_rows;
     i.buffer_bytes = ep->buf_bytes;
+    i.wire_row_bytes = ep->mx ? (size_t)ETP__EP_MX_ROW_BYTES(ep->cfg.hidden)
+                              : (size_t)ep->cfg.hidden * etp_dtype_size(ep->dt);
     return etp__vs_out(info, &i, &etp__vs_ep_group_info, "etp_ep_group_info", "info");
 }
 

@@ -65,6 +65,28 @@ static double g_bf16_ulp(double v)
     return ldexp(1.0, e - 1 - 7);
 }
 
+/* A FIXED_SLOTS forward's output y [E][S][N] (BF16, in host memory) against
+ * x [E][S][K] and w [E][N][K]; `launch` names the graph launch checked. */
+static void g_check_fixed_forward(const uint16_t *x, const uint16_t *w, const uint16_t *y, int E,
+                                  int S, int N, int K, uint64_t launch)
+{
+    for (int e = 0; e < E; e++)
+        for (int i = 0; i < S; i++)
+            for (int j = 0; j < N; j++) {
+                double ref = 0.0, mag = 0.0;
+                for (int t = 0; t < K; t++) {
+                    const double p = g_bf16_val(x[(e * S + i) * K + t]) *
+                                     g_bf16_val(w[(e * N + j) * K + t]);
+                    ref += p;
+                    mag += fabs(p);
+                }
+                const double got = g_bf16_val(y[(e * S + i) * N + j]);
+                if (!(fabs(got - ref) <= GEMM_TOL * mag + g_bf16_ulp(ref)))
+                    fail_msg("launch %llu expert %d row %d col %d: got %.9g, expected %.9g",
+                             (unsigned long long)launch, e, i, j, got, ref);
+            }
+}
+
 typedef struct {
     etp_gemm_layout_t layout;
     etp_gemm_op_t op;

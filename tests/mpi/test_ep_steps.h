@@ -124,6 +124,10 @@ static inline etp_ep_group_t *ep_make_group(ep_fx_t *f, gcfg_t *g)
     assert_int_equal(info.rank, g->me);
     assert_int_equal(info.local_experts, g->L);
     assert_int_equal(info.first_expert, g->me * g->L);
+    /* docs/EP.md: MXFP8 wire rows are H data and H/32 scale bytes, zero-padded to 16 */
+    assert_int_equal(info.wire_row_bytes,
+                     g->mx ? (size_t)((g->H + g->H / 32 + 15) / 16 * 16)
+                           : (size_t)g->H * etp_dtype_size(g->dt));
     g->slab = info.slab_rows;
     g->tok_cap = info.recv_token_rows;
     if (g->transport == ETP_EP_TRANSPORT_CAPACITY) {
