@@ -1,0 +1,41 @@
+# etp-train, end to end (label train): the model on etp against its
+# single-rank reference (--check), over rank counts, splits, quantized
+# gathers, captured steps and checkpoints. Host backend.
+if(NOT ETP_WITH_MPI OR NOT TARGET etp-train)
+  return()
+endif()
+
+function(etp_train_test name np)
+  add_test(NAME train_${name}
+    COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} ${np} --oversubscribe --bind-to none
+            --mca mpi_yield_when_idle 1 ${MPIEXEC_PREFLAGS} $<TARGET_FILE:etp-train>
+            --backend host --quiet ${ARGN} ${MPIEXEC_POSTFLAGS})
+  set_tests_properties(train_${name} PROPERTIES LABELS "mpi;train"
+    ENVIRONMENT "${ETP_TEST_ENV}" TIMEOUT 600 PROCESSORS ${np})
+endfunction()
+
+# --check: the first step's weight gradients and the first 5 losses against
+# the reference at 1e-5, no slot dropped, the loss falling
+etp_train_test(check_np1 1 --check --steps 8)
+etp_train_test(check_np2_ep2 2 --check --steps 8 --etp 1 --ep 2 --tokens-step 8)
+etp_train_test(check_np2_etp2 2 --check --steps 8 --etp 2 --ep 1 --transport capacity)
+etp_train_test(check_np3_dp3 3 --check --steps 8 --etp 1 --ep 1 --dp 3 --experts 5 --tokens-step 5)
+etp_train_test(check_np3_ep3 3 --check --steps 8 --etp 1 --ep 3 --experts 6 --tokens-step 7)
+etp_train_test(check_np4_grid 4 --check --steps 8 --etp 2 --ep 2 --tokens-step 4)
+etp_train_test(check_np4_dp 4 --check --steps 8 --etp 1 --ep 2 --dp 2 --experts 6 --transport capacity)
+etp_train_test(check_np4_mxfp8 4 --check --steps 8 --etp 2 --ep 2 --quant mxfp8)
+etp_train_test(check_np2_nvfp4 2 --check --steps 8 --etp 2 --ep 1 --quant nvfp4)
+etp_train_test(check_np2_graph 2 --check --steps 8 --etp 1 --ep 2 --graph)
+etp_train_test(check_np4_graph_etp 4 --check --steps 8 --etp 2 --ep 2 --graph --quant mxfp8)
+# the default run: the loss falls 10x over 200 steps; quantized, 5x
+etp_train_test(fall_np4 4 --min-fall 10)
+etp_train_test(fall_np4_mxfp8 4 --min-fall 5 --quant mxfp8)
+etp_train_test(fall_np4_nvfp4 4 --min-fall 5 --quant nvfp4)
+
+# a checkpoint saved at one split loads at another
+add_test(NAME train_resume_np4
+  COMMAND sh ${CMAKE_CURRENT_SOURCE_DIR}/train/resume.sh ${MPIEXEC_EXECUTABLE}
+          $<TARGET_FILE:etp-train> ${CMAKE_CURRENT_BINARY_DIR}/train_resume
+          "--etp 2 --ep 2" "--etp 1 --ep 2 --dp 2")
+set_tests_properties(train_resume_np4 PROPERTIES LABELS "mpi;train"
+  ENVIRONMENT "${ETP_TEST_ENV}" TIMEOUT 600 PROCESSORS 4)
