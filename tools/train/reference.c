@@ -177,8 +177,8 @@ struct ref_model {
     int64_t **idx;               /* [N, k] */
     int *order;                  /* per layer and token, its slots in ascending expert order */
     /* scratch */
-    uint16_t *y, *g, *go, *gs, *ga, *gr, *gm, *dz, *gu, *gp;
-    float *z, *gw;
+    uint16_t *y, *g, *go, *gs, *ga, *gr, *gm, *dz, *gu, *gq, *gp;
+    float *z, *gw, *acc;
 };
 
 static int64_t wcount(const train_shape_t *s, train_weight_t w)
@@ -197,12 +197,18 @@ static float dot_rows(const uint16_t *x, const uint16_t *w, int64_t n)
     return acc;
 }
 
-/* dx[t] = sum_j dy[j] w[j, t], j ascending: the host GEMM's dgrad. */
-static float dot_col(const uint16_t *dy, const uint16_t *w, int64_t n, int64_t ld, int64_t t)
+/* dx[t] = bf16(sum_j dy[j] w[j, t]) for t < k, w [n, k]: each element's sum
+ * from 0 over j ascending, as the host GEMM's dgrad (acc: k floats of
+ * scratch; the loops run j outside for contiguous reads). */
+static void dgrad_row(const uint16_t *dy, const uint16_t *w, int64_t n, int64_t k, float *acc,
+                      uint16_t *dx)
 {
-    float acc = 0.0f;
-    for (int64_t j = 0; j < n; j++) acc = fmaf(bf(dy[j]), bf(w[j * ld + t]), acc);
-    return acc;
+    for (int64_t t = 0; t < k; t++) acc[t] = 0.0f;
+    for (int64_t j = 0; j < n; j++) {
+        const float d = bf(dy[j]);
+        for (int64_t t = 0; t < k; t++) acc[t] = fmaf(d, bf(w[j * k + t]), acc[t]);
+    }
+    for (int64_t t = 0; t < k; t++) dx[t] = moe_f32_to_bf16(acc[t]);
 }
 
 /* dW[j, t] += dy[j] x[t] for one row (the caller goes through the rows in
@@ -332,10 +338,10 @@ static void backward(ref_model_t *m)
                     for (int q = 0; q < s; q++) lane[q] = lane[q] + lane[q + s];
                 m->gw[j] = lane[0];
                 /* the expert: gs = go W2, dW2 += go^T s, ga, gr = ga W1, dW1 += ga^T u */
-                for (int64_t f = 0; f < F; f++) gs[f] = moe_f32_to_bf16(dot_col(go, wl[TRAIN_W2] + e * H * F, H, F, f));
+                dgrad_row(go, wl[TRAIN_W2] + e * H * F, H, F, m->acc, gs);
                 wgrad_row(gl[TRAIN_W2] + e * H * F, go, sa, H, F);
                 for (int64_t f = 0; f < F; f++) ga[f] = moe_f32_to_bf16(moe_silu_grad(bf(a[f]), bf(gs[f])));
-                for (int64_t h = 0; h < H; h++) gr[h] = moe_f32_to_bf16(dot_col(ga, wl[TRAIN_W1] + e * F * H, F, H, h));
+                dgrad_row(ga, wl[TRAIN_W1] + e * F * H, F, H, m->acc, gr);
                 wgrad_row(gl[TRAIN_W1] + e * F * H, ga, u + n * H, F, H);
             }
             /* dispatch_bwd: the unweighted combine of the rows' gradients */
@@ -346,16 +352,14 @@ static void backward(ref_model_t *m)
             for (int e = 0; e < E; e++)
                 m->dz[e] = moe_f32_to_bf16(moe_router_dlogit(probs, idx, m->gw, K, dot, e));
             wgrad_row(gl[TRAIN_WR], m->dz, u + n * H, E, H);
-            for (int64_t h = 0; h < H; h++) {
-                const float gq = bf(moe_f32_to_bf16(dot_col(m->dz, wl[TRAIN_WR], E, H, h)));
-                m->gu[h] = moe_f32_to_bf16((bf(g[h]) + bf(m->gm[h])) + gq);
-            }
+            dgrad_row(m->dz, wl[TRAIN_WR], E, H, m->acc, m->gq);
+            for (int64_t h = 0; h < H; h++)
+                m->gu[h] = moe_f32_to_bf16((bf(g[h]) + bf(m->gm[h])) + bf(m->gq[h]));
             /* the projection and the residual */
             wgrad_row(gl[TRAIN_WP], m->gu, x + n * H, H, H);
-            for (int64_t h = 0; h < H; h++) {
-                const float gp = bf(moe_f32_to_bf16(dot_col(m->gu, wl[TRAIN_WP], H, H, h)));
-                m->gp[n * H + h] = moe_f32_to_bf16(bf(m->gu[h]) + gp);
-            }
+            dgrad_row(m->gu, wl[TRAIN_WP], H, H, m->acc, m->gq);
+            for (int64_t h = 0; h < H; h++)
+                m->gp[n * H + h] = moe_f32_to_bf16(bf(m->gu[h]) + bf(m->gq[h]));
         }
         /* gx is the previous layer's g */
         memcpy(m->g, m->gp, (size_t)(N * H) * sizeof *m->g);
@@ -480,12 +484,14 @@ int ref_create(const train_shape_t *shape, int ranks, ref_model_t **out)
     m->ga = calloc((size_t)big, sizeof(uint16_t));
     m->gm = calloc((size_t)H, sizeof(uint16_t));
     m->gu = calloc((size_t)H, sizeof(uint16_t));
+    m->gq = calloc((size_t)H, sizeof(uint16_t));
+    m->acc = calloc((size_t)big, sizeof(float));
     m->dz = calloc((size_t)E, sizeof(uint16_t));
     m->z = calloc((size_t)E, sizeof(float));
     m->gw = calloc((size_t)K, sizeof(float));
     if (!ok || !m->in || !m->tgt || !m->x || !m->u || !m->a || !m->sa || !m->o || !m->probs ||
         !m->tw || !m->idx || !m->order || !m->y || !m->g || !m->gp || !m->go || !m->gr || !m->gs ||
-        !m->ga || !m->gm || !m->gu || !m->dz || !m->z || !m->gw)
+        !m->ga || !m->gm || !m->gu || !m->gq || !m->acc || !m->dz || !m->z || !m->gw)
         goto oom;
 
     /* weights and masters */
@@ -593,6 +599,8 @@ void ref_destroy(ref_model_t *m)
     free(m->gm);
     free(m->dz);
     free(m->gu);
+    free(m->gq);
+    free(m->acc);
     free(m->gp);
     free(m->z);
     free(m->gw);
