@@ -1,0 +1,6 @@
+# etp-train's tests (included by tests/CMakeLists.txt): its small kernels
+# (tools/train/moe_ops.h) on the host backend, one rank.
+if(ETP_WITH_MPI AND TARGET etp_train_ops)
+  etp_add_mpi_test(test_moe_ops mpi/test_moe_ops.c train 1)
+  target_link_libraries(test_moe_ops PRIVATE etp_train_ops)
+endif()
