@@ -393,7 +393,10 @@ int main(int argc, char **argv)
     sh->lr = 0.01f;
     sh->beta1 = 0.9f;
     sh->beta2 = 0.999f;
-    sh->eps = 1e-8f;
+    /* the largest weight gradients of this loss are 1e-3 to 1e-1: below 1e-6 a
+     * gradient is at the FP32 rounding of the sums across ranks, and Adam
+     * with a smaller eps would step it by the full rate, either way */
+    sh->eps = 1e-6f;
     r.o.depth = 1;
     r.o.capacity = -1;
     r.o.transport = (etp_ep_transport_t)-1;

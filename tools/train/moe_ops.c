@@ -252,6 +252,21 @@ etp_status_t moe_mse(moe_ops_t *ops, etp_stream_t *st, const uint16_t *y, const 
     return moe__host_mse(ops, st, y, target, n, scale, grad, loss);
 }
 
+etp_status_t moe_sum(moe_ops_t *ops, etp_stream_t *st, const float *parts, int nparts, int64_t n,
+                     float *out)
+{
+    const char *call = "moe_sum";
+    CHECK_OPS_STREAM(ops, st);
+    NEED(n >= 0, "n %" PRId64 " < 0", n);
+    NEED(nparts >= 1, "nparts %d < 1", nparts);
+    NEED(mul_or_neg(n, nparts) >= 0, "nparts %d x n %" PRId64 " overflows", nparts, n);
+    if (n == 0) return ETP_SUCCESS;
+    NEED(parts != NULL && out != NULL, "a NULL array (parts %p, out %p)", (const void *)parts,
+         (void *)out);
+    ON_CUDA(ops, st, moe__cuda_sum(cs, parts, nparts, n, out));
+    return moe__host_sum(ops, st, parts, nparts, n, out);
+}
+
 etp_status_t moe_adam(moe_ops_t *ops, etp_stream_t *st, const moe_adam_t *a, const float *g,
                       float *m, float *v, float *master, uint16_t *w, int64_t n)
 {

@@ -100,6 +100,12 @@ etp_status_t moe_add(moe_ops_t *ops, etp_stream_t *st, const uint16_t *a, const 
 etp_status_t moe_mse(moe_ops_t *ops, etp_stream_t *st, const uint16_t *y, const uint16_t *target,
                      int64_t n, float scale, uint16_t *grad, double *loss);
 
+/* out[i] = ((parts[0][i] + parts[1][i]) + ...) + parts[nparts-1][i] in FP32,
+ * part p at parts + p * n: the replicas' gradients summed in a fixed order
+ * (an all-reduce's order is the library's). out may be parts (part 0). */
+etp_status_t moe_sum(moe_ops_t *ops, etp_stream_t *st, const float *parts, int nparts, int64_t n,
+                     float *out);
+
 /* Adam over n elements: master[i] = moe_adam_step(a, g[i], &m[i], &v[i],
  * master[i]) and w[i] = bf16(master[i]). `a` is copied. */
 etp_status_t moe_adam(moe_ops_t *ops, etp_stream_t *st, const moe_adam_t *a, const float *g,

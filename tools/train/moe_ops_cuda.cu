@@ -102,6 +102,15 @@ __global__ void add_kernel(const uint16_t *a, const uint16_t *b, const uint16_t 
     }
 }
 
+__global__ void sum_kernel(const float *parts, int nparts, int64_t n, float *out)
+{
+    for (int64_t i = first_index(); i < n; i += grid_stride()) {
+        float x = parts[i];
+        for (int p = 1; p < nparts; p++) x = x + parts[p * n + i];
+        out[i] = x;
+    }
+}
+
 /* The loss's first pass, on exactly MOE_MSE_BLOCKS blocks of kThreads: each
  * thread sums its grid-stride elements in order, each block its threads
  * by a fixed tree into partials[block]. The order depends on n alone. */
@@ -194,6 +203,13 @@ etp_status_t moe__cuda_mse(cudaStream_t s, const uint16_t *y, const uint16_t *ta
     if (st != ETP_SUCCESS) return st;
     mse_sum_kernel<<<1, 1, 0, s>>>(partials, loss);
     return launched("moe_mse");
+}
+
+etp_status_t moe__cuda_sum(cudaStream_t s, const float *parts, int nparts, int64_t n,
+                           float *out)
+{
+    sum_kernel<<<blocks_for(n), kThreads, 0, s>>>(parts, nparts, n, out);
+    return launched("moe_sum");
 }
 
 etp_status_t moe__cuda_adam(cudaStream_t s, const moe_adam_t *a, const float *g, float *m,

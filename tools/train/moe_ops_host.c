@@ -42,6 +42,12 @@ struct moe_host_rec {
             float scale;
         } mse;
         struct {
+            const float *parts;
+            float *out;
+            int64_t n;
+            int nparts;
+        } sum;
+        struct {
             moe_adam_t a;
             const float *g;
             float *m, *v, *master;
@@ -173,6 +179,17 @@ static void run_mse(void *arg)
     *r->u.mse.loss = sum;
 }
 
+static void run_sum(void *arg)
+{
+    const struct moe_host_rec *r = arg;
+    const int64_t n = r->u.sum.n;
+    for (int64_t i = 0; i < n; i++) {
+        float x = r->u.sum.parts[i];
+        for (int p = 1; p < r->u.sum.nparts; p++) x = x + r->u.sum.parts[p * n + i];
+        r->u.sum.out[i] = x;
+    }
+}
+
 static void run_adam(void *arg)
 {
     const struct moe_host_rec *r = arg;
@@ -267,6 +284,17 @@ etp_status_t moe__host_mse(moe_ops_t *ops, etp_stream_t *s, const uint16_t *y,
     r->u.mse.n = n;
     r->u.mse.scale = scale;
     return launch(ops, "moe_mse", s, run_mse, r);
+}
+
+etp_status_t moe__host_sum(moe_ops_t *ops, etp_stream_t *s, const float *parts, int nparts,
+                           int64_t n, float *out)
+{
+    TAKE("moe_sum");
+    r->u.sum.parts = parts;
+    r->u.sum.nparts = nparts;
+    r->u.sum.n = n;
+    r->u.sum.out = out;
+    return launch(ops, "moe_sum", s, run_sum, r);
 }
 
 etp_status_t moe__host_adam(moe_ops_t *ops, etp_stream_t *s, const moe_adam_t *a, const float *g,

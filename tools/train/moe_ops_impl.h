@@ -51,6 +51,8 @@ etp_status_t moe__host_add(moe_ops_t *ops, etp_stream_t *s, const uint16_t *a, c
 etp_status_t moe__host_mse(moe_ops_t *ops, etp_stream_t *s, const uint16_t *y,
                            const uint16_t *target, int64_t n, float scale, uint16_t *grad,
                            double *loss);
+etp_status_t moe__host_sum(moe_ops_t *ops, etp_stream_t *s, const float *parts, int nparts,
+                           int64_t n, float *out);
 etp_status_t moe__host_adam(moe_ops_t *ops, etp_stream_t *s, const moe_adam_t *a, const float *g,
                             float *m, float *v, float *master, uint16_t *w, int64_t n);
 
@@ -70,6 +72,8 @@ etp_status_t moe__cuda_add(cudaStream_t s, const uint16_t *a, const uint16_t *b,
 /* n may be 0; partials: MOE_MSE_BLOCKS doubles of device memory. */
 etp_status_t moe__cuda_mse(cudaStream_t s, const uint16_t *y, const uint16_t *target, int64_t n,
                            float scale, uint16_t *grad, double *loss, double *partials);
+etp_status_t moe__cuda_sum(cudaStream_t s, const float *parts, int nparts, int64_t n,
+                           float *out);
 etp_status_t moe__cuda_adam(cudaStream_t s, const moe_adam_t *a, const float *g, float *m,
                             float *v, float *master, uint16_t *w, int64_t n);
 #endif
