@@ -348,6 +348,31 @@ static void test_adam(void **state)
     pair_close(&p);
 }
 
+/* the replicas' sum: the same left-to-right FP32 adds on both sides */
+static void test_sum(void **state)
+{
+    (void)state;
+    pair_t p = pair_open();
+    const int64_t n = 100003;
+    const int parts = 3;
+    const size_t b = 4 * (size_t)(n * parts), bo = 4 * (size_t)n;
+    float *x = host(b), *out = host(bo);
+    for (int64_t i = 0; i < n * parts; i++)
+        x[i] = (float)((uni(40, 0, (uint64_t)i) - 0.5) * pow(2.0, (double)(i % 30) - 15.0));
+    float *dx = dev(&p, b, x), *dout = dev(&p, bo, NULL);
+    ETP_OK(moe_sum(p.hops, p.hs, x, parts, n, out));
+    ETP_OK(moe_sum(p.dops, p.ds, dx, parts, n, dout));
+    ETP_OK(etp_stream_synchronize(p.hs));
+    float *got = back(&p, dout, bo);
+    same(got, out, bo, "sum");
+    free(got);
+    free(x);
+    free(out);
+    ETP_OK(etp_mem_free(p.dctx, dx));
+    ETP_OK(etp_mem_free(p.dctx, dout));
+    pair_close(&p);
+}
+
 int main(int argc, char **argv)
 {
     tu_mpi_init(&argc, &argv, "test_moe_ops_gpu");
@@ -358,6 +383,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_elementwise),
         cmocka_unit_test(test_mse),
         cmocka_unit_test(test_adam),
+        cmocka_unit_test(test_sum),
     };
     return tu_mpi_finish(cmocka_run_group_tests_name("moe_ops_gpu", tests, NULL, NULL));
 }

@@ -380,6 +380,50 @@ static void check_adam(fx_t *f)
     free(rmaster);
 }
 
+/* ---- the replicas' sum ---- */
+
+static void check_sum(fx_t *f)
+{
+    const int64_t n = 1003;
+    for (int parts = 1; parts <= 4; parts++) {
+        float *x = malloc(4 * (size_t)(n * parts)), *out = poisoned(4 * (size_t)n);
+        assert_non_null(x);
+        for (int64_t i = 0; i < n * parts; i++)
+            x[i] = (float)((uni(61, (uint64_t)parts, (uint64_t)i) - 0.5) *
+                           pow(2.0, (double)(i % 40) - 20.0));
+        /* element 0: an order that matters, (2^25 + 1) - 2^25 is 0 in FP32
+         * when summed left to right, 1 otherwise */
+        if (parts == 3) x[0] = 33554432.0f, x[n] = 1.0f, x[2 * n] = -33554432.0f;
+        ETP_OK(moe_sum(f->ops, f->s, x, parts, n, out));
+        ETP_OK(etp_stream_synchronize(f->s));
+        for (int64_t i = 0; i < n; i++) {
+            double want = 0, mag = 0;
+            for (int p = 0; p < parts; p++) {
+                want += x[p * n + i];
+                mag += fabs(x[p * n + i]);
+            }
+            if (parts == 3 && i == 0) {
+                assert_true(out[0] == 0.0f); /* the left-to-right FP32 sum, exactly */
+                continue;
+            }
+            NEAR(out[i], want, mag * 1e-7 * parts, "sum", i);
+        }
+        /* in place: out is part 0 */
+        memcpy(out, x, 4 * (size_t)n);
+        float *y = malloc(4 * (size_t)(n * parts));
+        assert_non_null(y);
+        memcpy(y, x, 4 * (size_t)(n * parts));
+        ETP_OK(moe_sum(f->ops, f->s, y, parts, n, y));
+        ETP_OK(etp_stream_synchronize(f->s));
+        ETP_OK(moe_sum(f->ops, f->s, x, parts, n, out));
+        ETP_OK(etp_stream_synchronize(f->s));
+        assert_memory_equal(y, out, 4 * (size_t)n);
+        free(x);
+        free(y);
+        free(out);
+    }
+}
+
 static void run_all(int shuffle)
 {
     fx_t f = fx_open(shuffle, 64);
@@ -392,6 +436,7 @@ static void run_all(int shuffle)
     check_elementwise(&f);
     check_mse(&f);
     check_adam(&f);
+    check_sum(&f);
     fx_close(&f);
 }
 
