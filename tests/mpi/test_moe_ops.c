@@ -607,6 +607,12 @@ static void test_bad_args(void **state)
     fi.valid_rows = 2;
     fi.row0 = 1;
     EXPECT_REFUSED(moe_fill_normal(ops, s, h, &fi), INV, "pass total_rows");
+    /* a shard of padding only starts past the tensor's rows: zeros */
+    fi.valid_rows = 0;
+    fi.row0 = 5;
+    ETP_OK(moe_fill_normal(ops, s, h, &fi));
+    ETP_OK(etp_stream_synchronize(s));
+    fi.valid_rows = 2;
     fi.row0 = 0;
     fi.cols = -4;
     EXPECT_REFUSED(moe_fill_normal(ops, s, h, &fi), INV, "negative size");
