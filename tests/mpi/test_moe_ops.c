@@ -612,6 +612,7 @@ static void test_bad_args(void **state)
     fi.row0 = 5;
     ETP_OK(moe_fill_normal(ops, s, h, &fi));
     ETP_OK(etp_stream_synchronize(s));
+    moe_ops_rewind(ops, 0);
     fi.valid_rows = 2;
     fi.row0 = 0;
     fi.cols = -4;
