@@ -50,10 +50,15 @@ etp_train_test(fall_np4 4 --min-fall 10)
 etp_train_test(fall_np4_mxfp8 4 --min-fall 5 --quant mxfp8)
 etp_train_test(fall_np4_nvfp4 4 --min-fall 5 --quant nvfp4)
 
-# a checkpoint saved at one split loads at another
-add_test(NAME train_resume_np4
-  COMMAND sh ${CMAKE_CURRENT_SOURCE_DIR}/train/resume.sh ${MPIEXEC_EXECUTABLE}
-          $<TARGET_FILE:etp-train> ${CMAKE_CURRENT_BINARY_DIR}/train_resume
-          "--etp 2 --ep 2" "--etp 1 --ep 2 --dp 2")
-set_tests_properties(train_resume_np4 PROPERTIES LABELS "mpi;train"
-  ENVIRONMENT "${ETP_TEST_ENV}" TIMEOUT 600 PROCESSORS 4)
+# a checkpoint saved at one split loads at another: the next 5 losses equal
+# an uninterrupted run's (ETP and DP change; then ETP and EP change)
+foreach(_case "etp;--etp 2 --ep 2;--etp 1 --ep 2 --dp 2" "ep;--etp 4 --ep 1;--etp 1 --ep 4")
+  list(GET _case 0 _name)
+  list(GET _case 1 _a)
+  list(GET _case 2 _b)
+  add_test(NAME train_resume_${_name}_np4
+    COMMAND sh ${CMAKE_CURRENT_SOURCE_DIR}/train/resume.sh ${MPIEXEC_EXECUTABLE}
+            $<TARGET_FILE:etp-train> ${CMAKE_CURRENT_BINARY_DIR}/train_resume_${_name} "${_a}" "${_b}")
+  set_tests_properties(train_resume_${_name}_np4 PROPERTIES LABELS "mpi;train"
+    ENVIRONMENT "${ETP_TEST_ENV}" TIMEOUT 600 PROCESSORS 4)
+endforeach()

@@ -35,11 +35,11 @@ static const etp_cli_opt_t opts[] = {
     [O_BACKEND] = {"backend", "host|cuda", NULL, "the etp backend (default: cuda when a GPU is "
                                                  "present, else host)"},
     [O_LAYERS] = {"layers", "N", NULL, "layers (default 4)"},
-    [O_HIDDEN] = {"hidden", "H", NULL, "hidden size (default: host 64, cuda 4096)"},
-    [O_FFN] = {"ffn", "F", NULL, "expert FFN size (default: host 128, cuda 4096)"},
+    [O_HIDDEN] = {"hidden", "H", NULL, "hidden size (default: host 32, cuda 4096)"},
+    [O_FFN] = {"ffn", "F", NULL, "expert FFN size (default: host 64, cuda 4096)"},
     [O_EXPERTS] = {"experts", "E", NULL, "experts (default: host 8, cuda 64)"},
     [O_TOPK] = {"topk", "K", NULL, "experts per token (default: host 2, cuda 8)"},
-    [O_TOKENS] = {"tokens", "T", NULL, "tokens per rank (default: host 64, cuda 8192)"},
+    [O_TOKENS] = {"tokens", "T", NULL, "tokens per rank (default: host 32, cuda 8192)"},
     [O_TOKENS_STEP] = {"tokens-step", "D", "0",
                        "rank r has T - (r % 3) * D tokens (different T per rank)"},
     [O_STEPS] = {"steps", "N", "200", "training steps"},
@@ -197,11 +197,11 @@ static int complete(run_t *r, etp_backend_t backend)
     const int gpu = backend == ETP_BACKEND_CUDA;
     train_shape_t *sh = &r->o.shape;
     sh->layers = (int)(r->layers ? r->layers : 4);
-    sh->hidden = r->hidden ? r->hidden : gpu ? 4096 : 64;
-    sh->ffn = r->ffn ? r->ffn : gpu ? 4096 : 128;
+    sh->hidden = r->hidden ? r->hidden : gpu ? 4096 : 32;
+    sh->ffn = r->ffn ? r->ffn : gpu ? 4096 : 64;
     sh->experts = (int)(r->experts ? r->experts : gpu ? 64 : 8);
     sh->topk = (int)(r->topk ? r->topk : gpu ? 8 : 2);
-    sh->tokens = r->tokens ? r->tokens : gpu ? 8192 : 64;
+    sh->tokens = r->tokens ? r->tokens : gpu ? 8192 : 32;
     train_opts_t *o = &r->o;
     if (o->dp < 1) o->dp = 1;
     if (!o->etp && !o->ep) {
