@@ -233,6 +233,7 @@ static etp_status_t get_weight(train_model_t *m, tparam_t *tp, etp_pass_t pass,
         *v = r;
         return ETP_SUCCESS;
     }
+    *v = (etp_weight_view_t)ETP_WEIGHT_VIEW_INIT; /* etp_gather reads its size */
     mark(m, 0);
     etp_status_t st = etp_gather(tp->p, pass, m->s, v);
     mark(m, 0);
