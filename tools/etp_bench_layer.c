@@ -11,9 +11,10 @@
  *
  * gemm: the expert GEMMs of this rank on their own (etp/gemm.h, FORWARD,
  * Y = X W^T with the W1 shape [F, H] and, where F != H, the W2 shape
- * [H, F]). A random routing (seed + EP rank: T tokens on each of the EP
- * ranks pick top-k distinct experts uniformly) gives the rows each local
- * expert (E / ep of them) receives. Timed, interleaved, on one stream:
+ * [H, F]). A seeded random routing (T tokens on each of the ep ranks pick
+ * top-k distinct experts uniformly) gives the rows each of EP rank 0's
+ * E / ep experts receives; every rank times those GEMMs (a row is the
+ * slowest rank's). Timed, interleaved, on one stream:
  *   dense (peer)   ONE DENSE GEMM of M = sum(counts) rows: the same FLOPs
  *   PACKED         one block per expert at the prefix sums of the counts
  *                  (no padding); ratio = its useful FLOP/s over the peer's
@@ -274,16 +275,15 @@ static void gemm_shape(bench_t *b, etp_stream_t *s, const char *wname, int64_t n
     }
 }
 
-static void run_gemm(bench_t *b, etp_stream_t *s, const layer_opts_t *o, int r_ep)
+static void run_gemm(bench_t *b, etp_stream_t *s, const layer_opts_t *o)
 {
     const int E = (int)o->experts, k = (int)o->topk, R = (int)o->ep;
     const int64_t el = E / R, T = o->tokens;
     int32_t *counts = xcalloc(b, (size_t)el, sizeof *counts);
     int32_t *offsets = xcalloc(b, (size_t)el + 1, sizeof *offsets);
-    /* the tokens of all R ranks, each rank's experts; the seed differs per EP
-     * rank so that the ranks' loads differ as a real routing's do */
-    route((uint64_t)o->seed * 0x100000001b3ull + (uint64_t)r_ep, (int64_t)R * T, E, k,
-          (int)(r_ep * el), (int)el, counts);
+    /* the tokens of all R ranks on EP rank 0's experts: every rank times the
+     * same GEMMs, so the slowest rank's time goes with rank 0's FLOPs */
+    route((uint64_t)o->seed * 0x100000001b3ull, (int64_t)R * T, E, k, 0, (int)el, counts);
     int64_t useful = 0, maxc = 0;
     for (int64_t e = 0; e < el; e++) {
         offsets[e] = (int32_t)useful;
@@ -291,11 +291,9 @@ static void run_gemm(bench_t *b, etp_stream_t *s, const layer_opts_t *o, int r_e
         if (counts[e] > maxc) maxc = counts[e];
     }
     offsets[el] = (int32_t)useful;
-    int any = useful > 0;
-    MPI_Allreduce(MPI_IN_PLACE, &any, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
-    if (!any) {
+    if (useful == 0) { /* alike on every rank */
         if (b->rank == 0)
-            printf("etp-bench layer: a rank's experts received no rows: no gemm rows (more "
+            printf("etp-bench layer: EP rank 0's experts received no rows: no gemm rows (more "
                    "--tokens)\n");
         free(counts);
         free(offsets);
@@ -310,8 +308,9 @@ static void run_gemm(bench_t *b, etp_stream_t *s, const layer_opts_t *o, int r_e
     int64_t S_cap = o->capacity > 0 ? round16((int64_t)ceil(o->capacity * mean_expert)) : S_tight;
     if (S_cap < 16) S_cap = 16;
     if (b->rank == 0)
-        printf("etp-bench layer: gemm: %lld tokens x top-%d of %d experts over %d EP ranks; rank "
-               "0's %lld experts get %lld rows (mean %.1f, max %lld an expert)\n",
+        printf("etp-bench layer: gemm: %lld tokens x top-%d of %d experts over %d EP ranks; EP "
+               "rank 0's %lld experts get %lld rows (mean %.1f, max %lld an expert), timed on "
+               "every rank\n",
                (long long)(R * T), k, E, R, (long long)el, (long long)useful,
                (double)useful / (double)el, (long long)maxc);
     int64_t rows_max = packed_rows;
@@ -514,7 +513,11 @@ static int complete(bench_t *b, layer_opts_t *o)
     } else if (!o->ep) {
         o->ep = b->size % o->etp == 0 ? b->size / o->etp : 0;
     }
-    if (o->etp < 1 || o->ep < 1 || b->size % (o->etp * o->ep) != 0) {
+    if (o->etp < 1 || o->ep < 1) {
+        snprintf(msg, sizeof msg, "--%s %ld does not divide the %d ranks", o->etp ? "etp" : "ep",
+                 o->etp ? o->etp : o->ep, b->size);
+        bad = msg;
+    } else if (b->size % (o->etp * o->ep) != 0) {
         snprintf(msg, sizeof msg, "--etp %ld x --ep %ld does not divide the %d ranks", o->etp,
                  o->ep, b->size);
         bad = msg;
@@ -581,7 +584,7 @@ int etp_bench_layer(bench_t *b, int argc, char **argv)
                "%ld tokens a rank; in the rows 'bytes' are FLOPs and 'GB/s' GFLOP/s\n",
                o.etp, o.ep, b->size / (o.etp * o.ep), o.hidden, o.ffn, o.experts, o.topk,
                o.tokens);
-    if (o.variant[V_GEMM]) run_gemm(b, s, &o, (int)((b->rank / o.etp) % o.ep));
+    if (o.variant[V_GEMM]) run_gemm(b, s, &o);
     run_layer(b, s, &o);
     BENCH_CHECK(b, etp_stream_destroy(s));
     return 0;
