@@ -1,6 +1,24 @@
 # etp-train, end to end (label train): the model on etp against its
 # single-rank reference (--check), over rank counts, splits, quantized
 # gathers, captured steps and checkpoints. Host backend.
+# The reference itself: its quantize-dequantize against etp's, and its
+# training on a tiny model (needs a host context, hence MPI, one rank).
+if(ETP_WITH_MPI AND TARGET etp_train_ref)
+  etp_add_mpi_test(test_train_reference unit/test_train_reference.c train 1)
+  target_link_libraries(test_train_reference PRIVATE etp_train_ref)
+endif()
+
+# The small kernels (tools/train/moe_ops.h): host, and CUDA against host.
+if(ETP_WITH_MPI AND TARGET etp_train_ops)
+  etp_add_mpi_test(test_moe_ops mpi/test_moe_ops.c train 1)
+  target_link_libraries(test_moe_ops PRIVATE etp_train_ops)
+endif()
+if(ETP_WITH_CUDA AND ETP_WITH_MPI AND TARGET etp_train_ops)
+  # the CUDA kernels against the host loops (1 GPU)
+  etp_add_gpu_test(test_moe_ops_gpu gpu/test_moe_ops_gpu.c OFF train 1)
+  target_link_libraries(test_moe_ops_gpu PRIVATE etp_train_ops)
+endif()
+
 if(NOT ETP_WITH_MPI OR NOT TARGET etp-train)
   return()
 endif()

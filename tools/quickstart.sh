@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Install what is missing, build etp, and run the main job: etp-demo on 4 host
-# ranks, or on every GPU when the machine has them (the CUDA backend).
+# Install what is missing, build etp, and run the main job: etp-train, a
+# mixture-of-experts training loop on etp (docs/TRAINING.md), on 4 host ranks,
+# or on every GPU when the machine has them (the CUDA backend).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source tools/deps.sh
@@ -13,4 +14,4 @@ if [ "$gpus" -gt 0 ] && grep -q 'ETP_HAVE_CUDA 1' build/include/etp/etp_config.h
 else
     np=4
 fi
-mpirun -np "$np" --oversubscribe --bind-to none --mca mpi_yield_when_idle 1 build/tools/etp-demo
+mpirun -np "$np" --oversubscribe --bind-to none --mca mpi_yield_when_idle 1 build/tools/etp-train "$@"

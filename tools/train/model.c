@@ -49,7 +49,8 @@ typedef struct tparam {
     etp_param_info_t info;
     int64_t n;                   /* shard elements */
     float *adam_m, *adam_v;
-    etp_group_t *reduce_group;   /* gradient all-reduce (NULL: none) */
+    etp_group_t *reduce_group;   /* the replicas' gradient sum (NULL: none) */
+    int reduce_size;
     uint16_t *whole;             /* resident: the whole weight [experts][rows][cols] */
 } tparam_t;
 
@@ -93,6 +94,8 @@ struct train_model {
     uint16_t *go, *gr;                 /* [rows, H] */
     uint16_t *gs, *ga;                 /* [rows, F] */
     double *loss_dev, *loss_host;
+    float *replica_buf;                /* the replicas' main_grads, gathered */
+    size_t replica_bytes;
     void *fill_buf;                    /* weight init staging */
     size_t fill_bytes;
     int t;                             /* Adam steps taken */
@@ -156,18 +159,26 @@ static tparam_t *P(train_model_t *m, int layer, train_weight_t w)
     return &m->params[layer * TRAIN_WEIGHTS + w];
 }
 
+/* The replicas' sum of a parameter's main_grad: an all-gather and a sum in
+ * group-rank order (moe_sum) rather than an all-reduce, whose order is the
+ * library's: the result is then the same on every backend and split, and
+ * the reference can follow it (docs/TRAINING.md). */
 static void grad_ready(void *user, etp_param_t *param, etp_stream_t *final_stream)
 {
     tparam_t *tp = user;
+    train_model_t *m = tp->m;
     (void)param;
     if (!tp->reduce_group) return;
     /* A failure here surfaces at the next synchronization of the stream:
      * the callback has no way to return it. */
-    etp_status_t st = etp_allreduce(tp->reduce_group, 0, tp->info.main_grad, tp->info.main_grad,
-                                    (size_t)tp->n, ETP_DTYPE_F32, ETP_REDOP_SUM, final_stream);
+    etp_status_t st = etp_allgather(tp->reduce_group, 0, tp->info.main_grad, m->replica_buf,
+                                    (size_t)tp->n, ETP_DTYPE_F32, final_stream);
+    if (st == ETP_SUCCESS)
+        st = moe_sum(m->ops, final_stream, m->replica_buf, tp->reduce_size, tp->n,
+                     tp->info.main_grad);
     if (st != ETP_SUCCESS)
-        fprintf(stderr, "etp-train: gradient all-reduce of %s: %s\n", tp->info.name,
-                etp_last_error());
+        fprintf(stderr, "etp-train: gradient reduction of %s over its replicas: %s\n",
+                tp->info.name, etp_last_error());
 }
 
 static etp_status_t make_param(train_model_t *m, int layer, train_weight_t w)
@@ -209,6 +220,9 @@ static etp_status_t make_param(train_model_t *m, int layer, train_weight_t w)
     tp->reduce_group = e > 1 ? m->g_dp : m->g_edp;
     TRY(etp_group_size(tp->reduce_group, &size));
     if (size == 1) tp->reduce_group = NULL;
+    tp->reduce_size = size;
+    size_t rb = (size_t)size * (size_t)tp->n * sizeof(float);
+    if (size > 1 && rb > m->replica_bytes) m->replica_bytes = rb;
     TRY(etp_param_set_grad_callback(tp->p, grad_ready, tp));
     if (m->o.resident)
         TRY(ALLOC(m, tp->whole, (size_t)(tp->experts * r * c) * 2));
@@ -233,7 +247,8 @@ static etp_status_t get_weight(train_model_t *m, tparam_t *tp, etp_pass_t pass,
         *v = r;
         return ETP_SUCCESS;
     }
-    *v = (etp_weight_view_t)ETP_WEIGHT_VIEW_INIT; /* etp_gather reads its size */
+    const etp_weight_view_t init = ETP_WEIGHT_VIEW_INIT;
+    *v = init;
     mark(m, 0);
     etp_status_t st = etp_gather(tp->p, pass, m->s, v);
     mark(m, 0);
@@ -426,6 +441,7 @@ static etp_status_t make_buffers(train_model_t *m)
     TRY(ALLOC(m, m->ga, RF));
     TRY(ALLOC(m, m->loss_dev, sizeof(double)));
     TRY(ALLOC(m, m->fill_buf, m->fill_bytes));
+    TRY(ALLOC(m, m->replica_buf, m->replica_bytes));
     m->loss_host = calloc(1, sizeof(double));
     if (!m->loss_host) FAIL(ETP_ERR_OUT_OF_MEMORY, "out of host memory");
     return ETP_SUCCESS;
@@ -545,7 +561,7 @@ void model_destroy(train_model_t *m)
     etp_ep_group_destroy(m->epg);
     void *bufs[] = {m->y_last, m->target, m->pool_x, m->pool_t, m->t_p, m->t_m, m->g,
                     m->gu, m->gq, m->gm, m->gp, m->z, m->dz, m->gw, m->go, m->gr,
-                    m->gs, m->ga, m->loss_dev, m->fill_buf};
+                    m->gs, m->ga, m->loss_dev, m->fill_buf, m->replica_buf};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i]) etp_mem_free(m->ctx, bufs[i]);
     moe_ops_destroy(m->ops);

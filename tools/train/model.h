@@ -6,8 +6,9 @@
  * Ranks form a grid DP x EP x ETP, ETP fastest: rank = (dp * EP + ep) * ETP
  * + etp. Groups: the ETP group (same dp, ep; the chain's group, two roles),
  * the EP group (same dp, etp), the DP group (same ep, etp: expert gradients
- * are all-reduced there) and the EDP group (same etp: dense and router
- * gradients are all-reduced there). The all-reduces are enqueued by the
+ * are summed there) and the EDP group (same etp: dense and router
+ * gradients are summed there). The sums (an all-gather and a sum in rank
+ * order, so that every backend and split gives the same bits) are enqueued by the
  * parameters' grad-ready callbacks on the chain's reduction stream, so a
  * captured step captures them too.
  */

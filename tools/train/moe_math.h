@@ -55,14 +55,16 @@ MOE_HD uint64_t moe_mix64(uint64_t z)
 
 /* A normal-ish value of mean 0 and variance 1 for (seed, tensor, index):
  * the sum of four uniforms on a 2^-24 grid, centred and scaled. Integer
- * and exact FP32 steps only, so the host and the device make the same
- * bits; any rank can make any element of any tensor without the others. */
+ * steps, exact conversions and single rounded FP32 operations only (the
+ * sums of two 24-bit integers may round), so the host and the device make
+ * the same bits; any rank can make any element of any tensor without the
+ * others. */
 MOE_HD float moe_normal(uint64_t seed, uint64_t tensor, uint64_t index)
 {
     uint64_t a = moe_mix64(seed ^ moe_mix64(tensor * 0x100000001b3ull + 0x51ull));
     uint64_t h1 = moe_mix64(a ^ (index * 2u));
     uint64_t h2 = moe_mix64(a ^ (index * 2u + 1u));
-    float s = (float)(h1 >> 40) + (float)((h1 >> 16) & 0xffffffu); /* each < 2^24: exact */
+    float s = (float)(h1 >> 40) + (float)((h1 >> 16) & 0xffffffu); /* each < 2^24: converts exactly */
     float t = (float)(h2 >> 40) + (float)((h2 >> 16) & 0xffffffu);
     float u = (s + t) * 5.9604644775390625e-8f; /* 2^-24: the sum of four uniforms in [0, 4) */
     return (u - 2.0f) * 1.7320508075688772f;    /* variance 4/12 -> 1 */
@@ -146,6 +148,14 @@ MOE_HD float moe_silu_grad(float a, float gs)
 MOE_HD float moe_mse_grad(float y, float target, float scale)
 {
     return scale * (y - target);
+}
+
+/* The loss term of one element: (y - target)^2 in FP64, the difference too
+ * (exact for BF16 values less than 2^45 apart in magnitude). */
+MOE_HD double moe_mse_term(float y, float target)
+{
+    double d = (double)y - (double)target;
+    return d * d;
 }
 
 /* ---- Adam ------------------------------------------------------------------- */

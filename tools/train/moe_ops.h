@@ -18,6 +18,10 @@
  * records of a graph that may still be launched. Running out of records is
  * ETP_ERR_CAPACITY. The CUDA backend uses no records.
  *
+ * A call with nothing to do (n or T 0, an empty fill) enqueues nothing and
+ * takes no record, except moe_mse, which writes its loss of 0. A refused
+ * call enqueues nothing and takes no record.
+ *
  * Every function returns ETP_SUCCESS or an etp status with a message on
  * stderr naming the call (ETP_ERR_INVALID_ARGUMENT for NULLs or sizes out
  * of range, ETP_ERR_BACKEND for a CUDA launch error).
@@ -33,12 +37,19 @@
 
 typedef struct moe_ops moe_ops_t;
 
-/* For ctx's backend, with `records` host records (ignored on CUDA). Allocates
- * moe_mse's scratch through etp_mem_alloc. */
+/* For ctx's backend, with `records` host records (> 0 on the host backend;
+ * ignored on CUDA). On CUDA, allocates moe_mse's scratch through
+ * etp_mem_alloc (ETP_MEM_WORKSPACE, 2 KiB): not during a graph capture.
+ * The handle keeps ctx, which must outlive it. */
 etp_status_t moe_ops_create(etp_context_t *ctx, size_t records, moe_ops_t **ops);
-/* Frees the scratch (waits for the context's work, like etp_mem_free). */
+/* Frees the scratch (waits for the context's work, like etp_mem_free) and
+ * the records: no graph that captured calls of ops may be launched after.
+ * NULL is a no-op. */
 void moe_ops_destroy(moe_ops_t *ops);
+/* The number of records in use (0 on CUDA). */
 size_t moe_ops_mark(const moe_ops_t *ops);
+/* Give back the records taken after `mark` (a value moe_ops_mark
+ * returned); a mark past the records in use is ignored with a message. */
 void moe_ops_rewind(moe_ops_t *ops, size_t mark);
 
 /* A block of a random tensor (moe_normal of tensor `tensor`), as BF16:
@@ -83,9 +94,17 @@ etp_status_t moe_add(moe_ops_t *ops, etp_stream_t *st, const uint16_t *a, const 
  * and *loss = the sum of (y - target)^2 in FP64 (one double in device
  * memory), in an order fixed by n (two launches on CUDA, no atomics: a
  * replayed graph gives the same bits as an eager call). n may be 0
- * (loss 0). */
+ * (loss 0). The loss term is moe_mse_term. On CUDA the calls of one
+ * moe_ops_t share one scratch between the two launches: two moe_mse of the
+ * same handle must not run concurrently (on unjoined streams). */
 etp_status_t moe_mse(moe_ops_t *ops, etp_stream_t *st, const uint16_t *y, const uint16_t *target,
                      int64_t n, float scale, uint16_t *grad, double *loss);
+
+/* out[i] = ((parts[0][i] + parts[1][i]) + ...) + parts[nparts-1][i] in FP32,
+ * part p at parts + p * n: the replicas' gradients summed in a fixed order
+ * (an all-reduce's order is the library's). out may be parts (part 0). */
+etp_status_t moe_sum(moe_ops_t *ops, etp_stream_t *st, const float *parts, int nparts, int64_t n,
+                     float *out);
 
 /* Adam over n elements: master[i] = moe_adam_step(a, g[i], &m[i], &v[i],
  * master[i]) and w[i] = bf16(master[i]). `a` is copied. */

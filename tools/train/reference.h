@@ -1,0 +1,74 @@
+/*
+ * etp-train's single-rank reference: the model of train_model.h on one
+ * process, in plain C with no etp call, for `etp-train --check`. It makes
+ * the same data and weights as the etp program and reproduces etp's
+ * arithmetic wherever it rounds to BF16 (the host GEMM's sum order, the EP
+ * combine's per-rank partials, combine_bwd's lane dot product, the
+ * quantized weights' dequantized values), so that the host backend's first
+ * gradients and losses match it to FP32 rounding; only the weight
+ * gradients' sums over tokens may differ in their order (etp sums per rank,
+ * then across ranks; the reference in global token order).
+ *
+ * Quantized modes (TRAIN_QUANT_MXFP8 / _NVFP4): the forward product
+ * (y = x W^T) reads the BF16 dequantization of the weight's rowwise
+ * quantization, the input-gradient product (dx = dy W) that of its
+ * columnwise quantization, per expert, as etp's gathers with
+ * gather_dequantized do (docs/FORMATS.md: MXFP8 E4M3 1x32 / 32x1 blocks;
+ * NVFP4 16x16 blocks with the expert's amax). The teacher's forward, which
+ * makes the targets, reads its weights the same way.
+ *
+ * Not thread-safe per model; models are independent. Errors print one line
+ * on stderr and return -1.
+ */
+#ifndef TRAIN_REFERENCE_H
+#define TRAIN_REFERENCE_H
+
+#include <stdint.h>
+
+#include "train_model.h"
+
+typedef struct ref_model ref_model_t;
+
+/* ranks: the number of ranks of the etp run (etp * ep * dp); rank r has
+ * train_tokens(shape, r) tokens, the global batch is all ranks' tokens,
+ * rank 0's first. Makes the student (teacher = 0) and teacher weights
+ * (moe_normal(seed, train_tensor_weight(l, w, teacher), (e*rows + i)*cols
+ * + j) * train_weight_scale, rounded to BF16), the FP32 masters (the BF16
+ * values), the inputs of the shape->pool batches
+ * (bf16(moe_normal(seed, train_tensor_input(b), n*H + j))) and their
+ * targets (the teacher model's forward output). The shape is copied.
+ * Returns 0, or -1 (bad shape: message on stderr, *m untouched; out of
+ * memory). */
+int ref_create(const train_shape_t *shape, int ranks, ref_model_t **m);
+
+/* One step t (0-based) on batch t % pool: forward, loss = sum (y -
+ * target)^2 / (N H) (FP64), backward from the output gradient
+ * bf16(moe_mse_grad(y, target, train_loss_scale(N, H))), the FP32 weight
+ * gradients, then Adam (train_adam(shape, t + 1)) on every element of every
+ * weight and the BF16 weights = bf16(master). *loss (may be NULL) gets the
+ * loss before the update. Returns 0, or -1 for t < 0. */
+int ref_step(ref_model_t *m, int t, double *loss);
+
+/* The FP32 gradient of weight w of layer l from the last ref_step (zeros
+ * before the first), [experts][rows][cols]; owned by the model. NULL for a
+ * layer or weight out of range. */
+const float *ref_grad(const ref_model_t *m, int layer, train_weight_t w);
+
+/* The current BF16 weights of the student, [experts][rows][cols]; owned by
+ * the model. NULL for a layer or weight out of range. */
+const uint16_t *ref_weight(const ref_model_t *m, int layer, train_weight_t w);
+
+/* Frees everything; NULL is a no-op. */
+void ref_destroy(ref_model_t *m);
+
+/* The BF16 values a GEMM reads for one [rows, cols] matrix w (one expert)
+ * quantized in mode q: the dequantized rowwise (columnwise = 0) or
+ * columnwise (1) quantization (TRAIN_QUANT_NONE: w itself), into out
+ * [rows, cols]. Rows need not be a multiple of the block: etp pads the
+ * weight with zero rows, which change no block's amax. cols must be a
+ * multiple of 32 (MXFP8) or 16 (NVFP4). Returns 0, or -1 (message on
+ * stderr) for a bad size. */
+int ref_dequantize(train_quant_t q, int columnwise, const uint16_t *w, int64_t rows, int64_t cols,
+                   uint16_t *out);
+
+#endif /* TRAIN_REFERENCE_H */
