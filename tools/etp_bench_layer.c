@@ -42,7 +42,8 @@
  *                    one copies counts to the host and cannot be captured);
  *                    ratio = the eager variant's time / the graph's (targets:
  *                    >= 1.3 at etp 1, ep 4, 512 tokens a rank; >= 1.0 at
- *                    8192)
+ *                    8192); with --transport exact the eager peer differs
+ *                    in its transport too
  * In these rows "bytes" holds the step's useful GEMM FLOPs on a rank
  * (3 products of 2 M N K per weight, T k expert rows on average) and "GB/s"
  * GFLOP/s. On CUDA the eager variants add rows of the median step's
