@@ -7,7 +7,7 @@
  *
  * Subcommands: gather (sharded-weight all-gather against a plain
  * ncclAllGather), chain (exposed communication of a training step with
- * cuBLASLt GEMMs), quant, ep (when built). Each prints a table on rank 0:
+ * cuBLASLt GEMMs), quant, ep, layer (when built). Each prints a table on rank 0:
  * median time over the iterations (the slowest rank's), bandwidth, the
  * baseline's bandwidth and the ratio.
  */
@@ -271,6 +271,9 @@ static const struct {
     {"quant", etp_bench_quant, "split-phase NVFP4/MXFP8 quantization of N tensors against a "
                                "device copy"},
     {"ep", etp_bench_ep, "expert-parallel dispatch and combine against a plain send/recv"},
+    {"layer", etp_bench_layer, "one MoE layer of etp-train's model forward and backward "
+                               "(gathered or resident weights, eager or graph), and its grouped "
+                               "GEMMs against one dense GEMM of the same FLOPs"},
 };
 
 static const char bench_about[] =

@@ -102,5 +102,6 @@ int etp_bench_gather(bench_t *b, int argc, char **argv);
 int etp_bench_chain(bench_t *b, int argc, char **argv);
 int etp_bench_quant(bench_t *b, int argc, char **argv) __attribute__((weak));
 int etp_bench_ep(bench_t *b, int argc, char **argv) __attribute__((weak));
+int etp_bench_layer(bench_t *b, int argc, char **argv) __attribute__((weak));
 
 #endif

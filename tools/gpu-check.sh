@@ -6,9 +6,9 @@
 #   tools/gpu-check.sh test NP    the GPU tests at NP ranks, one GPU each (NP: 1, 2, 4 or 8;
 #                                 at most the GPUs here): a line per test with its time, then
 #                                 the passed/failed count; exit 1 if any failed
-#   tools/gpu-check.sh bench      etp-bench gather, chain and ep at one rank per GPU and quant
-#                                 on one GPU, in the configurations docs/PERF.md reports (its
-#                                 keys G, C1-C3, Q1-Q4, E1-E2), each table printed
+#   tools/gpu-check.sh bench      etp-bench gather, chain, ep and layer at one rank per GPU and
+#                                 quant on one GPU, in the configurations docs/PERF.md reports
+#                                 (its keys G, C1-C3, Q1-Q4, E1-E2, M1-M3), each table printed
 #
 # test and bench build first if anything changed. Logs and CSV files go to
 # build-gpu/gpu-check/. A benchmark run is stopped after
@@ -99,6 +99,9 @@ run_bench() {
         "Q4 1 quant --formats nvfp4 --cases 8x8192x4096 --no-separate --stochastic"
         "E1 all ep"
         "E2 all ep --dtype mxfp8"
+        "M1 all layer"
+        "M2 all layer --etp 1 --tokens 512 --variants gathered,gathered-graph"
+        "M3 all layer --etp 1 --variants gathered,gathered-graph"
     )
     local run key ranks args name
     for run in "${runs[@]}"; do

@@ -245,6 +245,12 @@ etp_status_t etp_wait_grads(etp_chain_t *c, etp_stream_t *stream)
     ETP__TRY(etp_event_record(c->scratch, c->rs));
     ETP__TRY(etp_stream_wait_event(stream, c->scratch));
     c->grads_joined = 1;
+    /* A graphed chain's stream is now behind every reduction of the ring:
+     * the next step's wgrad buffers need no edge to them, and a capture that
+     * starts here could not carry one (a step that gathers drops them at its
+     * first gather too; one whose weights are all held elsewhere has none). */
+    if (c->graphed)
+        for (int k = 0; k < c->ring_n; k++) c->ring_done_recorded[k] = 0;
     return ETP_SUCCESS;
 }
 
