@@ -301,11 +301,6 @@ static int check_grads(run_t *r, train_model_t *m, check_t *c)
         }                                                                                  \
     } while (0)
 
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
 
 /* Useful GEMM FLOPs of one step on this rank, forward and backward: three
  * products per weight, each 2 M N K. */
@@ -314,6 +309,14 @@ static double step_flops(const train_shape_t *sh, int64_t T)
     double H = (double)sh->hidden, F = (double)sh->ffn, E = sh->experts, k = sh->topk;
     return 3.0 * 2.0 * sh->layers * T * (H * H + E * H + k * 2.0 * H * F);
 }
+
+#if ETP_HAVE_CUDA
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+#endif
 
 /* TFLOP/s of one large cuBLASLt GEMM (etp/gemm.h) on this GPU: the peak the
  * step's GEMMs are compared with. */
