@@ -451,7 +451,7 @@ int main(int argc, char **argv)
     if (r.check) {
         chk.tol_grad = backend == ETP_BACKEND_CUDA ? 5e-2 : 1e-5;
         chk.tol_loss = backend == ETP_BACKEND_CUDA ? 1e-2 : 1e-5;
-        if (ref_create(sh, r.ranks, &chk.ref) != 0) {
+        if (ref_create(sh, r.o.etp, r.o.ep, r.o.dp, &chk.ref) != 0) {
             fprintf(stderr, "etp-train rank %d: the reference could not be made\n", r.rank);
             MPI_Abort(MPI_COMM_WORLD, 1);
         }

@@ -59,7 +59,8 @@ void moe_ops_rewind(moe_ops_t *ops, size_t mark);
 typedef struct moe_fill {
     uint64_t seed, tensor;
     int64_t experts, rows, cols; /* dst */
-    int64_t expert0, row0;       /* where dst starts in the whole tensor */
+    int64_t expert0, row0;       /* where dst starts in the whole tensor (row0 may pass
+                                  * total_rows when valid_rows is 0: a shard of padding) */
     int64_t valid_rows;          /* 0 .. rows */
     int64_t total_rows;          /* rows per expert of the whole tensor */
     float scale;

@@ -165,7 +165,9 @@ int ref_dequantize(train_quant_t q, int columnwise, const uint16_t *w, int64_t r
 struct ref_model {
     train_shape_t s;
     int L, E, K, ep;
+    int etp, dp, ranks;          /* the etp run's grid: rank = (dp * ep + ep_i) * etp + etp_i */
     int64_t N, H, F;
+    int64_t *off;                /* [ranks + 1]: rank r's tokens are n = off[r] .. off[r + 1] - 1 */
     /* per weight, index l * TRAIN_WEIGHTS + w */
     uint16_t **wt[2];            /* BF16 weights: student, teacher */
     uint16_t **wf, **wb;         /* what the forward / input-gradient products read */
@@ -176,9 +178,13 @@ struct ref_model {
     float **probs, **tw;         /* [N, E], [N, k] */
     int64_t **idx;               /* [N, k] */
     int *order;                  /* per layer and token, its slots in ascending expert order */
+    /* the current layer's GEMM output gradients, for its weight gradients */
+    uint16_t *dgu, *ddz, *dgo, *dga; /* gu [N, H], dz [N, E]; go [N k, H], ga [N k, F] */
     /* scratch */
-    uint16_t *y, *g, *go, *gs, *ga, *gr, *gm, *dz, *gu, *gq, *gp;
+    uint16_t *y, *g, *gs, *gr, *gm, *gq, *gp;
     float *z, *gw, *acc;
+    float *part, *psum;          /* one rank's partial and an ETP group's sum of a weight gradient */
+    int64_t *rdy, *rx;           /* [N]: a partial's rows (dy row, x row) in sum order */
 };
 
 static int64_t wcount(const train_shape_t *s, train_weight_t w)
@@ -211,13 +217,95 @@ static void dgrad_row(const uint16_t *dy, const uint16_t *w, int64_t n, int64_t 
     for (int64_t t = 0; t < k; t++) dx[t] = moe_f32_to_bf16(acc[t]);
 }
 
-/* dW[j, t] += dy[j] x[t] for one row (the caller goes through the rows in
- * global token order, so each element's sum runs in that order). */
+/* dW[j, t] = fmaf(dy[j], x[t], dW[j, t]) for one row: the host GEMM's
+ * wgrad, one row of its sum (the caller goes through the rows in its
+ * order). */
 static void wgrad_row(float *dw, const uint16_t *dy, const uint16_t *x, int64_t n, int64_t k)
 {
     for (int64_t j = 0; j < n; j++) {
         const float d = bf(dy[j]);
         for (int64_t t = 0; t < k; t++) dw[j * k + t] = fmaf(d, bf(x[t]), dw[j * k + t]);
+    }
+}
+
+/* ---- weight gradients in etp's order ---------------------------------------------- */
+
+/* dst = src (first) or dst + src: one FP32 add per element. */
+static void add_into(float *dst, const float *src, int64_t c, int first)
+{
+    for (int64_t i = 0; i < c; i++) dst[i] = first ? src[i] : dst[i] + src[i];
+}
+
+/* One rank's partial of a weight gradient [n, k] into m->part: from 0 over
+ * the rows of m->rdy / m->rx (cnt of them) in their order, as the host
+ * GEMM's wgrad sums a rank's rows. */
+static void partial(ref_model_t *m, int64_t cnt, const uint16_t *dy, int64_t n, const uint16_t *x,
+                    int64_t k)
+{
+    memset(m->part, 0, (size_t)(n * k) * sizeof(float));
+    for (int64_t i = 0; i < cnt; i++) wgrad_row(m->part, dy + m->rdy[i] * n, x + m->rx[i] * k, n, k);
+}
+
+/* A dense weight's gradient [n, k] into dw, from the rows dy [N, n] and x
+ * [N, k] (one a token): each rank's partial over its own tokens; their sum
+ * over each ETP group in etp order (etp_reduce_grad); those sums added over
+ * the (dp, ep) groups in order dp * ep + ep_i (the EDP group's moe_sum). */
+static void dense_wgrad(ref_model_t *m, float *dw, const uint16_t *dy, int64_t n, const uint16_t *x,
+                        int64_t k)
+{
+    const int groups = m->ranks / m->etp;
+    for (int q = 0; q < groups; q++) {
+        for (int t = 0; t < m->etp; t++) {
+            const int r = q * m->etp + t;
+            int64_t cnt = 0;
+            for (int64_t tok = m->off[r]; tok < m->off[r + 1]; tok++, cnt++) m->rdy[cnt] = m->rx[cnt] = tok;
+            partial(m, cnt, dy, n, x, k);
+            add_into(m->psum, m->part, n * k, t == 0);
+        }
+        add_into(dw, m->psum, n * k, q == 0);
+    }
+}
+
+/* Expert e's gradient [n, k] into dw, from its rows' dy [N k, n] and x (per
+ * slot [N k, k], or per token [N, k] when x_per_token): on the expert's
+ * rank of EP group (dp, etp_i), the partial over the rows of the group's
+ * tokens that chose e, in (EP rank, token) order (docs/EP.md); the sum over
+ * etp of those (etp_reduce_grad); those sums over dp in order (the DP
+ * group's moe_sum). */
+static void expert_wgrad(ref_model_t *m, int l, int64_t e, float *dw, const uint16_t *dy, int64_t n,
+                         const uint16_t *x, int64_t k, int x_per_token)
+{
+    const int64_t *idx = m->idx[l];
+    for (int d = 0; d < m->dp; d++) {
+        for (int t = 0; t < m->etp; t++) {
+            int64_t cnt = 0;
+            for (int q = 0; q < m->ep; q++) {
+                const int r = (d * m->ep + q) * m->etp + t;
+                for (int64_t tok = m->off[r]; tok < m->off[r + 1]; tok++)
+                    for (int j = 0; j < m->K; j++)
+                        if (idx[tok * m->K + j] == e) {
+                            m->rdy[cnt] = tok * m->K + j;
+                            m->rx[cnt] = x_per_token ? tok : tok * m->K + j;
+                            cnt++;
+                        }
+            }
+            partial(m, cnt, dy, n, x, k);
+            add_into(m->psum, m->part, n * k, t == 0);
+        }
+        add_into(dw, m->psum, n * k, d == 0);
+    }
+}
+
+/* Layer l's weight gradients from the output gradients its backward kept. */
+static void layer_wgrads(ref_model_t *m, int l)
+{
+    const int64_t H = m->H, F = m->F, E = m->E;
+    float **gl = m->grad + l * TRAIN_WEIGHTS;
+    dense_wgrad(m, gl[TRAIN_WP], m->dgu, H, m->x[l], H);
+    dense_wgrad(m, gl[TRAIN_WR], m->ddz, E, m->u[l], H);
+    for (int64_t e = 0; e < E; e++) {
+        expert_wgrad(m, l, e, gl[TRAIN_W1] + e * F * H, m->dga, F, m->u[l], H, 1);
+        expert_wgrad(m, l, e, gl[TRAIN_W2] + e * H * F, m->dgo, H, m->sa[l], F, 0);
     }
 }
 
@@ -306,8 +394,7 @@ static void forward(ref_model_t *m, uint16_t **wts, const uint16_t *input)
     }
 }
 
-/* The backward from m->g (dL/dy), accumulating the FP32 weight gradients
- * (zeroed by the caller). */
+/* The backward from m->g (dL/dy), writing the FP32 weight gradients. */
 static void backward(ref_model_t *m)
 {
     const int64_t N = m->N, H = m->H, F = m->F;
@@ -316,8 +403,6 @@ static void backward(ref_model_t *m)
     float lane[DOT_LANES];
     for (int l = m->L - 1; l >= 0; l--) {
         uint16_t **wl = m->wb + l * TRAIN_WEIGHTS;
-        float **gl = m->grad + l * TRAIN_WEIGHTS;
-        const uint16_t *x = m->x[l], *u = m->u[l];
         for (int64_t n = 0; n < N; n++) {
             const uint16_t *g = m->g + n * H;
             const int64_t *idx = m->idx[l] + n * K;
@@ -325,8 +410,8 @@ static void backward(ref_model_t *m)
             const int *ord = m->order + ((int64_t)l * N + n) * K;
             for (int j = 0; j < K; j++) {
                 const int64_t e = idx[j], r = n * K + j;
-                const uint16_t *o = m->o[l] + r * H, *a = m->a[l] + r * F, *sa = m->sa[l] + r * F;
-                uint16_t *go = m->go + j * H, *gs = m->gs, *ga = m->ga, *gr = m->gr + j * H;
+                const uint16_t *o = m->o[l] + r * H, *a = m->a[l] + r * F;
+                uint16_t *go = m->dgo + r * H, *gs = m->gs, *ga = m->dga + r * F, *gr = m->gr + j * H;
                 /* combine_bwd: the row's gradient and its weight's */
                 for (int64_t h = 0; h < H; h++) go[h] = moe_f32_to_bf16(w[j] * bf(g[h]));
                 for (int q = 0; q < DOT_LANES; q++) {
@@ -337,30 +422,28 @@ static void backward(ref_model_t *m)
                 for (int s = DOT_LANES / 2; s >= 1; s /= 2)
                     for (int q = 0; q < s; q++) lane[q] = lane[q] + lane[q + s];
                 m->gw[j] = lane[0];
-                /* the expert: gs = go W2, dW2 += go^T s, ga, gr = ga W1, dW1 += ga^T u */
+                /* the expert: gs = go W2, ga, gr = ga W1 (dW2, dW1 from go, ga below) */
                 dgrad_row(go, wl[TRAIN_W2] + e * H * F, H, F, m->acc, gs);
-                wgrad_row(gl[TRAIN_W2] + e * H * F, go, sa, H, F);
                 for (int64_t f = 0; f < F; f++) ga[f] = moe_f32_to_bf16(moe_silu_grad(bf(a[f]), bf(gs[f])));
                 dgrad_row(ga, wl[TRAIN_W1] + e * F * H, F, H, m->acc, gr);
-                wgrad_row(gl[TRAIN_W1] + e * F * H, ga, u + n * H, F, H);
             }
             /* dispatch_bwd: the unweighted combine of the rows' gradients */
             for (int64_t h = 0; h < H; h++) m->gm[h] = moe_f32_to_bf16(combine_elem(m, ord, idx, NULL, m->gr, h));
             /* router */
             const float *probs = m->probs[l] + n * E;
             const float dot = moe_router_dot(probs, idx, m->gw, K);
+            uint16_t *dz = m->ddz + n * E, *gu = m->dgu + n * H;
             for (int e = 0; e < E; e++)
-                m->dz[e] = moe_f32_to_bf16(moe_router_dlogit(probs, idx, m->gw, K, dot, e));
-            wgrad_row(gl[TRAIN_WR], m->dz, u + n * H, E, H);
-            dgrad_row(m->dz, wl[TRAIN_WR], E, H, m->acc, m->gq);
+                dz[e] = moe_f32_to_bf16(moe_router_dlogit(probs, idx, m->gw, K, dot, e));
+            dgrad_row(dz, wl[TRAIN_WR], E, H, m->acc, m->gq);
             for (int64_t h = 0; h < H; h++)
-                m->gu[h] = moe_f32_to_bf16((bf(g[h]) + bf(m->gm[h])) + bf(m->gq[h]));
+                gu[h] = moe_f32_to_bf16((bf(g[h]) + bf(m->gm[h])) + bf(m->gq[h]));
             /* the projection and the residual */
-            wgrad_row(gl[TRAIN_WP], m->gu, x + n * H, H, H);
-            dgrad_row(m->gu, wl[TRAIN_WP], H, H, m->acc, m->gq);
+            dgrad_row(gu, wl[TRAIN_WP], H, H, m->acc, m->gq);
             for (int64_t h = 0; h < H; h++)
-                m->gp[n * H + h] = moe_f32_to_bf16(bf(m->gu[h]) + bf(m->gq[h]));
+                m->gp[n * H + h] = moe_f32_to_bf16(bf(gu[h]) + bf(m->gq[h]));
         }
+        layer_wgrads(m, l);
         /* gx is the previous layer's g */
         memcpy(m->g, m->gp, (size_t)(N * H) * sizeof *m->g);
     }
@@ -368,17 +451,23 @@ static void backward(ref_model_t *m)
 
 /* ---- the API ---------------------------------------------------------------------- */
 
-static int check_shape(const train_shape_t *s, int ranks, int64_t *n_out)
+static int check_shape(const train_shape_t *s, int etp, int ep, int dp, int64_t *n_out)
 {
     const char *why = NULL;
     int64_t n = 0;
+    const int64_t big = 1 << 20;
+    const int ranks = etp >= 1 && ep >= 1 && dp >= 1 && etp <= big && ep <= big && dp <= big &&
+                              (int64_t)etp * ep * dp <= big
+                          ? etp * ep * dp
+                          : 0;
     if (s->layers < 1) why = "layers < 1";
     else if (s->hidden < 1 || s->ffn < 1) why = "hidden or ffn < 1";
     else if (s->experts < 1 || s->experts > 1024) why = "experts outside [1, 1024]";
     else if (s->topk < 1 || s->topk > s->experts) why = "topk outside [1, experts]";
     else if (s->ep < 1 || s->experts % s->ep != 0) why = "ep < 1 or not dividing experts";
     else if (s->pool < 1) why = "pool < 1";
-    else if (ranks < 1) why = "ranks < 1";
+    else if (ranks < 1) why = "etp, ep or dp < 1, or more than 2^20 ranks";
+    else if (ep != s->ep) why = "the grid's ep is not the shape's";
     else if (s->quant != TRAIN_QUANT_NONE && s->quant != TRAIN_QUANT_MXFP8 && s->quant != TRAIN_QUANT_NVFP4)
         why = "unknown quant";
     else if (s->quant != TRAIN_QUANT_NONE &&
@@ -393,9 +482,9 @@ static int check_shape(const train_shape_t *s, int ranks, int64_t *n_out)
     if (!why && n < 1) why = "no tokens";
     if (why) {
         fprintf(stderr, "ref_create: bad shape: %s (layers %d, H %lld, F %lld, E %d, k %d, ep %d, "
-                        "pool %d, ranks %d)\n",
+                        "pool %d; grid etp %d x ep %d x dp %d)\n",
                 why, s->layers, (long long)s->hidden, (long long)s->ffn, s->experts, s->topk, s->ep,
-                s->pool, ranks);
+                s->pool, etp, ep, dp);
         return -1;
     }
     *n_out = n;
@@ -425,21 +514,24 @@ static void free_arr(void **p, int count)
     free(p);
 }
 
-int ref_create(const train_shape_t *shape, int ranks, ref_model_t **out)
+int ref_create(const train_shape_t *shape, int etp, int ep, int dp, ref_model_t **out)
 {
     int64_t N;
     if (!shape || !out) {
         fprintf(stderr, "ref_create: NULL argument\n");
         return -1;
     }
-    if (check_shape(shape, ranks, &N) != 0) return -1;
+    if (check_shape(shape, etp, ep, dp, &N) != 0) return -1;
     ref_model_t *m = calloc(1, sizeof *m);
     if (!m) goto oom;
     m->s = *shape;
     m->L = shape->layers;
     m->E = shape->experts;
     m->K = shape->topk;
-    m->ep = shape->ep;
+    m->ep = ep;
+    m->etp = etp;
+    m->dp = dp;
+    m->ranks = etp * ep * dp;
     m->N = N;
     m->H = shape->hidden;
     m->F = shape->ffn;
@@ -478,21 +570,30 @@ int ref_create(const train_shape_t *shape, int ranks, ref_model_t **out)
     m->y = calloc((size_t)(N * H), sizeof(uint16_t));
     m->g = calloc((size_t)(N * H), sizeof(uint16_t));
     m->gp = calloc((size_t)(N * H), sizeof(uint16_t));
-    m->go = calloc((size_t)(K * H), sizeof(uint16_t));
+    m->dgu = calloc((size_t)(N * H), sizeof(uint16_t));
+    m->ddz = calloc((size_t)(N * E), sizeof(uint16_t));
+    m->dgo = calloc(rows * (size_t)H, sizeof(uint16_t));
+    m->dga = calloc(rows * (size_t)F, sizeof(uint16_t));
     m->gr = calloc((size_t)(K * H), sizeof(uint16_t));
     m->gs = calloc((size_t)big, sizeof(uint16_t));
-    m->ga = calloc((size_t)big, sizeof(uint16_t));
     m->gm = calloc((size_t)H, sizeof(uint16_t));
-    m->gu = calloc((size_t)H, sizeof(uint16_t));
     m->gq = calloc((size_t)H, sizeof(uint16_t));
     m->acc = calloc((size_t)big, sizeof(float));
-    m->dz = calloc((size_t)E, sizeof(uint16_t));
     m->z = calloc((size_t)E, sizeof(float));
     m->gw = calloc((size_t)K, sizeof(float));
+    /* the largest weight: H x max(H, F) per expert, or the router's E x H */
+    const int64_t wmax = (big > E ? big : E) * H;
+    m->part = calloc((size_t)wmax, sizeof(float));
+    m->psum = calloc((size_t)wmax, sizeof(float));
+    m->rdy = calloc((size_t)N, sizeof(int64_t));
+    m->rx = calloc((size_t)N, sizeof(int64_t));
+    m->off = calloc((size_t)m->ranks + 1, sizeof(int64_t));
     if (!ok || !m->in || !m->tgt || !m->x || !m->u || !m->a || !m->sa || !m->o || !m->probs ||
-        !m->tw || !m->idx || !m->order || !m->y || !m->g || !m->gp || !m->go || !m->gr || !m->gs ||
-        !m->ga || !m->gm || !m->gu || !m->gq || !m->acc || !m->dz || !m->z || !m->gw)
+        !m->tw || !m->idx || !m->order || !m->y || !m->g || !m->gp || !m->dgu || !m->ddz ||
+        !m->dgo || !m->dga || !m->gr || !m->gs || !m->gm || !m->gq || !m->acc || !m->z || !m->gw ||
+        !m->part || !m->psum || !m->rdy || !m->rx || !m->off)
         goto oom;
+    for (int r = 0; r < m->ranks; r++) m->off[r + 1] = m->off[r] + train_tokens(shape, r);
 
     /* weights and masters */
     for (int t = 0; t < 2; t++)
@@ -541,8 +642,6 @@ int ref_step(ref_model_t *m, int t, double *loss)
         m->g[i] = moe_f32_to_bf16(moe_mse_grad(y, tg, scale));
     }
     if (loss) *loss = sum / ((double)N * (double)H);
-    for (int i = 0; i < m->L * TRAIN_WEIGHTS; i++)
-        memset(m->grad[i], 0, (size_t)wcount(&m->s, (train_weight_t)(i % TRAIN_WEIGHTS)) * sizeof(float));
     backward(m);
     const moe_adam_t a = train_adam(&m->s, t + 1);
     for (int i = 0; i < m->L * TRAIN_WEIGHTS; i++) {
@@ -592,13 +691,18 @@ void ref_destroy(ref_model_t *m)
     free(m->order);
     free(m->y);
     free(m->g);
-    free(m->go);
+    free(m->dgu);
+    free(m->ddz);
+    free(m->dgo);
+    free(m->dga);
+    free(m->part);
+    free(m->psum);
+    free(m->rdy);
+    free(m->rx);
+    free(m->off);
     free(m->gs);
-    free(m->ga);
     free(m->gr);
     free(m->gm);
-    free(m->dz);
-    free(m->gu);
     free(m->gq);
     free(m->acc);
     free(m->gp);

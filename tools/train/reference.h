@@ -4,10 +4,10 @@
  * the same data and weights as the etp program and reproduces etp's
  * arithmetic wherever it rounds to BF16 (the host GEMM's sum order, the EP
  * combine's per-rank partials, combine_bwd's lane dot product, the
- * quantized weights' dequantized values), so that the host backend's first
- * gradients and losses match it to FP32 rounding; only the weight
- * gradients' sums over tokens may differ in their order (etp sums per rank,
- * then across ranks; the reference in global token order).
+ * quantized weights' dequantized values, and every weight gradient's sum
+ * in the order of etp-train's grid: per rank, over the ETP group, over the
+ * replicas), so that the host backend's gradients and losses match it bit
+ * for bit.
  *
  * Quantized modes (TRAIN_QUANT_MXFP8 / _NVFP4): the forward product
  * (y = x W^T) reads the BF16 dequantization of the weight's rowwise
@@ -29,9 +29,15 @@
 
 typedef struct ref_model ref_model_t;
 
-/* ranks: the number of ranks of the etp run (etp * ep * dp); rank r has
+/* etp, ep, dp: the grid of the etp run (ep = shape->ep), whose ranks
+ * number etp * ep * dp, rank (dp_i * ep + ep_i) * etp + etp_i; rank r has
  * train_tokens(shape, r) tokens, the global batch is all ranks' tokens,
- * rank 0's first. Makes the student (teacher = 0) and teacher weights
+ * rank 0's first. The weight gradients are summed as etp-train sums them
+ * (docs/TRAINING.md): a dense weight's per rank over its tokens, then over
+ * each ETP group in etp order, then over the (dp_i, ep_i) groups in order;
+ * expert e's, on its EP rank of group (dp_i, etp_i), over the group's rows
+ * that chose e in (EP rank, token) order, then over etp, then over dp; each
+ * sum in FP32 one add (or fmaf) at a time. Makes the student (teacher = 0) and teacher weights
  * (moe_normal(seed, train_tensor_weight(l, w, teacher), (e*rows + i)*cols
  * + j) * train_weight_scale, rounded to BF16), the FP32 masters (the BF16
  * values), the inputs of the shape->pool batches
@@ -39,7 +45,7 @@ typedef struct ref_model ref_model_t;
  * targets (the teacher model's forward output). The shape is copied.
  * Returns 0, or -1 (bad shape: message on stderr, *m untouched; out of
  * memory). */
-int ref_create(const train_shape_t *shape, int ranks, ref_model_t **m);
+int ref_create(const train_shape_t *shape, int etp, int ep, int dp, ref_model_t **m);
 
 /* One step t (0-based) on batch t % pool: forward, loss = sum (y -
  * target)^2 / (N H) (FP64), backward from the output gradient
