@@ -65,7 +65,9 @@ static const etp_cli_opt_t opts[] = {
     [O_LOAD] = {"load", "DIR", NULL, "start from a checkpoint (any etp/ep/dp split)"},
     [O_CSV] = {"csv", "FILE", NULL, "one row per step"},
     [O_SVG] = {"svg", "FILE", NULL, "the loss curve and the step-time breakdown, as SVG"},
-    [O_LR] = {"lr", "X", "0.01", "Adam's learning rate"},
+    [O_LR] = {"lr", "X", NULL,
+              "Adam's learning rate (default 0.05 / sqrt(hidden): a step moves each weight "
+              "by about the rate, and the weights' scale is 1 / sqrt(fan-in))"},
     [O_POOL] = {"pool", "N", "4", "batches of data, used in turn"},
     [O_CAPACITY] = {"capacity", "X", NULL,
                     "EP rows as a multiple of the mean load; 0: enough that no slot can be "
@@ -232,6 +234,7 @@ static int complete(run_t *r, etp_backend_t backend)
         return 2;
     }
     sh->ep = o->ep;
+    if (sh->lr < 0) sh->lr = (float)(0.05 / sqrt((double)sh->hidden));
     if (o->capacity < 0) o->capacity = gpu && !r->check ? 1.5 : 0;
     if (o->transport == (etp_ep_transport_t)-1)
         o->transport = o->graph ? ETP_EP_TRANSPORT_CAPACITY : ETP_EP_TRANSPORT_EXACT;
@@ -393,7 +396,7 @@ int main(int argc, char **argv)
     train_shape_t *sh = &r.o.shape;
     sh->pool = 4;
     sh->seed = 1;
-    sh->lr = 0.01f;
+    sh->lr = -1.0f;
     sh->beta1 = 0.9f;
     sh->beta2 = 0.999f;
     /* the largest weight gradients of this loss are 1e-3 to 1e-1: below 1e-6 a
