@@ -62,3 +62,31 @@ foreach(_case "etp;--etp 2 --ep 2;--etp 1 --ep 2 --dp 2" "ep;--etp 4 --ep 1;--et
   set_tests_properties(train_resume_${_name}_np4 PROPERTIES LABELS "mpi;train"
     ENVIRONMENT "${ETP_TEST_ENV}" TIMEOUT 600 PROCESSORS 4)
 endforeach()
+
+# On GPUs (registered with the GPU tests, label gpu): --check against the
+# reference at its BF16 tolerance, and the captured step's losses equal to
+# the eager step's bit for bit. Each GPU test needs one GPU a rank.
+if(ETP_GPU_TESTS)
+  set(_small --hidden 128 --ffn 256 --experts 16 --topk 4 --tokens 64)
+  function(etp_train_gpu_test name np)
+    add_test(NAME train_gpu_${name}_np${np}
+      COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} ${np} --oversubscribe --bind-to none
+              ${MPIEXEC_PREFLAGS} $<TARGET_FILE:etp-train> --backend cuda --quiet ${ARGN}
+              ${MPIEXEC_POSTFLAGS})
+    set_tests_properties(train_gpu_${name}_np${np} PROPERTIES LABELS "gpu;train"
+      ENVIRONMENT "${ETP_TEST_ENV};NCCL_NVLS_ENABLE=0" TIMEOUT 600)
+  endfunction()
+  etp_train_gpu_test(check 1 --check --steps 6 ${_small})
+  etp_train_gpu_test(check 2 --check --steps 6 --etp 1 --ep 2 --tokens-step 8 --quant nvfp4 ${_small})
+  etp_train_gpu_test(check 4 --check --steps 6 --etp 2 --ep 2 ${_small})
+  etp_train_gpu_test(check_graph 4 --check --steps 6 --etp 2 --ep 2 --quant mxfp8 --graph ${_small})
+  foreach(np 1 4)
+    add_test(NAME train_gpu_graph_same_np${np}
+      COMMAND sh ${CMAKE_CURRENT_SOURCE_DIR}/train/graph_same.sh ${MPIEXEC_EXECUTABLE} ${np}
+              $<TARGET_FILE:etp-train> ${CMAKE_CURRENT_BINARY_DIR}/train_graph_same_np${np}
+              --backend cuda --etp 1 --ep ${np} --steps 8 --pool 2 --hidden 1024 --ffn 1024
+              --experts 16 --topk 4 --tokens 1024)
+    set_tests_properties(train_gpu_graph_same_np${np} PROPERTIES LABELS "gpu;train"
+      ENVIRONMENT "${ETP_TEST_ENV};NCCL_NVLS_ENABLE=0" TIMEOUT 600)
+  endforeach()
+endif()
