@@ -45,10 +45,27 @@ etp_train_test(check_np4_mxfp8 4 --check --steps 8 --etp 2 --ep 2 --quant mxfp8)
 etp_train_test(check_np2_nvfp4 2 --check --steps 8 --etp 2 --ep 1 --quant nvfp4)
 etp_train_test(check_np2_graph 2 --check --steps 8 --etp 1 --ep 2 --graph)
 etp_train_test(check_np4_graph_etp 4 --check --steps 8 --etp 2 --ep 2 --graph --quant mxfp8)
+etp_train_test(check_np4_resident 4 --check --steps 8 --etp 2 --ep 2 --resident)
 # the default run: the loss falls 10x over 200 steps; quantized, 5x
-etp_train_test(fall_np4 4 --min-fall 10)
+etp_train_test(fall_np4 4 --min-fall 10 --csv ${CMAKE_CURRENT_BINARY_DIR}/train_fall.csv
+  --svg ${CMAKE_CURRENT_BINARY_DIR}/train_fall.svg)
 etp_train_test(fall_np4_mxfp8 4 --min-fall 5 --quant mxfp8)
 etp_train_test(fall_np4_nvfp4 4 --min-fall 5 --quant nvfp4)
+
+# refused with exit 2 and a message: a grid that is not the ranks, a capture
+# with the exact transport, experts that do not split over EP
+function(etp_train_refused name np pattern)
+  add_test(NAME train_${name}
+    COMMAND sh -c "out=$(\"$0\" \"$@\" 2>&1); rc=$?; case \"$out\" in *'${pattern}'*) [ $rc -eq 2 ] && exit 0 ;; esac; echo \"rc $rc: $out\"; exit 1"
+            ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} ${np} --oversubscribe --bind-to none
+            ${MPIEXEC_PREFLAGS} $<TARGET_FILE:etp-train> --backend host --quiet ${ARGN}
+            ${MPIEXEC_POSTFLAGS})
+  set_tests_properties(train_${name} PROPERTIES LABELS "mpi;train"
+    ENVIRONMENT "${ETP_TEST_ENV}" TIMEOUT 120 PROCESSORS ${np})
+endfunction()
+etp_train_refused(bad_grid 4 "must be the 4 ranks" --etp 3)
+etp_train_refused(bad_graph_exact 2 "--graph needs the capacity transport" --graph --transport exact)
+etp_train_refused(bad_experts 3 "is not a multiple of the EP size 3" --ep 3 --etp 1 --experts 8)
 
 # a checkpoint saved at one split loads at another: the next 5 losses equal
 # an uninterrupted run's (ETP and DP change; then ETP and EP change)

@@ -238,6 +238,12 @@ static int complete(run_t *r, etp_backend_t backend)
     if (o->capacity < 0) o->capacity = gpu && !r->check ? 1.5 : 0;
     if (o->transport == (etp_ep_transport_t)-1)
         o->transport = o->graph ? ETP_EP_TRANSPORT_CAPACITY : ETP_EP_TRANSPORT_EXACT;
+    if (o->graph && o->transport == ETP_EP_TRANSPORT_EXACT) {
+        if (r->rank == 0)
+            fprintf(stderr, "etp-train: --graph needs the capacity transport (exact copies the "
+                            "counts to the host at every layer)\n");
+        return 2;
+    }
     if (r->every <= 0) r->every = r->steps >= 10 ? r->steps / 10 : 1;
     return 0;
 }
