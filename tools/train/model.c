@@ -1,116 +1,9 @@
 /* etp-train's model on etp (model.h). */
-#include "model.h"
+#include "model_internal.h"
 
-#include <errno.h>
-#include <fcntl.h>
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <time.h>
-#include <unistd.h>
-
-#include "etp/gemm.h"
-
-#if ETP_HAVE_CUDA
-#include "etp/cuda.h"
-#endif
-
-#define TRY(expr)                                                                          \
-    do {                                                                                   \
-        etp_status_t st_ = (expr);                                                         \
-        if (st_ != ETP_SUCCESS) {                                                          \
-            fprintf(stderr, "etp-train: %s:%d: %s: %s: %s\n", __FILE__, __LINE__, #expr,   \
-                    etp_status_string(st_), etp_last_error());                             \
-            return st_;                                                                    \
-        }                                                                                  \
-    } while (0)
-
-#define FAIL(st, ...)                                                                      \
-    do {                                                                                   \
-        fprintf(stderr, "etp-train: " __VA_ARGS__);                                        \
-        fputc('\n', stderr);                                                               \
-        return (st);                                                                       \
-    } while (0)
-
-/* The products of one weight. */
-enum { P_FWD, P_DGRAD, P_WGRAD, P_COUNT };
-
-typedef struct train_model train_model_t;
-
-/* One parameter (a weight of a layer) and what its optimizer keeps. */
-typedef struct tparam {
-    train_model_t *m;
-    etp_param_t *p;
-    train_weight_t kind;
-    int layer;
-    int64_t experts, rows, cols; /* local experts */
-    int64_t expert0;             /* first global expert of this rank (grouped) */
-    etp_param_info_t info;
-    int64_t n;                   /* shard elements */
-    float *adam_m, *adam_v;
-    etp_group_t *reduce_group;   /* the replicas' gradient sum (NULL: none) */
-    int reduce_size;
-    uint16_t *whole;             /* resident: the whole weight [experts][rows][cols] */
-} tparam_t;
-
-/* What one layer keeps from forward to backward. */
-typedef struct tlayer {
-    etp_ep_layer_t *ep;
-    uint16_t *x;      /* input [T, H] (x of layer 0 is the step's input buffer) */
-    uint16_t *u;      /* [T, H] */
-    float *probs;     /* [T, E] */
-    int64_t *idx;     /* [T, k] */
-    float *w;         /* [T, k] */
-    uint16_t *recv;   /* [rows, H] */
-    uint16_t *a, *s;  /* [rows, F] */
-    uint16_t *o;      /* [rows, H] */
-    int32_t *counts, *offsets; /* PACKED: host copies of the layout */
-} tlayer_t;
-
-struct train_model {
-    etp_context_t *ctx;
-    etp_stream_t *s;
-    train_opts_t o;
-    train_shape_t sh;
-    etp_backend_t backend;
-    int rank, ranks, r_etp, r_ep, r_dp;
-    int64_t T, N;     /* this rank's tokens; all ranks' */
-    int64_t E_local, rows, S;
-    etp_group_t *world, *g_etp, *g_ep, *g_dp, *g_edp;
-    etp_ep_group_t *epg;
-    etp_chain_t *chain;
-    moe_ops_t *ops;
-    tparam_t *params; /* [layers][TRAIN_WEIGHTS] */
-    tlayer_t *layers;
-    etp_gemm_plan_t *plan[TRAIN_WEIGHTS][P_COUNT];
-    /* step buffers */
-    uint16_t *x_in, *target, *y_last; /* x_in = layers[0].x; y_last = the output [T, H] */
-    uint16_t *pool_x, *pool_t;        /* [pool][T, H] */
-    uint16_t *t_p, *t_m, *g, *gu, *gq, *gm, *gp; /* [T, H] temporaries */
-    float *z;                          /* [T, E] */
-    uint16_t *dz;                      /* [T, E] */
-    float *gw;                         /* [T, k] */
-    uint16_t *go, *gr;                 /* [rows, H] */
-    uint16_t *gs, *ga;                 /* [rows, F] */
-    double *loss_dev, *loss_host;
-    float *replica_buf;                /* the replicas' main_grads, gathered */
-    size_t replica_bytes;
-    void *fill_buf;                    /* weight init staging */
-    size_t fill_bytes;
-    int t;                             /* Adam steps taken */
-    etp_graph_t *graph;
-    size_t rec_mark;                   /* records the graph holds end here */
-    int64_t dropped;
-    train_times_t times;
-#if ETP_HAVE_CUDA
-    cudaStream_t cs;
-    cudaEvent_t ev_begin, ev_end, ev_opt;
-    cudaEvent_t *ev;  /* pairs around gathers and EP calls */
-    int nev, cap_ev;
-    int *ev_kind;     /* 0 gather, 1 exchange */
-#endif
-};
 
 static double now_ms(void)
 {
@@ -129,7 +22,7 @@ static etp_status_t alloc0(train_model_t *m, size_t bytes, void **p)
 
 #define ALLOC(m, ptr, bytes) alloc0((m), (bytes), (void **)&(ptr))
 
-static const char *weight_name(train_weight_t w)
+const char *model__weight_name(train_weight_t w)
 {
     static const char *names[TRAIN_WEIGHTS] = {"wp", "wr", "w1", "w2"};
     return names[w];
@@ -194,7 +87,7 @@ static etp_status_t make_param(train_model_t *m, int layer, train_weight_t w)
     tp->rows = r;
     tp->cols = c;
     char name[32];
-    snprintf(name, sizeof name, "l%d.%s", layer, weight_name(w));
+    snprintf(name, sizeof name, "l%d.%s", layer, model__weight_name(w));
     etp_param_config_t pc = ETP_PARAM_CONFIG_INIT;
     pc.name = name;
     pc.group = m->g_etp;
@@ -270,7 +163,7 @@ static etp_status_t make_plans(train_model_t *m)
         for (int op = 0; op < P_COUNT; op++) {
             etp_gemm_config_t gc = ETP_GEMM_CONFIG_INIT;
             char name[32];
-            snprintf(name, sizeof name, "%s.%s", weight_name((train_weight_t)w),
+            snprintf(name, sizeof name, "%s.%s", model__weight_name((train_weight_t)w),
                      op == P_FWD ? "fwd" : op == P_DGRAD ? "dgrad" : "wgrad");
             gc.name = name;
             gc.op = op == P_FWD ? ETP_GEMM_FORWARD : op == P_DGRAD ? ETP_GEMM_DGRAD : ETP_GEMM_WGRAD;
@@ -588,7 +481,7 @@ void model_destroy(train_model_t *m)
 /* ---- weights and data ---------------------------------------------------------- */
 
 /* The resident copies: every weight whole, from the shards. */
-static etp_status_t refresh_resident(train_model_t *m)
+etp_status_t model__refresh_resident(train_model_t *m)
 {
     if (!m->o.resident) return ETP_SUCCESS;
     for (int i = 0; i < m->sh.layers * TRAIN_WEIGHTS; i++)
@@ -618,7 +511,7 @@ etp_status_t model_init_weights(train_model_t *m, int teacher)
             TRY(etp_memset_async(m->s, tp->adam_v, 0, (size_t)tp->n * 4));
         }
     m->t = 0;
-    TRY(refresh_resident(m));
+    TRY(model__refresh_resident(m));
     TRY(etp_stream_synchronize(m->s));
     moe_ops_rewind(m->ops, 0);
     return ETP_SUCCESS;
@@ -820,7 +713,7 @@ etp_status_t model_step(train_model_t *m, int batch, int capture, double *loss)
     TRY(etp_memcpy_async(m->s, m->loss_host, m->loss_dev, sizeof(double)));
     TRY(etp_stream_synchronize(m->s));
     double t2 = now_ms();
-    TRY(refresh_resident(m));
+    TRY(model__refresh_resident(m));
     if (m->o.resident) TRY(etp_stream_synchronize(m->s));
     *loss = *m->loss_host / ((double)m->N * (double)m->sh.hidden);
     int64_t d = 0;
@@ -915,186 +808,5 @@ etp_status_t model_grad_shard(train_model_t *m, int layer, train_weight_t w, flo
     *row0 = tp->info.shard_row_begin;
     *valid_rows = tp->info.valid_shard_rows;
     *shard_rows = tp->info.shard_rows;
-    return ETP_SUCCESS;
-}
-
-/* ---- checkpoints ------------------------------------------------------------------- */
-
-/* Kinds of state a checkpoint keeps per weight. */
-enum { K_WEIGHT, K_MASTER, K_M, K_V, K_COUNT };
-static const char *const kind_names[K_COUNT] = {"bf16", "master", "adam_m", "adam_v"};
-
-static etp_status_t barrier(train_model_t *m)
-{
-    TRY(etp_allreduce(m->world, 0, m->loss_dev, m->loss_dev, 1, ETP_DTYPE_F64, ETP_REDOP_MAX,
-                      m->s));
-    TRY(etp_stream_synchronize(m->s));
-    return ETP_SUCCESS;
-}
-
-static etp_status_t ckpt_path(const char *dir, const tparam_t *tp, int kind, char *path,
-                              size_t n)
-{
-    int w = snprintf(path, n, "%s/l%d.%s.%s", dir, tp->layer, weight_name(tp->kind),
-                     kind_names[kind]);
-    if (w < 0 || (size_t)w >= n) FAIL(ETP_ERR_INVALID_ARGUMENT, "checkpoint path too long");
-    return ETP_SUCCESS;
-}
-
-/* Write (save) or read this rank's valid shard rows of one state at their
- * place in the whole tensor's file. */
-static etp_status_t ckpt_io(train_model_t *m, const char *dir, tparam_t *tp, int kind, int save,
-                            void *host, void *dev_to)
-{
-    char path[4096];
-    TRY(ckpt_path(dir, tp, kind, path, sizeof path));
-    const size_t esz = kind == K_WEIGHT ? 2 : 4;
-    void *dev = kind == K_WEIGHT   ? tp->info.shard
-                : kind == K_MASTER ? (void *)tp->info.master
-                : kind == K_M      ? (void *)tp->adam_m
-                                   : (void *)tp->adam_v;
-    if (dev_to) dev = dev_to;
-    const size_t bytes = (size_t)tp->n * esz;
-    int fd = open(path, save ? O_WRONLY : O_RDONLY);
-    if (fd < 0) FAIL(ETP_ERR_INVALID_ARGUMENT, "cannot open %s: %s", path, strerror(errno));
-    if (save) {
-        TRY(etp_memcpy_async(m->s, host, dev, bytes));
-        TRY(etp_stream_synchronize(m->s));
-    } else {
-        memset(host, 0, bytes); /* padding rows stay zero */
-    }
-    const int64_t rowb = tp->cols * (int64_t)esz;
-    etp_status_t st = ETP_SUCCESS;
-    for (int64_t e = 0; e < tp->experts && st == ETP_SUCCESS; e++) {
-        off_t off = (off_t)(((tp->expert0 + e) * tp->rows + tp->info.shard_row_begin) * rowb);
-        char *p = (char *)host + (size_t)(e * tp->info.shard_rows * rowb);
-        size_t len = (size_t)(tp->info.valid_shard_rows * rowb);
-        ssize_t got = save ? pwrite(fd, p, len, off) : pread(fd, p, len, off);
-        if (got != (ssize_t)len) {
-            fprintf(stderr, "etp-train: %s %s: %s\n", save ? "writing" : "reading", path,
-                    got < 0 ? strerror(errno) : "short file");
-            st = ETP_ERR_INVALID_ARGUMENT;
-        }
-    }
-    if (close(fd) != 0 && st == ETP_SUCCESS) {
-        fprintf(stderr, "etp-train: closing %s: %s\n", path, strerror(errno));
-        st = ETP_ERR_INVALID_ARGUMENT;
-    }
-    if (st != ETP_SUCCESS) return st;
-    if (!save) {
-        TRY(etp_memcpy_async(m->s, dev, host, bytes));
-        TRY(etp_stream_synchronize(m->s));
-    }
-    return ETP_SUCCESS;
-}
-
-static etp_status_t meta_path(const char *dir, char *path, size_t n)
-{
-    int w = snprintf(path, n, "%s/model.txt", dir);
-    if (w < 0 || (size_t)w >= n) FAIL(ETP_ERR_INVALID_ARGUMENT, "checkpoint path too long");
-    return ETP_SUCCESS;
-}
-
-etp_status_t model_save(train_model_t *m, const char *dir)
-{
-    const train_shape_t *sh = &m->sh;
-    char path[4096];
-    etp_status_t st = ETP_SUCCESS;
-    if (m->rank == 0) {
-        /* rank 0 makes every file at its full size; the others then write
-         * their rows into it */
-        if (mkdir(dir, 0777) != 0 && errno != EEXIST) {
-            fprintf(stderr, "etp-train: cannot make %s: %s\n", dir, strerror(errno));
-            st = ETP_ERR_INVALID_ARGUMENT;
-        }
-        for (int i = 0; i < sh->layers * TRAIN_WEIGHTS && st == ETP_SUCCESS; i++) {
-            tparam_t *tp = &m->params[i];
-            int64_t e, r, c;
-            train_weight_shape(sh, tp->kind, &e, &r, &c);
-            for (int k = 0; k < K_COUNT && st == ETP_SUCCESS; k++) {
-                st = ckpt_path(dir, tp, k, path, sizeof path);
-                int fd = st == ETP_SUCCESS ? open(path, O_WRONLY | O_CREAT | O_TRUNC, 0666) : -1;
-                if (fd < 0 || ftruncate(fd, (off_t)(e * r * c * (k == K_WEIGHT ? 2 : 4))) != 0) {
-                    fprintf(stderr, "etp-train: cannot make %s: %s\n", path, strerror(errno));
-                    st = ETP_ERR_INVALID_ARGUMENT;
-                }
-                if (fd >= 0) close(fd);
-            }
-        }
-        if (st == ETP_SUCCESS) st = meta_path(dir, path, sizeof path);
-        FILE *f = st == ETP_SUCCESS ? fopen(path, "w") : NULL;
-        if (f) {
-            fprintf(f, "layers %d\nhidden %lld\nffn %lld\nexperts %d\ntopk %d\nstep %d\n",
-                    sh->layers, (long long)sh->hidden, (long long)sh->ffn, sh->experts, sh->topk,
-                    m->t);
-            if (fclose(f) != 0) st = ETP_ERR_INVALID_ARGUMENT;
-        } else if (st == ETP_SUCCESS) {
-            fprintf(stderr, "etp-train: cannot write %s\n", path);
-            st = ETP_ERR_INVALID_ARGUMENT;
-        }
-    }
-    /* every rank learns whether rank 0 made the files */
-    double flag = st == ETP_SUCCESS ? 0.0 : 1.0;
-    double *hflag = m->loss_host;
-    *hflag = flag;
-    TRY(etp_memcpy_async(m->s, m->loss_dev, hflag, sizeof(double)));
-    TRY(barrier(m));
-    TRY(etp_memcpy_async(m->s, hflag, m->loss_dev, sizeof(double)));
-    TRY(etp_stream_synchronize(m->s));
-    if (*hflag != 0.0) FAIL(ETP_ERR_INVALID_ARGUMENT, "saving to %s failed", dir);
-    void *host = malloc(model_max_shard_bytes(m));
-    if (!host) FAIL(ETP_ERR_OUT_OF_MEMORY, "out of host memory");
-    st = ETP_SUCCESS;
-    if (m->r_dp == 0) /* the DP replicas hold the same state */
-        for (int i = 0; i < sh->layers * TRAIN_WEIGHTS && st == ETP_SUCCESS; i++) {
-            tparam_t *tp = &m->params[i];
-            if (tp->experts == 1 && m->r_ep != 0) continue; /* dense: EP replicas too */
-            for (int k = 0; k < K_COUNT && st == ETP_SUCCESS; k++)
-                st = ckpt_io(m, dir, tp, k, 1, host, NULL);
-        }
-    free(host);
-    TRY(st);
-    TRY(barrier(m));
-    return ETP_SUCCESS;
-}
-
-etp_status_t model_load(train_model_t *m, const char *dir)
-{
-    const train_shape_t *sh = &m->sh;
-    char path[4096];
-    TRY(meta_path(dir, path, sizeof path));
-    FILE *f = fopen(path, "r");
-    if (!f) FAIL(ETP_ERR_INVALID_ARGUMENT, "cannot read %s: %s", path, strerror(errno));
-    int layers = 0, experts = 0, topk = 0, step = 0;
-    long long hidden = 0, ffn = 0;
-    int got = fscanf(f, "layers %d\nhidden %lld\nffn %lld\nexperts %d\ntopk %d\nstep %d", &layers,
-                     &hidden, &ffn, &experts, &topk, &step);
-    fclose(f);
-    if (got != 6) FAIL(ETP_ERR_INVALID_ARGUMENT, "%s: not a checkpoint's description", path);
-    if (layers != sh->layers || hidden != sh->hidden || ffn != sh->ffn ||
-        experts != sh->experts || topk != sh->topk)
-        FAIL(ETP_ERR_INVALID_ARGUMENT,
-             "%s holds layers %d hidden %lld ffn %lld experts %d topk %d; this run has layers %d "
-             "hidden %lld ffn %lld experts %d topk %d",
-             path, layers, hidden, ffn, experts, topk, sh->layers, (long long)sh->hidden,
-             (long long)sh->ffn, sh->experts, sh->topk);
-    void *host = malloc(model_max_shard_bytes(m));
-    if (!host) FAIL(ETP_ERR_OUT_OF_MEMORY, "out of host memory");
-    etp_status_t st = ETP_SUCCESS;
-    for (int i = 0; i < sh->layers * TRAIN_WEIGHTS && st == ETP_SUCCESS; i++) {
-        tparam_t *tp = &m->params[i];
-        /* the masters first: loading the BF16 shard also writes them, from
-         * the BF16 values; the saved masters then overwrite that */
-        st = ckpt_io(m, dir, tp, K_WEIGHT, 0, host, m->fill_buf);
-        if (st == ETP_SUCCESS) st = etp_param_load_shard(tp->p, m->fill_buf, m->s);
-        if (st == ETP_SUCCESS) st = etp_stream_synchronize(m->s);
-        for (int k = K_MASTER; k < K_COUNT && st == ETP_SUCCESS; k++)
-            st = ckpt_io(m, dir, tp, k, 0, host, NULL);
-    }
-    free(host);
-    TRY(st);
-    m->t = step;
-    TRY(refresh_resident(m));
-    TRY(barrier(m));
     return ETP_SUCCESS;
 }
