@@ -8,7 +8,8 @@
 #                                 the passed/failed count; exit 1 if any failed
 #   tools/gpu-check.sh bench      etp-bench gather, chain, ep and layer at one rank per GPU and
 #                                 quant on one GPU, in the configurations docs/PERF.md reports
-#                                 (its keys G, C1-C3, Q1-Q4, E1-E2, M1-M3), each table printed
+#                                 (its keys G, C1-C3, Q1-Q4, E1-E2, M1-M3), each table printed,
+#                                 and etp-train's T1-T3 (summary lines)
 #
 # test and bench build first if anything changed. Logs and CSV files go to
 # build-gpu/gpu-check/. A benchmark run is stopped after
@@ -117,6 +118,33 @@ run_bench() {
         local rc=${PIPESTATUS[0]}
         if [ "$rc" -ne 0 ]; then
             echo "FAILED (exit $rc): etp-bench $args (log: $logs/$name.log)"
+            failed=1
+        fi
+    done
+    # etp-train's keys: each a pair run in turn, the second the first's peer
+    local t=$build_dir/tools/etp-train
+    local common="--steps 12 --pool 2 --every 4"
+    local trains=(
+        "T1 --etp 2 --ep 2 --transport capacity"
+        "T1 --etp 2 --ep 2 --transport capacity --resident"
+        "T2 --etp 1 --ep $np --transport capacity"
+        "T2 --etp 1 --ep $np --transport capacity --graph"
+        "T3 --etp 1 --ep $np --transport capacity --tokens 512"
+        "T3 --etp 1 --ep $np --transport capacity --tokens 512 --graph"
+    )
+    local i=0
+    for run in "${trains[@]}"; do
+        read -r key args <<< "$run"
+        i=$((i + 1))
+        name="train-$key-$i"
+        echo
+        echo "== $key: etp-train $common $args ($np ranks)"
+        # shellcheck disable=SC2086 # the options split into words
+        timeout "$limit" mpirun -np "$np" --bind-to none "$t" $common $args \
+            --csv "$logs/$name.csv" 2>&1 | tee "$logs/$name.log" | grep -E '^(loss|median|etp-train)'
+        local rc=${PIPESTATUS[0]}
+        if [ "$rc" -ne 0 ]; then
+            echo "FAILED (exit $rc): etp-train $args (log: $logs/$name.log)"
             failed=1
         fi
     done
