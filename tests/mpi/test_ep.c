@@ -445,7 +445,9 @@ static void test_bad_input(void **state)
                    "etp_ep_layer_create: EP layer 'moe3': topk 3");
     lc.name = NULL;
     lc.topk = 2;
+    /* an odd alignment that does not divide the capacity (which follows the rank count) */
     lc.alignment = 3;
+    while (g.cap % lc.alignment == 0) lc.alignment += 2;
     ETP_EXPECT_MSG(etp_ep_layer_create(ep, &lc, &ly), ETP_ERR_INVALID_ARGUMENT, "does not divide");
     lc.alignment = 1;
     lc.layout = ETP_EP_LAYOUT_FIXED_SLOTS;
