@@ -306,10 +306,20 @@ static etp_status_t host_comm_split(etp__be_t *be, etp__bcomm_t *parent, int col
 static void host_comm_destroy(etp__be_t *be, etp__bcomm_t *c)
 {
     if (!c) return;
-    etp__hcomm_drain(HOST(be), c);
+    /* A group that saw a refusal may have peers whose collective this rank
+     * never joined (or the reverse): MPI keeps progressing such a request,
+     * and its messages would match a later communicator that reuses this
+     * one's context id (a hang at 5 and 7 ranks, wrong data elsewhere).
+     * Those communicators are left allocated, so their ids are never
+     * reused: a few per refused call, which breaks the group anyway. */
+    int abandoned = etp__hcomm_drain(HOST(be), c);
+    int refused = c->peer_ref != NULL || c->peer_ans != NULL || c->answered != NULL ||
+                  c->sends != NULL;
     etp__hcomm_refusals_free(c);
-    MPI_Comm_free(&c->ctrl);
-    MPI_Comm_free(&c->data);
+    if (!abandoned && !refused) {
+        MPI_Comm_free(&c->ctrl);
+        MPI_Comm_free(&c->data);
+    }
     free(c);
 }
 

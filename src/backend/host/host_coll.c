@@ -612,7 +612,7 @@ static int zombie_live(etp__hcoll_t *z)
     return live;
 }
 
-void etp__hcomm_drain(etp__host_t *h, etp__bcomm_t *c)
+int etp__hcomm_drain(etp__host_t *h, etp__bcomm_t *c)
 {
     double t0 = etp__now_s();
     double limit = h->base.cfg.timeout_s > 0 ? h->base.cfg.timeout_s : 10.0;
@@ -625,7 +625,7 @@ void etp__hcomm_drain(etp__host_t *h, etp__bcomm_t *c)
             ETP__LOG(h->base.log, ETP_LOG_WARN, ETP_SUBSYS_COMM,
                      "abandoning collectives that peers never joined; their requests leak");
             c->zombies = NULL;
-            return;
+            return 1;
         }
         etp__sleep_us(200);
     }
@@ -634,4 +634,5 @@ void etp__hcomm_drain(etp__host_t *h, etp__bcomm_t *c)
         c->zombies = z->next;
         etp__hcoll_free(z);
     }
+    return 0;
 }

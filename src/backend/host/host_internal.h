@@ -162,8 +162,9 @@ etp_status_t etp__hcoll_progress(etp__host_t *h, etp__hcoll_t *hc, int *done);
 void etp__hcoll_free(etp__hcoll_t *hc);
 /* Park a started, unfinished collective on its comm until comm destroy. */
 void etp__hcoll_zombify(etp__hcoll_t *hc);
-/* Try (bounded by the timeout) to finish a comm's zombies; leak what stays. */
-void etp__hcomm_drain(etp__host_t *h, etp__bcomm_t *c);
+/* Try (bounded by the timeout) to finish a comm's zombies; leak what stays
+ * and return 1 (their MPI requests are still live), else 0. */
+int etp__hcomm_drain(etp__host_t *h, etp__bcomm_t *c);
 etp_status_t etp__hcoll_ops_create(etp__host_t *h);
 /* The backend ops refuse and refusal_poll (backend.h), and what a comm's
  * destroy frees of them. */
