@@ -46,6 +46,16 @@ etp_train_test(check_np2_nvfp4 2 --check --steps 8 --etp 2 --ep 1 --quant nvfp4)
 etp_train_test(check_np2_graph 2 --check --steps 8 --etp 1 --ep 2 --graph)
 etp_train_test(check_np4_graph_etp 4 --check --steps 8 --etp 2 --ep 2 --graph --quant mxfp8)
 etp_train_test(check_np4_resident 4 --check --steps 8 --etp 2 --ep 2 --resident)
+# the same under the host backend's adversarial scheduler with collective
+# checking: a missing stream-ordering edge in the loop (a grad-ready sum, the
+# optimizer's read of main_grad, a captured step) becomes a wrong number
+etp_train_test(check_np4_shuffle 4 --check --steps 6 --etp 2 --ep 2 --tokens-step 4)
+etp_train_test(check_np4_shuffle_graph 4 --check --steps 6 --etp 1 --ep 2 --dp 2 --graph
+  --quant mxfp8)
+foreach(_t check_np4_shuffle check_np4_shuffle_graph)
+  set_tests_properties(train_${_t} PROPERTIES ENVIRONMENT
+    "${ETP_TEST_ENV};ETP_HOST_STREAMS=shuffle;ETP_HOST_SHUFFLE_SEED=7;ETP_CHECK_COLLECTIVES=1")
+endforeach()
 # the default run: the loss falls 10x over 200 steps; quantized, 5x
 etp_train_test(fall_np4 4 --min-fall 10 --csv ${CMAKE_CURRENT_BINARY_DIR}/train_fall.csv
   --svg ${CMAKE_CURRENT_BINARY_DIR}/train_fall.svg)
