@@ -98,7 +98,7 @@ run_ctest() {
 }
 
 echo "== unit and MPI tests under ASan+UBSan (host backend)"
-cmake -S . -B build-asan -DETP_WARNINGS_AS_ERRORS=ON -DETP_SANITIZE=ON -DETP_WITH_CUDA=OFF -DETP_BUILD_TOOLS=OFF >/dev/null
+cmake -S . -B build-asan -DETP_WARNINGS_AS_ERRORS=ON -DETP_SANITIZE=ON -DETP_WITH_CUDA=OFF >/dev/null
 cmake --build build-asan -j"$jobs"
 (cd build-asan && run_ctest -L 'unit|mpi' -LE soak --output-on-failure -j"$jobs")
 
