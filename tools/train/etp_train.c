@@ -430,6 +430,19 @@ int main(int argc, char **argv)
         MPI_Finalize();
         return rc;
     }
+    int64_t n_all = 0;
+    for (int i = 0; i < r.ranks; i++) n_all += train_tokens(sh, i);
+    if (r.check && r.rank == 0) {
+        /* the reference runs every rank's tokens through plain loops on one
+         * core, at about 3 GFLOP/s */
+        double ref_s = step_flops(sh, n_all) / 3e9;
+        if (ref_s > 30.0)
+            fprintf(stderr,
+                    "etp-train: --check runs the reference on the CPU: about %.0f s a step at "
+                    "this size (docs/TRAINING.md checks with --hidden 128 --ffn 256 --experts 16 "
+                    "--topk 4 --tokens 64)\n",
+                    ref_s);
+    }
     r.o.timing = backend == ETP_BACKEND_CUDA && !r.o.graph;
     etp_stream_t *s = NULL;
     CHECK(etp_stream_create(ctx, ETP_STREAM_PRIORITY_NORMAL, &s));
@@ -439,8 +452,7 @@ int main(int argc, char **argv)
         fprintf(stderr, "etp-train rank %d: the model could not be made\n", r.rank);
         MPI_Abort(MPI_COMM_WORLD, 1);
     }
-    int64_t N = 0;
-    for (int i = 0; i < r.ranks; i++) N += train_tokens(sh, i);
+    const int64_t N = n_all;
     if (r.rank == 0 && !r.quiet)
         printf("etp-train: %s backend, %d ranks (etp %d x ep %d x dp %d), %d layers, hidden %lld, "
                "ffn %lld, %d experts, top-%d, %lld tokens a step, quant %s, transport %s%s%s\n",
@@ -531,7 +543,8 @@ int main(int argc, char **argv)
         MPI_Allreduce(MPI_IN_PLACE, &peak, 1, MPI_DOUBLE, MPI_MIN, MPI_COMM_WORLD);
     }
     if (r.rank == 0) {
-        train_report_summary(rep, r.o.graph ? r.warmup + 1 : 1, peak, stdout);
+        train_report_summary(rep, r.o.graph ? r.warmup + 1 : 1, peak,
+                             backend == ETP_BACKEND_CUDA ? "GPU" : "rank", stdout);
         if (r.csv && train_report_csv(rep, r.csv) != 0) rc = 1;
         if (r.svg && train_report_svg(rep, r.svg) != 0) rc = 1;
         if (r.check) {

@@ -74,7 +74,8 @@ static double median(const train_report_t *r, int skip, size_t off)
 
 #define MED(r, skip, field) median((r), (skip), offsetof(train_report_row_t, field))
 
-void train_report_summary(const train_report_t *r, int skip, double peak, FILE *f)
+void train_report_summary(const train_report_t *r, int skip, double peak, const char *per,
+                          FILE *f)
 {
     if (r->n == 0) return;
     const train_report_row_t *a = &r->rows[0], *b = &r->rows[r->n - 1];
@@ -83,9 +84,10 @@ void train_report_summary(const train_report_t *r, int skip, double peak, FILE *
     double tf = MED(r, skip, tflops);
     fprintf(f,
             "median step %.2f ms: fwd+bwd %.2f ms, gathers exposed %.2f ms, exchanges %.2f ms, "
-            "optimizer %.2f ms; %.4g tokens/s; GEMMs %.1f TFLOP/s per GPU",
+            "optimizer %.2f ms; %.4g tokens/s; GEMMs %.3g TFLOP/s per %s",
             MED(r, skip, step_ms), MED(r, skip, fwdbwd_ms), MED(r, skip, gather_ms),
-            MED(r, skip, exchange_ms), MED(r, skip, optim_ms), MED(r, skip, tokens_per_s), tf);
+            MED(r, skip, exchange_ms), MED(r, skip, optim_ms), MED(r, skip, tokens_per_s), tf,
+            per);
     if (peak > 0) fprintf(f, " (%.0f%% of one 8192^3 GEMM's %.1f)", 100.0 * tf / peak, peak);
     fprintf(f, "; dropped %lld slots\n", (long long)b->dropped);
 }

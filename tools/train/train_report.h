@@ -26,8 +26,10 @@ void train_report_add(train_report_t *r, const train_report_row_t *row);
 const train_report_row_t *train_report_row(const train_report_t *r, int i);
 void train_report_print_row(const train_report_row_t *row, FILE *f);
 /* Loss line and medians over the rows from `skip` on; peak: the TFLOP/s of
- * one large GEMM measured in the same run (0: not measured). */
-void train_report_summary(const train_report_t *r, int skip, double peak, FILE *f);
+ * one large GEMM measured in the same run (0: not measured); per: what the
+ * TFLOP/s are counted per ("GPU", "rank"). */
+void train_report_summary(const train_report_t *r, int skip, double peak, const char *per,
+                          FILE *f);
 /* 0, or -1 after a message. */
 int train_report_csv(const train_report_t *r, const char *path);
 int train_report_svg(const train_report_t *r, const char *path);
