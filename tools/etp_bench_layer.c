@@ -418,10 +418,7 @@ static void run_layer(bench_t *b, etp_stream_t *s, const layer_opts_t *o)
     sh->seed = (uint64_t)o->seed;
     sh->quant = o->quant;
     sh->ep = (int)o->ep;
-    sh->lr = 0.01f;
-    sh->beta1 = 0.9f;
-    sh->beta2 = 0.999f;
-    sh->eps = 1e-8f;
+    train_adam_defaults(sh);
     to.etp = (int)o->etp;
     to.ep = (int)o->ep;
     to.dp = b->size / (int)(o->etp * o->ep);

@@ -215,33 +215,16 @@ static int complete(run_t *r, etp_backend_t backend)
     } else if (!o->ep) {
         o->ep = r->ranks / (o->etp * o->dp);
     }
-    if (o->etp < 1 || o->ep < 1 || o->etp * o->ep * o->dp != r->ranks) {
-        if (r->rank == 0)
-            fprintf(stderr, "etp-train: --etp %d x --ep %d x --dp %d must be the %d ranks\n",
-                    o->etp, o->ep, o->dp, r->ranks);
-        return 2;
-    }
-    if (sh->experts % o->ep != 0) {
-        if (r->rank == 0)
-            fprintf(stderr, "etp-train: --experts %d is not a multiple of the EP size %d\n",
-                    sh->experts, o->ep);
-        return 2;
-    }
-    if ((sh->quant != TRAIN_QUANT_NONE || sh->hidden % 32 || sh->ffn % 32) &&
-        (sh->hidden % 32 || sh->ffn % 32)) {
-        if (r->rank == 0)
-            fprintf(stderr, "etp-train: --hidden and --ffn must be multiples of 32\n");
-        return 2;
-    }
     sh->ep = o->ep;
-    if (sh->lr < 0) sh->lr = (float)(0.05 / sqrt((double)sh->hidden));
+    const float lr = sh->lr;
+    train_adam_defaults(sh);
+    if (lr >= 0) sh->lr = lr;
     if (o->capacity < 0) o->capacity = gpu && !r->check ? 1.5 : 0;
     if (o->transport == (etp_ep_transport_t)-1)
         o->transport = o->graph ? ETP_EP_TRANSPORT_CAPACITY : ETP_EP_TRANSPORT_EXACT;
-    if (o->graph && o->transport == ETP_EP_TRANSPORT_EXACT) {
-        if (r->rank == 0)
-            fprintf(stderr, "etp-train: --graph needs the capacity transport (exact copies the "
-                            "counts to the host at every layer)\n");
+    char why[256];
+    if (model_check_opts(o, r->ranks, why, sizeof why) != ETP_SUCCESS) {
+        if (r->rank == 0) fprintf(stderr, "etp-train: %s\n", why);
         return 2;
     }
     if (r->every <= 0) r->every = r->steps >= 10 ? r->steps / 10 : 1;
@@ -402,13 +385,7 @@ int main(int argc, char **argv)
     train_shape_t *sh = &r.o.shape;
     sh->pool = 4;
     sh->seed = 1;
-    sh->lr = -1.0f;
-    sh->beta1 = 0.9f;
-    sh->beta2 = 0.999f;
-    /* the largest weight gradients of this loss are 1e-3 to 1e-1: below 1e-6 a
-     * gradient is at the FP32 rounding of the sums across ranks, and Adam
-     * with a smaller eps would step it by the full rate, either way */
-    sh->eps = 1e-6f;
+    sh->lr = -1.0f; /* train_adam_defaults' once the hidden size is known */
     r.o.depth = 1;
     r.o.capacity = -1;
     r.o.transport = (etp_ep_transport_t)-1;

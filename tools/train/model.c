@@ -340,6 +340,36 @@ static etp_status_t make_buffers(train_model_t *m)
     return ETP_SUCCESS;
 }
 
+etp_status_t model_check_opts(const train_opts_t *o, int ranks, char *why, size_t n)
+{
+    const train_shape_t *sh = &o->shape;
+#define REFUSE(...)                                                                        \
+    do {                                                                                   \
+        snprintf(why, n, __VA_ARGS__);                                                     \
+        return ETP_ERR_INVALID_ARGUMENT;                                                   \
+    } while (0)
+    if (o->etp < 1 || o->ep < 1 || o->dp < 1 || o->etp * o->ep * o->dp != ranks)
+        REFUSE("--etp %d x --ep %d x --dp %d must be the %d ranks", o->etp, o->ep, o->dp, ranks);
+    if (sh->ep != o->ep) REFUSE("the shape's EP size %d is not --ep %d", sh->ep, o->ep);
+    if (sh->experts % o->ep != 0)
+        REFUSE("--experts %d is not a multiple of the EP size %d", sh->experts, o->ep);
+    if (sh->topk > sh->experts)
+        REFUSE("--topk %d is more than --experts %d", sh->topk, sh->experts);
+    if (sh->quant != TRAIN_QUANT_NONE && (sh->hidden % 32 || sh->ffn % 32))
+        REFUSE("with --quant, --hidden and --ffn must be multiples of 32 (the MXFP8 block)");
+    for (int r = 0; r < ranks; r++)
+        if (train_tokens(sh, r) < 1)
+            REFUSE("rank %d would have %lld tokens (--tokens %lld - (%d %% 3) x --tokens-step "
+                   "%lld)",
+                   r, (long long)train_tokens(sh, r), (long long)sh->tokens, r,
+                   (long long)sh->tokens_step);
+    if (o->graph && o->transport == ETP_EP_TRANSPORT_EXACT)
+        REFUSE("--graph needs the capacity transport (exact copies the counts to the host at "
+               "every layer)");
+#undef REFUSE
+    return ETP_SUCCESS;
+}
+
 etp_status_t model_create(etp_context_t *ctx, etp_stream_t *s, const train_opts_t *o,
                           train_model_t **out)
 {
@@ -354,23 +384,9 @@ etp_status_t model_create(etp_context_t *ctx, etp_stream_t *s, const train_opts_
     TRY(etp_context_backend(ctx, &m->backend));
     TRY(etp_context_rank(ctx, &m->rank));
     TRY(etp_context_size(ctx, &m->ranks));
-    if (o->etp * o->ep * o->dp != m->ranks)
-        FAIL(ETP_ERR_INVALID_ARGUMENT, "--etp %d x --ep %d x --dp %d is not the %d ranks", o->etp,
-             o->ep, o->dp, m->ranks);
-    if (sh->experts % o->ep != 0)
-        FAIL(ETP_ERR_INVALID_ARGUMENT, "--experts %d is not a multiple of --ep %d", sh->experts,
-             o->ep);
-    if (sh->topk > sh->experts)
-        FAIL(ETP_ERR_INVALID_ARGUMENT, "--topk %d is more than --experts %d", sh->topk,
-             sh->experts);
-    for (int r = 0; r < m->ranks; r++)
-        if (train_tokens(sh, r) < 1)
-            FAIL(ETP_ERR_INVALID_ARGUMENT, "rank %d would have %lld tokens", r,
-                 (long long)train_tokens(sh, r));
-    if (o->graph && o->transport == ETP_EP_TRANSPORT_EXACT)
-        FAIL(ETP_ERR_INVALID_ARGUMENT,
-             "--graph needs a capturable transport (--transport capacity): exact copies counts "
-             "to the host");
+    char why[256];
+    if (model_check_opts(o, m->ranks, why, sizeof why) != ETP_SUCCESS)
+        FAIL(ETP_ERR_INVALID_ARGUMENT, "%s", why);
     m->r_etp = m->rank % o->etp;
     m->r_ep = (m->rank / o->etp) % o->ep;
     m->r_dp = m->rank / (o->etp * o->ep);
@@ -771,24 +787,9 @@ void model_times(const train_model_t *m, train_times_t *t)
     *t = m->times;
 }
 
-int model_rank(const train_model_t *m)
-{
-    return m->rank;
-}
-
-int model_ranks(const train_model_t *m)
-{
-    return m->ranks;
-}
-
 int model_step_count(const train_model_t *m)
 {
     return m->t;
-}
-
-etp_context_t *model_context(const train_model_t *m)
-{
-    return m->ctx;
 }
 
 size_t model_max_shard_bytes(const train_model_t *m)

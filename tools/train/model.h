@@ -34,6 +34,12 @@ typedef struct train_opts {
 
 typedef struct train_model train_model_t;
 
+/* The options' rules (the grid is the ranks, E splits over EP, top-k <= E,
+ * quantized sizes, every rank has tokens, --graph needs the capacity
+ * transport): ETP_SUCCESS, or ETP_ERR_INVALID_ARGUMENT with the reason in
+ * why[n]. model_create applies them too. */
+etp_status_t model_check_opts(const train_opts_t *o, int ranks, char *why, size_t n);
+
 /* Collective over the context's world. */
 etp_status_t model_create(etp_context_t *ctx, etp_stream_t *s, const train_opts_t *o,
                           train_model_t **m);
@@ -68,10 +74,7 @@ typedef struct train_times {
 void model_times(const train_model_t *m, train_times_t *t);
 
 /* Hooks for the check and checkpoints. */
-int model_rank(const train_model_t *m);
-int model_ranks(const train_model_t *m);
 int model_step_count(const train_model_t *m);
-etp_context_t *model_context(const train_model_t *m);
 /* Copy this rank's FP32 main_grad shard of (layer, w) to host memory `dst`
  * [experts_local][shard_rows][cols] and say where it lies in the whole
  * tensor: expert0, row0, valid rows, shard rows, local experts. Blocks. */

@@ -637,8 +637,7 @@ int ref_step(ref_model_t *m, int t, double *loss)
     double sum = 0.0;
     for (int64_t i = 0; i < N * H; i++) {
         const float y = bf(m->y[i]), tg = bf(m->tgt[b][i]);
-        const double d = (double)y - (double)tg;
-        sum += d * d;
+        sum += moe_mse_term(y, tg);
         m->g[i] = moe_f32_to_bf16(moe_mse_grad(y, tg, scale));
     }
     if (loss) *loss = sum / ((double)N * (double)H);

@@ -121,6 +121,19 @@ static inline float train_loss_scale(int64_t n_tokens, int64_t hidden)
     return (float)(2.0 / ((double)n_tokens * (double)hidden));
 }
 
+/* Adam's defaults. lr: a step moves each weight by about the rate, and the
+ * weights' scale is 1/sqrt(fan-in). eps: the largest weight gradients of
+ * this loss are 1e-3 to 1e-1; below 1e-6 a gradient is at the FP32
+ * rounding of the sums across ranks, and a smaller eps would step it by
+ * the full rate, either way. */
+static inline void train_adam_defaults(train_shape_t *s)
+{
+    s->lr = (float)(0.05 / sqrt((double)s->hidden));
+    s->beta1 = 0.9f;
+    s->beta2 = 0.999f;
+    s->eps = 1e-6f;
+}
+
 /* Adam's constants at step t (1, 2, ...). */
 static inline moe_adam_t train_adam(const train_shape_t *s, int t)
 {
