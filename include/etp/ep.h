@@ -70,6 +70,20 @@
  * cross; eager only. CAPACITY moves fixed slabs of `slab_rows` token rows
  * per peer, keeps every count on the device, never synchronizes, and can be
  * captured into a CUDA graph (with T on the device: num_tokens_dev).
+ * NVLINK (the default where it can run: ETP_EP_TRANSPORT_AUTO) keeps the
+ * counts on the device like CAPACITY and drops like EXACT (a receive buffer
+ * of recv_capacity_per_rank token rows, filled in source rank order), so
+ * its results are EXACT's bit for bit (with the FP32 combine wire); on
+ * CUDA its dispatch, combine and backward calls are each one kernel that
+ * stores every token once into each destination rank's receive slab (an
+ * NCCL symmetric window, addressed through NCCL's device API) and expands
+ * or sums it there, with flags in the windows instead of collectives.
+ * Those kernels wait for their peers at most ETP_TIMEOUT_S: a peer that
+ * never arrives is reported (by the next stream or event wait,
+ * etp_ep_check and etp_context_check) as ETP_ERR_TIMEOUT naming the EP
+ * group and the rank, and the context is aborted; nothing hangs. The host
+ * backend runs the same transport (the same layout, drops and results)
+ * with all-to-alls of its receive slabs.
  *
  * Streams: every call enqueues its work on the stream it is given, including
  * the collectives on (group, config.role), so it orders with the caller's
@@ -110,8 +124,6 @@
  * bytes, both row-major (scales not swizzled, no padding), the layout a
  * grouped MXFP8 GEMM reads through counts/offsets. combine, dispatch_bwd and
  * combine_bwd of such a group move BF16, as in a BF16 group.
- *
- * Not yet supported: the NVLink transport (v2).
  */
 #ifndef ETP_EP_H
 #define ETP_EP_H
@@ -133,7 +145,18 @@ typedef enum etp_ep_overflow {
 
 typedef enum etp_ep_transport {
     ETP_EP_TRANSPORT_EXACT = 0,    /* counts to the host, exact sizes; eager only */
-    ETP_EP_TRANSPORT_CAPACITY = 1  /* fixed slabs per peer, counts on the device; capturable */
+    ETP_EP_TRANSPORT_CAPACITY = 1, /* fixed slabs per peer, counts on the device; capturable */
+    /* device-initiated stores into the peers' receive slabs (CUDA: every
+     * rank of the group reaches every other through peer access, in one
+     * NVLink domain, with NCCL >= 2.28.3 symmetric windows); counts on the
+     * device; capturable; EXACT's drops and results */
+    ETP_EP_TRANSPORT_NVLINK = 2,
+    /* the default: the environment's ETP_EP_TRANSPORT (exact, capacity,
+     * nvlink or auto) if set, else NVLINK where every rank of the group can
+     * run it (on CUDA: peer access between all ranks, NCCL windows, no user
+     * allocator hook; always on the host backend), else EXACT.
+     * etp_ep_group_info says which was taken. */
+    ETP_EP_TRANSPORT_AUTO = 3
 } etp_ep_transport_t;
 
 /* A token dtype that is not an etp_dtype_t, for etp_ep_group_config_t's
@@ -174,23 +197,39 @@ typedef struct etp_ep_group_config {
      * probability that a token picks at least one of a rank's E/R experts;
      * at most max_tokens_per_rank. Must be > 0. Ignored by EXACT. */
     double capacity_factor;
+    /* The dtype of the per (token, rank) partial sums that combine and
+     * dispatch_bwd send back to the token's rank, every transport:
+     * ETP_DTYPE_F32 (the default; the result is rounded once, after the
+     * FP32 sum over ranks) or ETP_DTYPE_BF16 (half the bytes; each partial
+     * is rounded to BF16 before it travels, so a token whose experts sit on
+     * several ranks gets up to one more rounding per rank: docs/EP.md).
+     * Groups of FP32 tokens take F32 only. */
+    etp_dtype_t combine_wire;
+    /* NVLINK on CUDA: the blocks (one per SM) each of its kernels runs, the
+     * same on every rank; the rest of the GPU stays free for compute.
+     * 0: 24, or the device's SM count if smaller. Ignored otherwise. */
+    int num_sms;
 } etp_ep_group_config_t;
 
 #define ETP_EP_GROUP_CONFIG_INIT                                                       \
     {                                                                                  \
         sizeof(etp_ep_group_config_t), NULL, 0, 0, 0, ETP_DTYPE_BF16, 0, 1, 0,         \
-            ETP_EP_OVERFLOW_DROP, ETP_EP_TRANSPORT_EXACT, 1.25                         \
+            ETP_EP_OVERFLOW_DROP, ETP_EP_TRANSPORT_AUTO, 1.25, ETP_DTYPE_F32, 0        \
     }
 
 /* Make an EP group on `group` (every rank of the group calls it, with the
- * same config). Allocates the transport buffers (ETP_MEM_EP_BUFFERS) and an
- * event of the context. The group must outlive the EP group.
+ * same config). Allocates the transport buffers (ETP_MEM_EP_BUFFERS; for
+ * NVLINK on CUDA an NCCL symmetric window, registered collectively, and a
+ * few pinned host words) and an event of the context. The group must
+ * outlive the EP group.
  * Errors: ETP_ERR_INVALID_ARGUMENT (NULLs, a config of the wrong size, E not
  * a multiple of R, sizes <= 0, sizes past the 32-bit row indices and
  * expert ids, a role the group lacks, capacity_factor <= 0,
  * a token dtype other than BF16/F32/ETP_EP_TOKEN_MXFP8, MXFP8 with a hidden
- * size that is not a multiple of 32), ETP_ERR_OUT_OF_MEMORY,
- * ETP_ERR_ABORTED. On failure nothing is left allocated and *ep is
+ * size that is not a multiple of 32, a combine_wire other than F32/BF16 or
+ * BF16 in an F32 group, num_sms < 0), ETP_ERR_UNSUPPORTED (NVLINK asked for
+ * explicitly, in the config or ETP_EP_TRANSPORT, where a rank cannot run
+ * it: the message says why), ETP_ERR_OUT_OF_MEMORY, ETP_ERR_ABORTED. On failure nothing is left allocated and *ep is
  * untouched. */
 ETP_API etp_status_t etp_ep_group_create(etp_group_t *group, const etp_ep_group_config_t *config,
                                          etp_ep_group_t **ep);
@@ -207,16 +246,24 @@ typedef struct etp_ep_group_info {
     int rank, ranks;          /* this rank and R, in the EP group */
     int64_t local_experts;    /* E / R */
     int64_t first_expert;     /* rank * E / R */
-    int64_t slab_rows;        /* CAPACITY: token rows per peer per call; EXACT: 0 */
+    int64_t slab_rows;        /* CAPACITY: token rows per peer per call; NVLINK:
+                               * max_tokens_per_rank (a slab per source rank); EXACT: 0 */
     int64_t recv_token_rows;  /* token rows the receive transport buffer holds */
     int64_t send_token_rows;  /* token rows the send transport buffer holds */
     size_t buffer_bytes;      /* transport buffers, all together */
     size_t wire_row_bytes;    /* bytes one token's row takes in dispatch's exchange: hidden x the
                                * token dtype's size, or for MXFP8 its data, E8M0 scales and zero
                                * padding to a multiple of 16 (docs/EP.md) */
+    etp_ep_transport_t transport; /* the transport taken (never AUTO) */
+    etp_dtype_t combine_wire;     /* ETP_DTYPE_F32 or ETP_DTYPE_BF16 */
+    int num_sms;                  /* NVLINK on CUDA: blocks of its kernels; else 0 */
 } etp_ep_group_info_t;
 
-#define ETP_EP_GROUP_INFO_INIT {sizeof(etp_ep_group_info_t), 0, 0, 0, 0, 0, 0, 0, 0, 0}
+#define ETP_EP_GROUP_INFO_INIT                                                          \
+    {                                                                                   \
+        sizeof(etp_ep_group_info_t), 0, 0, 0, 0, 0, 0, 0, 0, 0, ETP_EP_TRANSPORT_EXACT, \
+            ETP_DTYPE_F32, 0                                                            \
+    }
 
 ETP_API etp_status_t etp_ep_group_info(const etp_ep_group_t *ep, etp_ep_group_info_t *info);
 

@@ -156,7 +156,7 @@ __global__ void route_scan(etp__ep_route_args_t a)
         running += total;
     }
     if (threadIdx.x == 0) {
-        if (!a.exact) stat_max(a.stats, ETP__EP_ST_TRANSPORT_NEEDED, running);
+        if (a.slab_report) stat_max(a.stats, ETP__EP_ST_TRANSPORT_NEEDED, running);
         a.send_cnt[d] = (int32_t)etp__ep_min(running, a.slab);
     }
 }
@@ -226,9 +226,9 @@ __global__ void layout_count(etp__ep_layout_args_t a)
 {
     const int e = blockIdx.x;
     int64_t running = 0;
-    for (int64_t i0 = 0; i0 < a.tok_cap; i0 += kScanThreads) {
+    for (int64_t i0 = 0; i0 < a.recv_rows; i0 += kScanThreads) {
         const int64_t i = i0 + threadIdx.x;
-        const int flag = i < a.tok_cap && slot_of(a, i, e) >= 0;
+        const int flag = i < a.recv_rows && slot_of(a, i, e) >= 0;
         int total = 0;
         (void)block_excl_scan(flag, &total);
         running += total;
@@ -254,9 +254,9 @@ __global__ void layout_assign(etp__ep_layout_args_t a)
     const int e = blockIdx.x;
     const int64_t kept = a.counts[e], base = a.offsets[e];
     int64_t running = 0;
-    for (int64_t i0 = 0; i0 < a.tok_cap && running < kept; i0 += kScanThreads) {
+    for (int64_t i0 = 0; i0 < a.recv_rows && running < kept; i0 += kScanThreads) {
         const int64_t i = i0 + threadIdx.x;
-        const int j = i < a.tok_cap ? slot_of(a, i, e) : -1;
+        const int j = i < a.recv_rows ? slot_of(a, i, e) : -1;
         int total = 0;
         const int64_t q = running + block_excl_scan(j >= 0, &total);
         if (j >= 0 && q < kept) {
@@ -272,7 +272,7 @@ __global__ void layout_assign(etp__ep_layout_args_t a)
 __global__ void layout_sort(etp__ep_layout_args_t a)
 {
     const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= a.tok_cap) return;
+    if (i >= a.recv_rows) return;
     etp__ep_sort_rows(a.recv_row + i * a.k, a.k, a.tok_rows + i * a.k);
 }
 
@@ -434,7 +434,7 @@ __global__ void presum_kernel(etp__ep_presum_args_t a)
 {
     const int64_t i = blockIdx.x, H = a.hidden;
     for (int64_t h = threadIdx.x; h < H; h += blockDim.x)
-        a.partial[i * H + h] = etp__ep_presum_elem(&a, i, h);
+        etp__ep_store(a.partial, a.wire, i * H + h, etp__ep_presum_elem(&a, i, h));
 }
 
 /* 16 bytes of input as V = 8 BF16 or 4 FP32 values. */
@@ -450,6 +450,39 @@ __device__ __forceinline__ void unpack16(uint4 v, float *x)
         } else {
             x[j] = __uint_as_float(w[j]);
         }
+    }
+}
+
+/* V FP32 values rounded to BF16 and stored with one 8- or 16-byte store
+ * (dst aligned to it). */
+template <int V>
+__device__ __forceinline__ void store_bf16(uint16_t *dst, const float *x)
+{
+    uint32_t w[V / 2];
+#pragma unroll
+    for (int q = 0; q < V / 2; q++)
+        w[q] = (uint32_t)etp__qf_f32_to_bf16(x[2 * q]) | (uint32_t)etp__qf_f32_to_bf16(x[2 * q + 1]) << 16;
+    if constexpr (V == 8)
+        *reinterpret_cast<uint4 *>(dst) = make_uint4(w[0], w[1], w[2], w[3]);
+    else
+        *reinterpret_cast<uint2 *>(dst) = make_uint2(w[0], w[1]);
+}
+
+/* 4 wire values (FP32 or BF16) of a partial, as FP32. */
+__device__ __forceinline__ void load_wire4(const void *p, int wire, int64_t idx4, float *v)
+{
+    if (wire == ETP__EP_BF16) {
+        const uint2 u = __ldg(reinterpret_cast<const uint2 *>(p) + idx4);
+        v[0] = etp__qf_bf16_to_f32((uint16_t)(u.x & 0xffffu));
+        v[1] = etp__qf_bf16_to_f32((uint16_t)(u.x >> 16));
+        v[2] = etp__qf_bf16_to_f32((uint16_t)(u.y & 0xffffu));
+        v[3] = etp__qf_bf16_to_f32((uint16_t)(u.y >> 16));
+    } else {
+        const float4 f = __ldg(reinterpret_cast<const float4 *>(p) + idx4);
+        v[0] = f.x;
+        v[1] = f.y;
+        v[2] = f.z;
+        v[3] = f.w;
     }
 }
 
@@ -480,7 +513,8 @@ __global__ void __launch_bounds__(128) presum_vec(etp__ep_presum_args_t a)
     }
     __syncthreads();
     const uint4 *in = static_cast<const uint4 *>(a.in);
-    float4 *out = reinterpret_cast<float4 *>(a.partial + i * H);
+    float4 *out = reinterpret_cast<float4 *>(static_cast<float *>(a.partial) + i * H);
+    uint16_t *out16 = static_cast<uint16_t *>(a.partial) + i * H;
     for (int64_t c = threadIdx.x; c < nv; c += blockDim.x) {
         float acc[V];
 #pragma unroll
@@ -500,8 +534,13 @@ __global__ void __launch_bounds__(128) presum_vec(etp__ep_presum_args_t a)
                     acc[j] = etp__ep_presum_step(acc[j], a.row_w != nullptr, w[m0 + u], x[j]);
             }
         }
+        if (a.wire == ETP__EP_BF16) {
+            store_bf16<V>(out16 + c * V, acc);
+        } else {
 #pragma unroll
-        for (int j = 0; j < V; j += 4) out[c * (V / 4) + j / 4] = make_float4(acc[j], acc[j + 1], acc[j + 2], acc[j + 3]);
+            for (int j = 0; j < V; j += 4)
+                out[c * (V / 4) + j / 4] = make_float4(acc[j], acc[j + 1], acc[j + 2], acc[j + 3]);
+        }
     }
 }
 
@@ -534,15 +573,15 @@ __global__ void __launch_bounds__(128) reduce_vec(etp__ep_reduce_args_t a)
     }
     __syncthreads();
     const int n = nsrc;
-    const float4 *p = reinterpret_cast<const float4 *>(a.partial);
     for (int64_t c = threadIdx.x; c < nv; c += blockDim.x) {
         float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
         for (int d = 0; d < n; d++) {
-            const float4 v = __ldg(p + src[d] + c);
-            acc[0] = acc[0] + v.x;
-            acc[1] = acc[1] + v.y;
-            acc[2] = acc[2] + v.z;
-            acc[3] = acc[3] + v.w;
+            float v[4];
+            load_wire4(a.partial, a.wire, src[d] + c, v);
+            acc[0] = acc[0] + v[0];
+            acc[1] = acc[1] + v[1];
+            acc[2] = acc[2] + v[2];
+            acc[3] = acc[3] + v[3];
         }
         if (a.dtype == ETP__EP_BF16) {
             uint32_t h2[2];
@@ -621,14 +660,14 @@ extern "C" cudaError_t etp__cuda_ep_clip(cudaStream_t s, const etp__ep_clip_args
 
 extern "C" cudaError_t etp__cuda_ep_layout(cudaStream_t s, const etp__ep_layout_args_t *a)
 {
-    const size_t per_tok = (size_t)a->tok_cap * (size_t)a->k * sizeof(int32_t);
+    const size_t per_tok = (size_t)a->recv_rows * (size_t)a->k * sizeof(int32_t);
     ETP__TRY_CUDA(cudaMemsetAsync(a->recv_row, 0xff, per_tok, s));
     ETP__TRY_CUDA(cudaMemsetAsync(a->row_src, 0xff, (size_t)a->rows_cap * sizeof(int32_t), s));
     ETP__TRY_CUDA(launch(layout_bases, 1, 1, s, *a));
     ETP__TRY_CUDA(launch(layout_count, (unsigned)a->local_experts, kScanThreads, s, *a));
     ETP__TRY_CUDA(launch(layout_offsets, 1, 1, s, *a));
     ETP__TRY_CUDA(launch(layout_assign, (unsigned)a->local_experts, kScanThreads, s, *a));
-    return launch(layout_sort, blocks_for(a->tok_cap, kThreads), kThreads, s, *a);
+    return launch(layout_sort, blocks_for(a->recv_rows, kThreads), kThreads, s, *a);
 }
 
 extern "C" cudaError_t etp__cuda_ep_pack(cudaStream_t s, const etp__ep_pack_args_t *a)

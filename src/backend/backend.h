@@ -205,6 +205,11 @@ typedef struct etp__backend_ops {
     etp_status_t (*graph_launch)(etp__be_t *be, void *graph, etp__bstream_t *s);
     void (*graph_destroy)(etp__be_t *be, void *graph);
 
+    /* Without blocking: a failure the device recorded on its own (an NVLink
+     * transport kernel that gave up waiting for a peer) fails the backend
+     * and is returned. NULL: nothing such can happen. */
+    etp_status_t (*health)(etp__be_t *be);
+
     const etp__kernels_t *kernels;
 } etp__backend_ops_t;
 

@@ -69,15 +69,18 @@ enum { ETP__EP_BF16 = 4, ETP__EP_F32 = 5 };
  * (local expert of each slot that targets d, -1 otherwise) into the send
  * buffer, count. Tokens t >= T get slot_dest -1 and send_pos -1.
  * exact: blocks back to back (send_base = prefix of send_cnt), slab =
- * T_max; capacity: block d at d*slab, positions >= slab dropped. Also counts
- * one prepare in stats. A T outside [0, t_max] is clamped and flagged. */
+ * T_max; else block d at d*slab, positions >= slab dropped (CAPACITY;
+ * NVLINK has slab = T_max, so nothing is dropped here: clip does it as for
+ * EXACT). slab_report: the slab's need goes into the report (CAPACITY).
+ * Also counts one prepare in stats. A T outside [0, t_max] is clamped and
+ * flagged. */
 typedef struct etp__ep_route_args {
     const int64_t *topk_idx;
     const int32_t *t_in;  /* T on the device, or NULL: t_value */
     int64_t t_value;
     int32_t *t_dev;       /* out: T (clamped to [0, t_max]) for the later kernels */
     int64_t t_max, num_experts, local_experts, slab;
-    int k, ranks, exact;
+    int k, ranks, exact, slab_report;
     int32_t *slot_dest, *send_pos, *send_cnt, *send_base;
     int32_t *send_meta; /* [send rows * k] */
     int64_t *stats;
@@ -97,12 +100,15 @@ typedef struct etp__ep_clip_args {
 /* Layout, expert side: received counts and bases (from C), per local expert
  * counts, kept rows and offsets, recv_row, tok_rows, row_src.
  * fixed_slots > 0: expert e owns rows [e*fixed_slots, ...); else packed.
+ * The receive buffer has recv_rows token rows (EXACT: tok_cap back to back;
+ * else R slabs of `slab` rows); tok_cap bounds what a rank accepts (EXACT's
+ * rule, etp__ep_accepted; CAPACITY's slabs always fit it).
  * scratch: local_experts int32 of the layer's memory that a kernel may use
  * as it likes (the host's per-expert cursors), so that no backend needs
  * memory sized by the experts on a stack or per call. */
 typedef struct etp__ep_layout_args {
     const int32_t *C, *recv_meta;
-    int64_t tok_cap, slab, rows_cap, local_experts, alignment, fixed_slots;
+    int64_t tok_cap, recv_rows, slab, rows_cap, local_experts, alignment, fixed_slots;
     int k, ranks, me, exact;
     int32_t *recv_cnt, *recv_base, *counts, *offsets, *recv_row, *tok_rows, *row_src;
     int32_t *scratch;
@@ -143,25 +149,27 @@ typedef struct etp__ep_expand_args {
     float *out_w, *keep_w;
 } etp__ep_expand_args_t;
 
-/* Pre-sum, expert side: partial[i] (FP32) = sum over tok_rows of token i in
- * order of in[row] (weighted: fmaf(row_w[row], in[row], acc)), for the
+/* Pre-sum, expert side: partial[i] = sum over tok_rows of token i in order
+ * of in[row] (weighted: fmaf(row_w[row], in[row], acc)) in FP32, stored as
+ * the wire dtype (ETP__EP_F32, or ETP__EP_BF16: rounded once), for the
  * first ntok received token rows. */
 typedef struct etp__ep_presum_args {
     const void *in;
     const float *row_w;
     const int32_t *tok_rows;
     int64_t ntok, hidden;
-    int k, dtype;
-    float *partial;
+    int k, dtype, wire;
+    void *partial;
 } etp__ep_presum_args_t;
 
 /* Reduce, token side: out[t] = round(sum over d in rank order of the
- * partial at send_base[d] + send_pos[t*R+d]), zero when none; t < T. */
+ * partial (of the wire dtype) at send_base[d] + send_pos[t*R+d], in FP32),
+ * zero when none; t < T. */
 typedef struct etp__ep_reduce_args {
-    const float *partial;
+    const void *partial;
     const int32_t *t_dev, *send_pos, *send_base;
     int64_t t_max, hidden;
-    int ranks, dtype;
+    int ranks, dtype, wire;
     void *out;
 } etp__ep_reduce_args_t;
 
@@ -188,5 +196,89 @@ typedef struct etp__ep_wscatter_args {
     int k, ranks;
     float *out;
 } etp__ep_wscatter_args_t;
+
+/* ---- the NVLink transport (CUDA) ------------------------------------------
+ *
+ * Each rank's window (an NCCL symmetric window, the same layout on every
+ * rank) holds at sig_off the flag words, uint64: arrived[s] (blocks of rank
+ * s that finished storing into this rank) and released[d] (blocks of rank
+ * d that finished reading what this rank stored there), then at small_off
+ * R slabs of t_max rows of small_row_bytes (weights, weight gradients) and
+ * at tok_off R slabs of t_max rows of tok_row_bytes (token rows, partial
+ * sums). Source rank s's rows land in slab s, at its send position, as in
+ * the CAPACITY transport with a slab of t_max rows; a kernel stores into
+ * peer d's slabs only after d released the previous call's rows (the
+ * slabs are shared by every call of the group). The counters count per
+ * call `blocks` arrivals from each rank; calls are counted on the device
+ * (calls[0]), so a graph replays correctly. */
+
+/* What a kernel was doing when a peer did not come (fault[1]). */
+enum {
+    ETP__EP_NVL_DISPATCH = 1,
+    ETP__EP_NVL_COMBINE = 2,
+    ETP__EP_NVL_DISPATCH_BWD = 3,
+    ETP__EP_NVL_COMBINE_BWD = 4,
+    ETP__EP_NVL_COMBINE_BWD_WEIGHTS = 5
+};
+/* What it waited for (fault[2]). */
+enum { ETP__EP_NVL_WAIT_RELEASE = 1, ETP__EP_NVL_WAIT_ARRIVAL = 2 };
+
+typedef struct etp__ep_nvl {
+    char *const *peers;    /* [R], on the device: every rank's window, this rank's included */
+    size_t sig_off, small_off, tok_off, small_row_bytes, tok_row_bytes;
+    uint64_t *calls;       /* this rank's: [0] calls completed, [1] blocks done in the current */
+    /* host-mapped pinned words, written by a kernel that gave up waiting:
+     * [0] 1 + the rank it waited for, [1] the call, [2] what for */
+    int64_t *fault;
+    int64_t timeout_ns;    /* 0: wait forever */
+    int64_t t_max;
+    int blocks, me, ranks;
+} etp__ep_nvl_t;
+
+/* Token side to expert side in one kernel (dispatch, combine_bwd): each
+ * block stores its tokens' rows into every destination's token slab (row
+ * me*t_max + send_pos[t*R+d]; MXFP8: the wire row of etp__ep_mx_block) and,
+ * when weights is set, the slot weights into the small slab
+ * (etp__ep_slot_weight), signals, waits for every rank's arrival, then
+ * writes the expand of etp__ep_expand_args_t (recv_tok and recv_w = its
+ * own slabs; recv_w only when weights travel: carry). */
+typedef struct etp__ep_t2e_args {
+    etp__ep_nvl_t nvl;
+    int call;
+    const void *tokens;
+    const float *weights;
+    const int32_t *t_dev, *slot_dest, *send_pos;
+    int64_t hidden;
+    int k, dtype, mx, carry;
+    const float *scale_w;
+    const int32_t *row_src;
+    int64_t rows;
+    void *out, *out_scales;
+    float *out_w, *keep_w;
+} etp__ep_t2e_args_t;
+
+/* Expert side to token side in one kernel (combine, dispatch_bwd, and the
+ * weight gradients of combine_bwd): for every received token row i = s *
+ * t_max + p with p < recv_cnt[s], the pre-sum of etp__ep_presum_args_t
+ * (when `in` is set; rounded to the wire dtype) goes to rank s's token
+ * slab me at row p, and (when g_pre or grad_row_w is set) its k weight
+ * gradients to s's small slab: g_pre[i*k + j], or etp__ep_wgrad_args_t's
+ * dot == 0 rule from grad_row_w. After every rank arrived, the token side
+ * writes reduce's `out` (when `in` is set) and wscatter's grad_topk (when
+ * weight gradients travel), reading its own slabs (send_base[d] =
+ * d*t_max). */
+typedef struct etp__ep_e2t_args {
+    etp__ep_nvl_t nvl;
+    int call;
+    const void *in;
+    const float *row_w;
+    const int32_t *tok_rows, *recv_cnt, *recv_row;
+    const float *grad_row_w, *g_pre;
+    int64_t hidden;
+    int k, dtype, wire;
+    const int32_t *t_dev, *slot_dest, *send_pos, *send_base;
+    void *out;
+    float *grad_topk;
+} etp__ep_e2t_args_t;
 
 #endif /* ETP__EP_ARGS_H */

@@ -206,4 +206,8 @@ void etp__ctx_free(etp_context_t *ctx);
 etp_status_t etp__mem_alloc_window(etp_group_t *group, int role, size_t bytes,
                                    etp_mem_owner_t owner, void **ptr, int *window);
 
+/* Count (add = 1) or uncount (0) bytes a module allocated through the
+ * backend itself (an EP group's NVLink window) in the memory report. */
+void etp__mem_account(etp_context_t *ctx, etp_mem_owner_t owner, size_t bytes, int add);
+
 #endif /* ETP__COMM_INTERNAL_H */

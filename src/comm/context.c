@@ -356,6 +356,7 @@ etp_status_t etp_context_check(const etp_context_t *ctx)
 {
     ETP__CHECK_NULL(ctx, "etp_context_check");
     ETP__TRY(etp__ctx_usable(ctx, "etp_context_check"));
+    if (ctx->be->ops->health) ETP__TRY(ctx->be->ops->health(ctx->be));
     for (etp_group_t *g = ctx->groups; g; g = g->next_group)
         ETP__TRY(etp__group_ready(g, 0, "etp_context_check"));
     return ETP_SUCCESS;

@@ -24,6 +24,18 @@ static etp_status_t reserve_record(etp_context_t *ctx)
     return ETP_SUCCESS;
 }
 
+void etp__mem_account(etp_context_t *ctx, etp_mem_owner_t owner, size_t bytes, int add)
+{
+    if (add) {
+        ctx->bytes_by_owner[owner] += bytes;
+        ctx->total_bytes += bytes;
+        if (ctx->total_bytes > ctx->peak_bytes) ctx->peak_bytes = ctx->total_bytes;
+    } else {
+        ctx->bytes_by_owner[owner] -= bytes;
+        ctx->total_bytes -= bytes;
+    }
+}
+
 static void record(etp_context_t *ctx, etp__alloc_rec_t r)
 {
     ctx->allocs[ctx->num_allocs++] = r;

@@ -176,6 +176,7 @@ typedef struct etp__env {
     int64_t shuffle_seed;   /* ETP_HOST_SHUFFLE_SEED */
     int nccl_fast_launch;   /* ETP_NCCL_FAST_LAUNCH */
     int copy_engine;        /* ETP_COPY_ENGINE: 0 or 1 */
+    int ep_transport;       /* ETP_EP_TRANSPORT: an etp_ep_transport_t */
 } etp__env_t;
 
 /* Read the settings (etp_env_setting lists them). A malformed value is an

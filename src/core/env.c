@@ -9,6 +9,7 @@
 #include <time.h>
 
 #include "core.h"
+#include "etp/ep.h"
 
 /* How a setting's text becomes its field. */
 typedef enum {
@@ -47,6 +48,10 @@ typedef struct {
 static const env_name_t host_stream_names[] = {
     {"eager", ETP_HOST_STREAMS_EAGER}, {"shuffle", ETP_HOST_STREAMS_SHUFFLE}, {NULL, 0}};
 
+static const env_name_t ep_transport_names[] = {
+    {"auto", ETP_EP_TRANSPORT_AUTO}, {"exact", ETP_EP_TRANSPORT_EXACT},
+    {"capacity", ETP_EP_TRANSPORT_CAPACITY}, {"nvlink", ETP_EP_TRANSPORT_NVLINK}, {NULL, 0}};
+
 static const env_setting_t settings[] = {
     {"ETP_LOG_LEVEL", "none", "log verbosity: none, error, warn, info, debug or trace (or 0-5)",
      ENV_LOG_LEVEL, 0, 0, NULL, AS_INT(log_level)},
@@ -76,6 +81,11 @@ static const env_setting_t settings[] = {
      "symmetric windows and their all-gathers and all-to-alls run on the copy engines (NCCL >= "
      "2.28, CTA policy zero: no SMs taken from compute); 0: plain memory and NCCL's kernels",
      ENV_INT, 0, 1, NULL, AS_INT(copy_engine)},
+    {"ETP_EP_TRANSPORT", "auto",
+     "the transport of EP groups made with ETP_EP_TRANSPORT_AUTO (the default): auto (nvlink "
+     "where every rank can run it, else exact), exact, capacity or nvlink; a transport named in "
+     "the group's config wins",
+     ENV_NAME, 0, 0, ep_transport_names, AS_INT(ep_transport)},
 };
 
 #define NUM_SETTINGS ((int)(sizeof settings / sizeof settings[0]))

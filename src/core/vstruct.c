@@ -159,7 +159,7 @@ const etp__vstruct_t etp__vs_quant_sizes =
 static const etp__field_t ep_group_config_fields[] = {
     F(size), F(name), F(role), F(num_experts), F(hidden), F(token_dtype),
     F(max_tokens_per_rank), F(max_topk), F(recv_capacity_per_rank), F(overflow), F(transport),
-    F(capacity_factor)};
+    F(capacity_factor), F(combine_wire), F(num_sms)};
 #undef F
 const etp__vstruct_t etp__vs_ep_group_config =
     ETP__VSTRUCT(etp_ep_group_config_t, ETP_EP_GROUP_CONFIG_INIT, ep_group_config_fields);
@@ -167,7 +167,8 @@ const etp__vstruct_t etp__vs_ep_group_config =
 #define F(f) ETP__FIELD(etp_ep_group_info_t, f)
 static const etp__field_t ep_group_info_fields[] = {
     F(size), F(rank), F(ranks), F(local_experts), F(first_expert), F(slab_rows),
-    F(recv_token_rows), F(send_token_rows), F(buffer_bytes), F(wire_row_bytes)};
+    F(recv_token_rows), F(send_token_rows), F(buffer_bytes), F(wire_row_bytes), F(transport),
+    F(combine_wire), F(num_sms)};
 #undef F
 const etp__vstruct_t etp__vs_ep_group_info =
     ETP__VSTRUCT(etp_ep_group_info_t, ETP_EP_GROUP_INFO_INIT, ep_group_info_fields);

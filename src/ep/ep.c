@@ -17,6 +17,15 @@
  * its routing state (one device allocation) and a pinned host mirror of its
  * counters plus, for EXACT, the host copy of the count matrix.
  *
+ * NVLINK: the CAPACITY layout with a slab of max_tokens_per_rank rows per
+ * source (so nothing is dropped for a slab) and EXACT's drops (the clip
+ * after the counts' all-gather, on the device), so its results are
+ * EXACT's. On a backend with peer stores (CUDA) each data call is one
+ * kernel of the backend's nvl table on the group's window (ep_args.h
+ * describes it), and the transport buffers hold only the prepare's routing
+ * metadata and combine_bwd's weight gradients; elsewhere (the host
+ * backend) the slabs travel by all-to-all as in CAPACITY.
+ *
  * MXFP8 groups (ETP_EP_TOKEN_MXFP8) compute in BF16 (`dt`): only dispatch
  * differs, its pack kernel quantizing each token once into an MXFP8 wire
  * row (ETP__EP_MX_ROW_BYTES, exchanged as bytes) and its expand kernel
@@ -45,9 +54,18 @@ struct etp_ep_group {
     etp_dtype_t dt;             /* the dtype of the data calls: BF16 for MXFP8 groups */
     int mx;                     /* MXFP8 dispatch */
     int rank, R;
-    int64_t L, slab, tok_cap, send_rows;
+    /* recv_rows: token rows of the receive buffer (EXACT tok_cap, else R
+     * slabs); tok_cap: what a rank accepts (EXACT's and NVLINK's drops) */
+    int64_t L, slab, tok_cap, send_rows, recv_rows;
     void *send_tok, *recv_tok, *send_small, *recv_small;
     size_t buf_bytes;
+    int nvl;          /* NVLINK */
+    int fused;        /* NVLINK through the backend's peer kernels */
+    etp__ep_nvl_t nv; /* fused: the window, as the kernels see it */
+    void *nvl_local;  /* fused: this rank's window */
+    void *nvl_handle;
+    size_t nvl_bytes;
+    int wire;         /* combine_wire as ETP__EP_F32 / ETP__EP_BF16 */
     /* the last call's stream and an event recorded at its end: a call on
      * another stream waits for it (the transport buffers are shared) */
     etp_event_t *last_ev;
@@ -267,7 +285,7 @@ static etp_status_t exchange(etp_ep_layer_t *ly, int fwd, const void *send, void
     size_t *sc = ly->a2a, *sd = sc + R, *rc = sd + R, *rd = rc + R;
     for (int p = 0; p < R; p++) {
         int64_t srows, soff, rrows, roff;
-        if (ep->cfg.transport == ETP_EP_TRANSPORT_CAPACITY) {
+        if (ep->cfg.transport != ETP_EP_TRANSPORT_EXACT) { /* CAPACITY, NVLINK's slabs */
             srows = rrows = ep->slab;
             soff = roff = (int64_t)p * ep->slab;
         } else {
@@ -294,6 +312,10 @@ static void group_free(etp_ep_group_t *ep)
     void *bufs[4] = {ep->send_tok, ep->recv_tok, ep->send_small, ep->recv_small};
     for (int i = 0; i < 4; i++)
         if (bufs[i]) (void)etp_mem_free(ep->ctx, bufs[i]);
+    if (ep->nvl_handle) {
+        ep->kt->nvl_close(ep->be, ep->group->comms[ep->cfg.role], ep->nvl_handle);
+        etp__mem_account(ep->ctx, ETP_MEM_EP_BUFFERS, ep->nvl_bytes, 0);
+    }
     if (ep->last_ev) (void)etp_event_destroy(ep->last_ev);
     free(ep);
 }
@@ -349,8 +371,22 @@ etp_status_t etp_ep_group_create(etp_group_t *group, const etp_ep_group_config_t
                    fn, (long long)c.recv_capacity_per_rank);
     ETP__CHECK_ARG(c.overflow == ETP_EP_OVERFLOW_DROP || c.overflow == ETP_EP_OVERFLOW_ERROR,
                    "%s: overflow %d is not an etp_ep_overflow_t", fn, (int)c.overflow);
-    ETP__CHECK_ARG(c.transport == ETP_EP_TRANSPORT_EXACT || c.transport == ETP_EP_TRANSPORT_CAPACITY,
+    ETP__CHECK_ARG(c.transport >= ETP_EP_TRANSPORT_EXACT && c.transport <= ETP_EP_TRANSPORT_AUTO,
                    "%s: transport %d is not an etp_ep_transport_t", fn, (int)c.transport);
+    ETP__CHECK_ARG(c.combine_wire == ETP_DTYPE_F32 || c.combine_wire == ETP_DTYPE_BF16,
+                   "%s: combine_wire %s (expected f32 or bf16)", fn,
+                   etp_dtype_name(c.combine_wire));
+    ETP__CHECK_ARG(c.combine_wire == ETP_DTYPE_F32 || c.token_dtype != ETP_DTYPE_F32,
+                   "%s: combine_wire bf16 with f32 tokens (an f32 group sends f32 partials)", fn);
+    ETP__CHECK_ARG(c.num_sms >= 0, "%s: num_sms %d (expected >= 0; 0: the default)", fn,
+                   c.num_sms);
+    /* an explicit transport wins over the environment's, which wins over AUTO */
+    const etp_ep_transport_t asked = c.transport;
+    const int explicit_tr = c.transport != ETP_EP_TRANSPORT_AUTO ||
+                            group->ctx->env.ep_transport != ETP_EP_TRANSPORT_AUTO;
+    if (c.transport == ETP_EP_TRANSPORT_AUTO)
+        c.transport = (etp_ep_transport_t)group->ctx->env.ep_transport;
+    if (c.transport == ETP_EP_TRANSPORT_AUTO) c.transport = ETP_EP_TRANSPORT_NVLINK;
     ETP__CHECK_ARG(c.transport != ETP_EP_TRANSPORT_CAPACITY ||
                        (c.capacity_factor > 0 && isfinite(c.capacity_factor)),
                    "%s: capacity_factor %g (expected > 0)", fn, c.capacity_factor);
@@ -369,7 +405,71 @@ etp_status_t etp_ep_group_create(etp_group_t *group, const etp_ep_group_config_t
     ETP__CHECK_ARG(c.num_experts < lim, "%s: num_experts %lld must be below 2^31", fn,
                    (long long)c.num_experts);
     const int64_t L = c.num_experts / R, T = c.max_tokens_per_rank, K = c.max_topk;
-    int64_t slab = 0, tok_cap, send_rows;
+    ETP__CHECK_ARG(T * R < lim && T * K < lim && T * R * K < lim && (int64_t)R * R < lim &&
+                       c.recv_capacity_per_rank < lim,
+                   "%s: sizes too large for 32-bit row indices (max_tokens_per_rank %lld, ranks %d, "
+                   "max_topk %lld)", fn, (long long)T, R, (long long)K);
+
+    etp_ep_group_t *ep = calloc(1, sizeof *ep);
+    if (!ep) return etp__err(ETP_ERR_OUT_OF_MEMORY, "%s: out of host memory", fn);
+    ep->group = group;
+    ep->ctx = group->ctx;
+    ep->be = group->ctx->be;
+    ep->kt = ep->be->ops->kernels->ep;
+    ep->mx = c.token_dtype == ETP_EP_TOKEN_MXFP8;
+    ep->dt = ep->mx ? ETP_DTYPE_BF16 : c.token_dtype;
+    ep->wire = c.combine_wire == ETP_DTYPE_BF16 ? ETP__EP_BF16 : ETP__EP_F32;
+    snprintf(ep->name, sizeof ep->name, "%s", c.name ? c.name : group->name);
+    c.name = ep->name;
+    ep->rank = group->rank;
+    ep->R = R;
+    ep->L = L;
+    const size_t H = (size_t)c.hidden;
+    etp_status_t st = ETP_SUCCESS;
+    if (c.transport == ETP_EP_TRANSPORT_NVLINK && ep->kt->nvl_open) {
+        /* the window: flags, the small slabs, the token slabs (ep_args.h) */
+        const size_t tok_row =
+            ((ep->mx ? (size_t)ETP__EP_MX_ROW_BYTES(c.hidden) : H * etp_dtype_size(ep->dt)) >
+                     H * etp_dtype_size(c.combine_wire)
+                 ? (ep->mx ? (size_t)ETP__EP_MX_ROW_BYTES(c.hidden) : H * etp_dtype_size(ep->dt))
+                 : H * etp_dtype_size(c.combine_wire));
+        etp__ep_nvl_t *nv = &ep->nv;
+        nv->sig_off = 0;
+        nv->small_row_bytes = (size_t)K * 4;
+        nv->tok_row_bytes = (tok_row + 15) / 16 * 16;
+        nv->small_off = ((size_t)2 * R * sizeof(uint64_t) + 255) / 256 * 256;
+        nv->tok_off = (nv->small_off + (size_t)R * T * nv->small_row_bytes + 255) / 256 * 256;
+        nv->t_max = T;
+        const size_t bytes = nv->tok_off + (size_t)R * T * nv->tok_row_bytes;
+        char why[256] = "";
+        st = ep->kt->nvl_open(ep->be, group->comms[c.role], ep->name, bytes, c.num_sms,
+                              group->ctx->allocator.alloc == NULL, nv, &ep->nvl_local,
+                              &ep->nvl_handle, why, sizeof why);
+        if (st == ETP_SUCCESS) {
+            ep->fused = 1;
+            ep->nvl_bytes = bytes;
+            etp__mem_account(ep->ctx, ETP_MEM_EP_BUFFERS, bytes, 1);
+        } else if (st == ETP_ERR_UNSUPPORTED && !explicit_tr) {
+            ETP__LOG(&ep->ctx->log, ETP_LOG_INFO, ETP_SUBSYS_EP,
+                     "EP group '%s': the nvlink transport cannot run here (%s): exact instead",
+                     ep->name, why);
+            c.transport = ETP_EP_TRANSPORT_EXACT;
+            st = ETP_SUCCESS;
+        } else if (st == ETP_ERR_UNSUPPORTED) {
+            st = etp__err(ETP_ERR_UNSUPPORTED,
+                          "%s: the nvlink transport (%s) cannot run here: %s", fn,
+                          asked == ETP_EP_TRANSPORT_NVLINK ? "asked for in the config"
+                                                                       : "ETP_EP_TRANSPORT=nvlink",
+                          why);
+        }
+        if (st != ETP_SUCCESS) {
+            free(ep);
+            return st;
+        }
+    }
+    ep->cfg = c;
+    ep->nvl = c.transport == ETP_EP_TRANSPORT_NVLINK;
+    int64_t slab = 0, tok_cap, send_rows, recv_rows;
     if (c.transport == ETP_EP_TRANSPORT_CAPACITY) {
         /* p: a token's K distinct experts, uniform, hit at least one of L */
         double miss = 1.0;
@@ -378,55 +478,45 @@ etp_status_t etp_ep_group_create(etp_group_t *group, const etp_ep_group_config_t
                                                : (double)(c.num_experts - L - i) / (double)(c.num_experts - i);
         double want = ceil(c.capacity_factor * (double)T * (1.0 - miss));
         slab = want >= (double)T ? T : want < 1.0 ? 1 : (int64_t)want;
-        tok_cap = send_rows = (int64_t)R * slab;
+        tok_cap = recv_rows = send_rows = (int64_t)R * slab;
     } else {
         tok_cap = c.recv_capacity_per_rank < (int64_t)R * T ? c.recv_capacity_per_rank : (int64_t)R * T;
-        send_rows = T * (K < R ? K : R);
+        if (ep->nvl) {
+            slab = T;
+            recv_rows = send_rows = (int64_t)R * T;
+        } else {
+            recv_rows = tok_cap;
+            send_rows = T * (K < R ? K : R);
+        }
     }
-    ETP__CHECK_ARG(T * R < lim && T * K < lim && tok_cap * K < lim && send_rows * K < lim &&
-                       c.recv_capacity_per_rank < lim && (int64_t)R * R < lim,
-                   "%s: sizes too large for 32-bit row indices (max_tokens_per_rank %lld, ranks %d, "
-                   "max_topk %lld, receive rows %lld)", fn, (long long)T, R, (long long)K,
-                   (long long)tok_cap);
-
-    etp_ep_group_t *ep = calloc(1, sizeof *ep);
-    if (!ep) return etp__err(ETP_ERR_OUT_OF_MEMORY, "%s: out of host memory", fn);
-    ep->group = group;
-    ep->ctx = group->ctx;
-    ep->be = group->ctx->be;
-    ep->kt = ep->be->ops->kernels->ep;
-    ep->cfg = c;
-    ep->mx = c.token_dtype == ETP_EP_TOKEN_MXFP8;
-    ep->dt = ep->mx ? ETP_DTYPE_BF16 : c.token_dtype;
-    snprintf(ep->name, sizeof ep->name, "%s", c.name ? c.name : group->name);
-    ep->cfg.name = ep->name;
-    ep->rank = group->rank;
-    ep->R = R;
-    ep->L = L;
     ep->slab = slab;
     ep->tok_cap = tok_cap;
     ep->send_rows = send_rows;
-    const size_t H = (size_t)c.hidden;
-    size_t sizes[4] = {(size_t)send_rows * H * 4, (size_t)tok_cap * H * 4,
-                       (size_t)send_rows * (size_t)K * 4, (size_t)tok_cap * (size_t)K * 4};
+    ep->recv_rows = recv_rows;
+    /* the fused kernels need only the prepare's metadata slabs (and
+     * combine_bwd's weight gradients in recv_small) */
+    size_t sizes[4] = {ep->fused ? 0 : (size_t)send_rows * H * 4, ep->fused ? 0 : (size_t)recv_rows * H * 4,
+                       (size_t)send_rows * (size_t)K * 4, (size_t)recv_rows * (size_t)K * 4};
     void **bufs[4] = {&ep->send_tok, &ep->recv_tok, &ep->send_small, &ep->recv_small};
-    etp_status_t st = ETP_SUCCESS;
     for (int i = 0; i < 4 && st == ETP_SUCCESS; i++) {
+        if (sizes[i] == 0) continue;
         st = alloc_zeroed(ep->ctx, sizes[i], bufs[i]);
         ep->buf_bytes += sizes[i];
     }
+    ep->buf_bytes += ep->nvl_bytes;
     if (st == ETP_SUCCESS) st = etp_event_create(ep->ctx, &ep->last_ev);
     if (st != ETP_SUCCESS) {
         group_free(ep);
         return st;
     }
+    static const char *const tr_names[] = {"exact", "capacity", "nvlink", "auto"};
     ETP__LOG(&ep->ctx->log, ETP_LOG_INFO, ETP_SUBSYS_EP,
-             "EP group '%s': %d ranks, %lld experts (%lld local), H %lld %s, %s transport "
-             "(slab %lld rows), receive %lld token rows, %zu buffer bytes",
-             ep->name, R, (long long)c.num_experts, (long long)L, (long long)c.hidden,
-             token_dtype_name(c.token_dtype),
-             c.transport == ETP_EP_TRANSPORT_CAPACITY ? "capacity" : "exact", (long long)slab,
-             (long long)tok_cap, ep->buf_bytes);
+             "EP group '%s': %d ranks, %lld experts (%lld local), H %lld %s, %s transport%s "
+             "(slab %lld rows), receive %lld token rows (accepts %lld), combine wire %s, %zu "
+             "buffer bytes", ep->name, R, (long long)c.num_experts, (long long)L,
+             (long long)c.hidden, token_dtype_name(c.token_dtype), tr_names[c.transport],
+             ep->fused ? " (peer stores)" : "", (long long)slab, (long long)recv_rows,
+             (long long)tok_cap, etp_dtype_name(c.combine_wire), ep->buf_bytes);
     ep->group->users++;
     *out = ep;
     return ETP_SUCCESS;
@@ -459,11 +549,14 @@ etp_status_t etp_ep_group_info(const etp_ep_group_t *ep, etp_ep_group_info_t *in
     i.local_experts = ep->L;
     i.first_expert = (int64_t)ep->rank * ep->L;
     i.slab_rows = ep->slab;
-    i.recv_token_rows = ep->tok_cap;
+    i.recv_token_rows = ep->recv_rows;
     i.send_token_rows = ep->send_rows;
     i.buffer_bytes = ep->buf_bytes;
     i.wire_row_bytes = ep->mx ? (size_t)ETP__EP_MX_ROW_BYTES(ep->cfg.hidden)
                               : (size_t)ep->cfg.hidden * etp_dtype_size(ep->dt);
+    i.transport = ep->cfg.transport;
+    i.combine_wire = ep->cfg.combine_wire;
+    i.num_sms = ep->fused ? ep->nv.blocks : 0;
     return etp__vs_out(info, &i, &etp__vs_ep_group_info, "etp_ep_group_info", "info");
 }
 
@@ -545,7 +638,7 @@ etp_status_t etp_ep_layer_create(etp_ep_group_t *ep, const etp_ep_layer_config_t
         snprintf(ly->name, sizeof ly->name, "layer%d", id);
 
     const int R = ep->R, k = c.topk;
-    const int64_t T = ep->cfg.max_tokens_per_rank, tc = ep->tok_cap;
+    const int64_t T = ep->cfg.max_tokens_per_rank, tc = ep->recv_rows;
     /* int32 arrays first (counts in elements), then FP32, then int64 stats,
      * each array starting on a 256-byte boundary */
     struct {
@@ -656,8 +749,8 @@ static etp_status_t ep_prepare_call(etp_ep_layer_t *ly, const void *topk_idx, et
                        "%s: num_tokens %lld with num_tokens_dev (pass ETP_EP_TOKENS_ON_DEVICE)", fn,
                        (long long)num_tokens);
         ETP__CHECK_ARG(!exact,
-                       "%s: a device token count needs the CAPACITY transport (EXACT brings "
-                       "counts to the host; EP group '%s')", fn, ep->name);
+                       "%s: a device token count needs the CAPACITY or NVLINK transport (EXACT "
+                       "brings counts to the host; EP group '%s')", fn, ep->name);
     } else {
         ETP__CHECK_ARG(num_tokens >= 0 && num_tokens <= ep->cfg.max_tokens_per_rank,
                        "%s: num_tokens %lld not in [0, max_tokens_per_rank %lld] of EP group '%s'",
@@ -681,7 +774,7 @@ static etp_status_t ep_prepare_call(etp_ep_layer_t *ly, const void *topk_idx, et
         if (capturing)
             return etp__err(ETP_ERR_INVALID_STATE,
                             "%s: EP group '%s' uses the EXACT transport, which brings the exchange "
-                            "sizes to the host: not during a graph capture (use CAPACITY)", fn,
+                            "sizes to the host: not during a graph capture (use NVLINK or CAPACITY)", fn,
                             ep->name);
     }
     const etp__ep_kernels_t *kt = ep->kt;
@@ -694,7 +787,8 @@ static etp_status_t ep_prepare_call(etp_ep_layer_t *ly, const void *topk_idx, et
         .topk_idx = topk_idx, .t_in = num_tokens_dev, .t_value = num_tokens, .t_dev = ly->t_dev,
         .t_max = ep->cfg.max_tokens_per_rank, .num_experts = ep->cfg.num_experts,
         .local_experts = ep->L, .slab = exact ? ep->cfg.max_tokens_per_rank : ep->slab,
-        .k = ly->k, .ranks = ep->R, .exact = exact, .slot_dest = ly->slot_dest,
+        .k = ly->k, .ranks = ep->R, .exact = exact,
+        .slab_report = ep->cfg.transport == ETP_EP_TRANSPORT_CAPACITY, .slot_dest = ly->slot_dest,
         .send_pos = ly->send_pos, .send_cnt = ly->send_cnt, .send_base = ly->send_base,
         .send_meta = ep->send_small, .stats = ly->stats};
     ETP__TRY(kt->route(be, s->bs, &ra));
@@ -716,11 +810,21 @@ static etp_status_t ep_prepare_call(etp_ep_layer_t *ly, const void *topk_idx, et
             ETP__TRY(kt->clip(be, s->bs, &ca));
         }
     } else {
-        ly->ntok = ep->tok_cap;
+        /* NVLINK drops what the receivers cannot take as EXACT does, on the
+         * device */
+        if (ep->nvl) {
+            etp__ep_clip_args_t ca = {.C = ly->C, .t_dev = ly->t_dev, .slot_dest = ly->slot_dest,
+                                      .t_max = ep->cfg.max_tokens_per_rank, .tok_cap = ep->tok_cap,
+                                      .k = ly->k, .ranks = ep->R, .me = ep->rank,
+                                      .send_pos = ly->send_pos, .stats = ly->stats};
+            ETP__TRY(kt->clip(be, s->bs, &ca));
+        }
+        ly->ntok = ep->recv_rows;
     }
     ETP__TRY(exchange(ly, 1, ep->send_small, ep->recv_small, ly->k, ETP_DTYPE_I32, s));
     etp__ep_layout_args_t la = {
-        .C = ly->C, .recv_meta = ep->recv_small, .tok_cap = ep->tok_cap, .slab = ep->slab,
+        .C = ly->C, .recv_meta = ep->recv_small, .tok_cap = ep->tok_cap,
+        .recv_rows = ep->recv_rows, .slab = ep->slab,
         .rows_cap = ly->rows, .local_experts = ep->L, .alignment = ly->align,
         .fixed_slots = ly->slots, .k = ly->k, .ranks = ep->R, .me = ep->rank, .exact = exact,
         .recv_cnt = ly->recv_cnt, .recv_base = ly->recv_base, .counts = ly->counts,
@@ -823,6 +927,28 @@ static etp__ep_pack_args_t pack_args(const etp_ep_layer_t *ly, const void *token
     return a;
 }
 
+/* The fused kernels' common arguments (NVLINK with peer stores). */
+static etp__ep_t2e_args_t t2e_args(const etp_ep_layer_t *ly, int call, const void *tokens)
+{
+    const etp_ep_group_t *ep = ly->ep;
+    etp__ep_t2e_args_t a = {
+        .nvl = ep->nv, .call = call, .tokens = tokens, .t_dev = ly->t_dev,
+        .slot_dest = ly->slot_dest, .send_pos = ly->send_pos, .hidden = ep->cfg.hidden,
+        .k = ly->k, .dtype = (int)ep->dt, .row_src = ly->row_src, .rows = ly->rows};
+    return a;
+}
+
+static etp__ep_e2t_args_t e2t_args(const etp_ep_layer_t *ly, int call)
+{
+    const etp_ep_group_t *ep = ly->ep;
+    etp__ep_e2t_args_t a = {
+        .nvl = ep->nv, .call = call, .tok_rows = ly->tok_rows, .recv_cnt = ly->recv_cnt,
+        .recv_row = ly->recv_row, .hidden = ep->cfg.hidden, .k = ly->k, .dtype = (int)ep->dt,
+        .wire = ep->wire, .t_dev = ly->t_dev, .slot_dest = ly->slot_dest,
+        .send_pos = ly->send_pos, .send_base = ly->send_base};
+    return a;
+}
+
 static etp_status_t dispatch(etp_ep_layer_t *ly, const etp_ep_dispatch_args_t *a, etp_stream_t *s,
                              const char *fn)
 {
@@ -862,6 +988,24 @@ static etp_status_t dispatch(etp_ep_layer_t *ly, const etp_ep_dispatch_args_t *a
     const etp__ep_kernels_t *kt = ep->kt;
     etp__be_t *be = ep->be;
     ETP__TRY(join(ep, s));
+    if (ep->fused) {
+        /* one kernel: its time falls in the exchange phase */
+        trace(ep, ETP_TRACE_EP_DISPATCH_PACK, s);
+        trace(ep, ETP_TRACE_EP_DISPATCH_EXCHANGE, s);
+        etp__ep_t2e_args_t ta = t2e_args(ly, ETP__EP_NVL_DISPATCH, a->tokens);
+        ta.weights = carry ? a->topk_weights : NULL;
+        ta.mx = ep->mx;
+        ta.carry = carry;
+        ta.out = a->recv_tokens;
+        ta.out_scales = a->recv_scales;
+        ta.out_w = a->recv_weights;
+        ta.keep_w = carry ? ly->row_w : NULL;
+        ETP__TRY(kt->nvl_t2e(be, s->bs, &ta));
+        trace(ep, ETP_TRACE_EP_DISPATCH_EXPAND, s);
+        trace(ep, ETP_TRACE_EP_DISPATCH_END, s);
+        ly->weights_kept = carry;
+        return leave(ep, s);
+    }
     trace(ep, ETP_TRACE_EP_DISPATCH_PACK, s);
     etp__ep_pack_args_t pa = pack_args(ly, a->tokens, carry ? a->topk_weights : NULL, carry);
     pa.mx = ep->mx;
@@ -931,9 +1075,25 @@ static etp_status_t rows_to_tokens(etp_ep_layer_t *ly, const void *in, const flo
     trace(ep, first, s);
     const etp__ep_kernels_t *kt = ep->kt;
     etp__be_t *be = ep->be;
+    if (ep->fused) {
+        /* one kernel: its time falls in the exchange phase */
+        trace(ep, (etp_trace_point_t)(first + 1), s);
+        etp__ep_e2t_args_t ea = e2t_args(ly, first == ETP_TRACE_EP_COMBINE_PRESUM
+                                                 ? ETP__EP_NVL_COMBINE
+                                                 : ETP__EP_NVL_DISPATCH_BWD);
+        ea.in = in;
+        ea.row_w = row_w;
+        ea.grad_row_w = wgrad ? grad_row_w : NULL;
+        ea.out = out;
+        ea.grad_topk = wgrad ? grad_topk_w : NULL;
+        ETP__TRY(kt->nvl_e2t(be, s->bs, &ea));
+        trace(ep, (etp_trace_point_t)(first + 2), s);
+        trace(ep, (etp_trace_point_t)(first + 3), s);
+        return ETP_SUCCESS;
+    }
     etp__ep_presum_args_t pa = {.in = in, .row_w = row_w, .tok_rows = ly->tok_rows,
                                 .ntok = ly->ntok, .hidden = ep->cfg.hidden, .k = ly->k,
-                                .dtype = (int)ep->dt, .partial = ep->recv_tok};
+                                .dtype = (int)ep->dt, .wire = ep->wire, .partial = ep->recv_tok};
     ETP__TRY(kt->presum(be, s->bs, &pa));
     if (wgrad) {
         etp__ep_wgrad_args_t wa = {.recv_row = ly->recv_row, .grad_row_w = grad_row_w,
@@ -944,7 +1104,8 @@ static etp_status_t rows_to_tokens(etp_ep_layer_t *ly, const void *in, const flo
     }
     trace(ep, (etp_trace_point_t)(first + 1), s);
     ETP__TRY(etp_batch_begin(ep->ctx));
-    etp_status_t st = exchange(ly, 0, ep->recv_tok, ep->send_tok, ep->cfg.hidden, ETP_DTYPE_F32, s);
+    etp_status_t st = exchange(ly, 0, ep->recv_tok, ep->send_tok, ep->cfg.hidden,
+                               ep->cfg.combine_wire, s);
     if (st == ETP_SUCCESS && wgrad)
         st = exchange(ly, 0, ep->recv_small, ep->send_small, ly->k, ETP_DTYPE_F32, s);
     etp_status_t st_end = etp_batch_end(ep->ctx);
@@ -954,7 +1115,8 @@ static etp_status_t rows_to_tokens(etp_ep_layer_t *ly, const void *in, const flo
     etp__ep_reduce_args_t ra = {.partial = ep->send_tok, .t_dev = ly->t_dev,
                                 .send_pos = ly->send_pos, .send_base = ly->send_base,
                                 .t_max = ep->cfg.max_tokens_per_rank, .hidden = ep->cfg.hidden,
-                                .ranks = ep->R, .dtype = (int)ep->dt, .out = out};
+                                .ranks = ep->R, .dtype = (int)ep->dt, .wire = ep->wire,
+                                .out = out};
     ETP__TRY(kt->reduce(be, s->bs, &ra));
     if (wgrad) {
         etp__ep_wscatter_args_t wa = {.g_recv = ep->send_small, .t_dev = ly->t_dev,
@@ -1069,6 +1231,28 @@ static etp_status_t ep_combine_bwd_call(etp_ep_layer_t *ly, const void *grad_out
     const etp__ep_kernels_t *kt = ep->kt;
     etp__be_t *be = ep->be;
     ETP__TRY(join(ep, s));
+    if (ep->fused) {
+        etp__ep_t2e_args_t ta = t2e_args(ly, ETP__EP_NVL_COMBINE_BWD, grad_out);
+        ta.scale_w = ly->weighted ? ly->row_w : NULL;
+        ta.out = grad_rows;
+        ETP__TRY(kt->nvl_t2e(be, s->bs, &ta));
+        if (ly->weighted) {
+            /* the dot products read the received grad_out rows in the
+             * window: the peers store there again only after this rank's
+             * next kernel (the one below) has released its slabs */
+            etp__ep_wgrad_args_t wa = {.recv_row = ly->recv_row,
+                                       .recv_tok = (char *)ep->nvl_local + ep->nv.tok_off,
+                                       .rows_in = expert_out, .ntok = ly->ntok,
+                                       .hidden = ep->cfg.hidden, .k = ly->k, .dtype = (int)dtype,
+                                       .dot = 1, .g = ep->recv_small};
+            ETP__TRY(kt->wgrad(be, s->bs, &wa));
+            etp__ep_e2t_args_t ea = e2t_args(ly, ETP__EP_NVL_COMBINE_BWD_WEIGHTS);
+            ea.g_pre = ep->recv_small;
+            ea.grad_topk = grad_topk_weights;
+            ETP__TRY(kt->nvl_e2t(be, s->bs, &ea));
+        }
+        return leave(ep, s);
+    }
     etp__ep_pack_args_t pa = pack_args(ly, grad_out, NULL, 0);
     ETP__TRY(kt->pack(be, s->bs, &pa));
     ETP__TRY(exchange(ly, 1, ep->send_tok, ep->recv_tok, ep->cfg.hidden, dtype, s));
@@ -1120,6 +1304,9 @@ etp_status_t etp_ep_check(etp_ep_layer_t *ly, etp_ep_report_t *report)
     if (report) ETP__TRY(etp__vs_check(report->size, &etp__vs_ep_report, "etp_ep_check", "report"));
     ETP__TRY(etp__ctx_usable(ly->ep->ctx, "etp_ep_check"));
     if (ly->prepared_once) ETP__TRY(etp_event_synchronize(ly->prep_ev));
+    /* a transport kernel that gave up waiting for a peer (NVLINK) */
+    etp__be_t *be = ly->ep->be;
+    if (be->ops->health) ETP__TRY(be->ops->health(be));
     etp_ep_report_t r = ETP_EP_REPORT_INIT;
     read_report(ly, &r);
     if (report) etp__vs_put(report, &r);

@@ -158,6 +158,23 @@ ETP__EP_HD float etp__ep_slot_weight(const int32_t *sd, const float *w, int j, i
     return sd[j] == d ? w[j] : 0.0f;
 }
 
+/* NVLINK: the row of each destination's slabs (slab `me`, the sender's)
+ * that the token at send position pos fills, and the row of the token's
+ * rank that the expert side's answer for received row i (slab s = i /
+ * t_max, position i % t_max) fills: the same numbering both ways. */
+ETP__EP_HD int64_t etp__ep_nvl_row(int me, int64_t t_max, int64_t pos)
+{
+    return (int64_t)me * t_max + pos;
+}
+
+/* NVLINK: the value every rank's arrived[] and released[] words reach when
+ * call n (1-based, counted on the device) is complete: each of the
+ * `blocks` blocks of every rank adds 1 per call. */
+ETP__EP_HD uint64_t etp__ep_nvl_mark(uint64_t n, int blocks)
+{
+    return n * (uint64_t)blocks;
+}
+
 /* ---- the exchange sizes --------------------------------------------------- */
 
 /* The tokens rank s may send to rank d when d's receive buffer holds
@@ -278,8 +295,15 @@ ETP__EP_HD float etp__ep_presum_step(float acc, int weighted, float w, float x)
     return weighted ? fmaf(w, x, acc) : acc + x;
 }
 
+/* A partial sum as it travels: FP32, or rounded once to BF16 (the
+ * combine_wire of the group). */
+ETP__EP_HD float etp__ep_wire_round(float v, int wire)
+{
+    return wire == ETP__EP_BF16 ? etp__qf_bf16_to_f32(etp__qf_f32_to_bf16(v)) : v;
+}
+
 /* Element h of received token i's FP32 partial: its rows in tok_rows order
- * (ascending, expert order), from 0. */
+ * (ascending, expert order), from 0 (stored as the wire dtype). */
 ETP__EP_HD float etp__ep_presum_elem(const etp__ep_presum_args_t *a, int64_t i, int64_t h)
 {
     const int32_t *rows = a->tok_rows + i * a->k;
@@ -300,7 +324,7 @@ ETP__EP_HD float etp__ep_reduce_elem(const etp__ep_reduce_args_t *a, int64_t t, 
     float acc = 0.0f;
     for (int d = 0; d < a->ranks; d++) {
         const int64_t row = etp__ep_send_row(a->send_pos, a->send_base, a->ranks, t, d);
-        if (row >= 0) acc = acc + a->partial[row * a->hidden + h];
+        if (row >= 0) acc = acc + etp__ep_load(a->partial, a->wire, row * a->hidden + h);
     }
     return acc;
 }

@@ -211,6 +211,11 @@ static const etp__kernels_t cuda_kernels = {
     .gemm = &etp__cuda_gemm_kernels,
 };
 
+static etp_status_t cuda_health(etp__be_t *be)
+{
+    return etp__cuda_nvl_faults(etp__cuda_of(be));
+}
+
 static const etp__backend_ops_t cuda_ops = {
     .name = "cuda",
     .kind = ETP_BACKEND_CUDA,
@@ -246,6 +251,7 @@ static const etp__backend_ops_t cuda_ops = {
     .capture_end = etp__cuda_capture_end,
     .graph_launch = etp__cuda_graph_launch,
     .graph_destroy = etp__cuda_graph_destroy,
+    .health = cuda_health,
     .kernels = &cuda_kernels,
 };
 

@@ -1,9 +1,134 @@
 /* CUDA kernels of the ep module: launchers for kernels/ep/ (the host
- * reference is host/host_ep.c), and pinned host memory for the layers'
- * counter mirrors. */
+ * reference is host/host_ep.c), pinned host memory for the layers' counter
+ * mirrors, and the NVLink transport's windows: their memory, their peers'
+ * addresses, their device counters and the fault words their kernels write
+ * when a peer never comes (reported by every wait of the backend). */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
 #include "../kernels_ep.h"
 #include "cuda_internal.h"
 #include "kernels/ep/ep_kernels.h"
+#include "kernels/ep/nvl_kernels.h"
+
+/* One NVLink transport window. */
+struct etp__cuda_nvl {
+    void *mem;           /* the window's memory (ncclMemAlloc) */
+    void *win;           /* its ncclWindow_t */
+    char **peers;        /* device: [R] addresses */
+    uint64_t *calls;     /* device: the call counters */
+    int64_t *fault;      /* pinned, host-mapped: the kernels' fault words */
+    char name[64];       /* the EP group's */
+    int rank, ranks;
+    double timeout_s;
+    struct etp__cuda_nvl *next;
+};
+
+static const char *nvl_call_name(int64_t call)
+{
+    switch (call) {
+    case ETP__EP_NVL_DISPATCH: return "dispatch";
+    case ETP__EP_NVL_COMBINE: return "combine";
+    case ETP__EP_NVL_DISPATCH_BWD: return "dispatch_bwd";
+    case ETP__EP_NVL_COMBINE_BWD: return "combine_bwd";
+    case ETP__EP_NVL_COMBINE_BWD_WEIGHTS: return "combine_bwd (weight gradients)";
+    default: return "an EP call";
+    }
+}
+
+etp_status_t etp__cuda_nvl_faults(etp__cuda_t *cb)
+{
+    for (struct etp__cuda_nvl *n = cb->nvls; n; n = n->next) {
+        const volatile int64_t *f = n->fault;
+        if (f[0] == 0) continue;
+        etp__err(ETP_ERR_TIMEOUT,
+                 "EP group '%s' (rank %d of %d): its %s kernel waited more than %.1f s for rank "
+                 "%lld %s (nvlink transport); communicators aborted",
+                 n->name, n->rank, n->ranks, nvl_call_name(f[1]), n->timeout_s,
+                 (long long)(f[0] - 1),
+                 f[2] == ETP__EP_NVL_WAIT_RELEASE ? "to release its receive slabs"
+                                                  : "to store its rows");
+        return etp__cuda_fail(cb, ETP_ERR_TIMEOUT);
+    }
+    return ETP_SUCCESS;
+}
+
+static void nvl_free(etp__cuda_t *cb, etp__bcomm_t *c, struct etp__cuda_nvl *n)
+{
+    if (n->peers) (void)cudaFree(n->peers);
+    if (n->calls) (void)cudaFree(n->calls);
+    if (n->fault) (void)cudaFreeHost(n->fault);
+    if (n->mem) etp__cuda_peer_win_free(&cb->base, c, n->mem, n->win);
+    free(n);
+}
+
+static etp_status_t cuda_nvl_open(etp__be_t *be, etp__bcomm_t *c, const char *name, size_t bytes,
+                                  int num_sms, int local_ok, etp__ep_nvl_t *nvl, void **local,
+                                  void **handle, char *why, size_t why_bytes)
+{
+    etp__cuda_t *cb = etp__cuda_of(be);
+    ETP__TRY(etp__cuda_set_device(cb));
+    struct etp__cuda_nvl *n = calloc(1, sizeof *n);
+    if (!n) return etp__err(ETP_ERR_OUT_OF_MEMORY, "EP group '%s': out of host memory", name);
+    etp_status_t st =
+        etp__cuda_peer_win_alloc(be, c, bytes, local_ok, &n->mem, &n->win, why, why_bytes);
+    if (st != ETP_SUCCESS) {
+        free(n);
+        return st;
+    }
+    const int R = c->size;
+    int sms = 0;
+    cudaError_t e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, cb->device);
+    if (e == cudaSuccess) e = cudaMalloc((void **)&n->peers, (size_t)R * sizeof(char *));
+    if (e == cudaSuccess) e = cudaMalloc((void **)&n->calls, 2 * sizeof(uint64_t));
+    if (e == cudaSuccess) e = cudaHostAlloc((void **)&n->fault, 4 * sizeof(int64_t), cudaHostAllocMapped);
+    cudaStream_t ws = NULL;
+    if (e == cudaSuccess) e = cudaStreamCreateWithFlags(&ws, cudaStreamNonBlocking);
+    if (e == cudaSuccess) e = cudaMemsetAsync(n->calls, 0, 2 * sizeof(uint64_t), ws);
+    if (e == cudaSuccess) e = etp__cuda_nvl_peer_ptrs(n->win, R, n->peers, ws);
+    if (e == cudaSuccess) e = cudaStreamSynchronize(ws);
+    if (ws) (void)cudaStreamDestroy(ws);
+    if (e != cudaSuccess) {
+        st = etp__cuda_error("EP nvlink window setup", e);
+        nvl_free(cb, c, n);
+        return st;
+    }
+    memset((void *)n->fault, 0, 4 * sizeof(int64_t));
+    snprintf(n->name, sizeof n->name, "%s", name);
+    n->rank = c->rank;
+    n->ranks = R;
+    n->timeout_s = cb->base.cfg.timeout_s;
+    nvl->peers = n->peers;
+    nvl->calls = n->calls;
+    nvl->fault = n->fault;
+    nvl->timeout_ns = cb->base.cfg.timeout_s > 0 ? (int64_t)(cb->base.cfg.timeout_s * 1e9) : 0;
+    nvl->blocks = num_sms > 0 ? num_sms : (sms < 24 ? sms : 24);
+    if (nvl->blocks > sms) nvl->blocks = sms;
+    nvl->me = c->rank;
+    nvl->ranks = R;
+    n->next = cb->nvls;
+    cb->nvls = n;
+    *local = n->mem;
+    *handle = n;
+    return ETP_SUCCESS;
+}
+
+static void cuda_nvl_close(etp__be_t *be, etp__bcomm_t *c, void *handle)
+{
+    etp__cuda_t *cb = etp__cuda_of(be);
+    struct etp__cuda_nvl *n = handle;
+    if (!n) return;
+    (void)etp__cuda_set_device(cb);
+    /* nothing enqueued may still use it (like etp_mem_free) */
+    if (!cb->base.failed) (void)be->ops->device_sync(be);
+    for (struct etp__cuda_nvl **pp = &cb->nvls; *pp; pp = &(*pp)->next)
+        if (*pp == n) {
+            *pp = n->next;
+            break;
+        }
+    nvl_free(cb, c, n);
+}
 
 static etp_status_t launched(cudaError_t e, const char *what)
 {
@@ -29,6 +154,20 @@ CUDA_LAUNCHER(presum, etp__ep_presum_args_t)
 CUDA_LAUNCHER(reduce, etp__ep_reduce_args_t)
 CUDA_LAUNCHER(wgrad, etp__ep_wgrad_args_t)
 CUDA_LAUNCHER(wscatter, etp__ep_wscatter_args_t)
+
+static etp_status_t cuda_nvl_t2e(etp__be_t *be, etp__bstream_t *s, const etp__ep_t2e_args_t *a)
+{
+    cudaStream_t cs;
+    ETP__TRY(etp__cuda_stream_for_launch(be, s, &cs));
+    return launched(etp__cuda_nvl_t2e(cs, a), "nvlink token-to-expert");
+}
+
+static etp_status_t cuda_nvl_e2t(etp__be_t *be, etp__bstream_t *s, const etp__ep_e2t_args_t *a)
+{
+    cudaStream_t cs;
+    ETP__TRY(etp__cuda_stream_for_launch(be, s, &cs));
+    return launched(etp__cuda_nvl_e2t(cs, a), "nvlink expert-to-token");
+}
 
 static etp_status_t cuda_pinned_alloc(etp__be_t *be, size_t bytes, void **ptr)
 {
@@ -59,6 +198,10 @@ const etp__ep_kernels_t etp__cuda_ep_kernels = {
     .reduce = cuda_reduce,
     .wgrad = cuda_wgrad,
     .wscatter = cuda_wscatter,
+    .nvl_open = cuda_nvl_open,
+    .nvl_close = cuda_nvl_close,
+    .nvl_t2e = cuda_nvl_t2e,
+    .nvl_e2t = cuda_nvl_e2t,
     .pinned_alloc = cuda_pinned_alloc,
     .pinned_free = cuda_pinned_free,
 };

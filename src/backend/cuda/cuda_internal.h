@@ -138,6 +138,7 @@ struct etp__cuda {
     size_t num_batch, cap_batch;
     int warned_check_capture;  /* fingerprints skipped under capture: said once */
     int warned_check_batch;    /* fingerprints skipped inside a batch: said once */
+    struct etp__cuda_nvl *nvls; /* the NVLink transport's windows (cuda_ep.c) */
 };
 
 /* The communicator collectives launch on. */
@@ -229,6 +230,19 @@ void etp__cuda_graph_destroy(etp__be_t *be, void *graph);
 etp_status_t etp__cuda_win_alloc(etp__be_t *be, etp__bcomm_t *c, size_t bytes, void **ptr,
                                  void **win);
 void etp__cuda_win_free(etp__be_t *be, etp__bcomm_t *c, void *ptr, void *win);
+/* The NVLink transport's window (cuda_ep.c): `bytes` of ncclMemAlloc
+ * memory registered as a symmetric window of c, whose peers' copies the
+ * kernels reach by LSA pointers. Collective over c; ETP_ERR_UNSUPPORTED on
+ * every rank alike, with the reason in why, when some rank cannot (local_ok
+ * 0, no device API, NCCL too old, not every rank in the LSA team). *win is
+ * the ncclWindow_t. */
+etp_status_t etp__cuda_peer_win_alloc(etp__be_t *be, etp__bcomm_t *c, size_t bytes, int local_ok,
+                                      void **ptr, void **win, char *why, size_t why_bytes);
+void etp__cuda_peer_win_free(etp__be_t *be, etp__bcomm_t *c, void *ptr, void *win);
+/* A fault an NVLink transport kernel recorded (a peer that never came), as
+ * ETP_ERR_TIMEOUT failing the backend; ETP_SUCCESS when none. Read without
+ * blocking (host-mapped words). */
+etp_status_t etp__cuda_nvl_faults(etp__cuda_t *cb);
 /* The communicator an all-gather from send into [recv, recv + bytes)
  * launches on: the zero-CTA twin when both lie in c's windows, else the
  * usual one. */

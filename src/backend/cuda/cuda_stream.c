@@ -7,9 +7,11 @@
 
 #include "cuda_internal.h"
 
-/* An asynchronous NCCL error on any live communicator fails the backend. */
+/* An asynchronous NCCL error on any live communicator, or a fault of an
+ * NVLink transport kernel, fails the backend. */
 static etp_status_t check_async(etp__cuda_t *cb)
 {
+    ETP__TRY(etp__cuda_nvl_faults(cb));
     for (etp__bcomm_t *c = cb->comms; c; c = c->next) {
         if (c->nccl == NULL) continue;
         ncclResult_t state = ncclSuccess;
@@ -64,7 +66,11 @@ etp_status_t etp__cuda_wait_work(etp__cuda_t *cb, const char *what, const cudaSt
             etp__cuda_error(where, e);
             return etp__cuda_fail(cb, ETP_ERR_BACKEND);
         }
-        if (done_streams == ns && ev_done) return ETP_SUCCESS;
+        if (done_streams == ns && ev_done) {
+            /* a transport kernel that gave up waiting has completed too */
+            if (report) ETP__TRY(etp__cuda_nvl_faults(cb));
+            return ETP_SUCCESS;
+        }
         if (report) ETP__TRY(check_async(cb));
         double elapsed = etp__now_s() - t0;
         if (limit > 0 && elapsed > limit) {

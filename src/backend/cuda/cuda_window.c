@@ -23,6 +23,7 @@
 #include <stdlib.h>
 
 #include "cuda_internal.h"
+#include "kernels/ep/nvl_kernels.h"
 
 /* Smaller slots gain nothing from the copy engines and would each pay the
  * allocation granularity (2 MiB). */
@@ -165,6 +166,91 @@ void etp__cuda_win_free(etp__be_t *be, etp__bcomm_t *c, void *ptr, void *win)
     free(w);
 }
 
+etp_status_t etp__cuda_peer_win_alloc(etp__be_t *be, etp__bcomm_t *c, size_t bytes, int local_ok,
+                                      void **ptr, void **win, char *why, size_t why_bytes)
+{
+    etp__cuda_t *cb = etp__cuda_of(be);
+    ETP__TRY(etp__cuda_set_device(cb));
+    int version = 0;
+    (void)ncclGetVersion(&version);
+    int ok = local_ok;
+    if (!local_ok)
+        snprintf(why, why_bytes, "a user allocator is set (its memory cannot be registered)");
+    if (ok && !etp__cuda_nvl_built())
+        ok = 0, snprintf(why, why_bytes, "etp was built without NCCL's device API (nccl_device.h, NCCL >= 2.28.3)");
+    if (ok && version < NCCL_VERSION(2, 28, 3))
+        ok = 0, snprintf(why, why_bytes, "NCCL %d at run time (needs >= 2.28.3)", version);
+    if (ok && c->size > etp__cuda_nvl_max_ranks())
+        ok = 0, snprintf(why, why_bytes, "%d ranks (at most %d)", c->size, etp__cuda_nvl_max_ranks());
+    if (ok && c->nccl == NULL) ok = 0, snprintf(why, why_bytes, "no communicator");
+    if (ok) {
+        const int lsa = etp__cuda_nvl_lsa_ranks(c->nccl);
+        if (lsa != c->size)
+            ok = 0, snprintf(why, why_bytes,
+                             "rank %d reaches %d of the group's %d ranks by peer stores (NCCL's LSA "
+                             "team: one NVLink domain with peer access)", c->rank, lsa, c->size);
+    }
+    void *p = NULL;
+    if (ok && ncclMemAlloc(&p, bytes) != ncclSuccess)
+        ok = 0, snprintf(why, why_bytes, "ncclMemAlloc of %zu bytes failed", bytes);
+    if (ok) {
+        /* zeroed before the rendezvous: when any rank's kernel first stores
+         * into it, every rank's flags start from 0 */
+        cudaStream_t zs = NULL;
+        cudaError_t e = cudaStreamCreateWithFlags(&zs, cudaStreamNonBlocking);
+        if (e == cudaSuccess) e = cudaMemsetAsync(p, 0, bytes, zs);
+        if (e == cudaSuccess) e = cudaStreamSynchronize(zs);
+        if (zs) (void)cudaStreamDestroy(zs);
+        if (e != cudaSuccess) {
+            (void)cudaGetLastError();
+            ok = 0, snprintf(why, why_bytes, "zeroing the window: %s", cudaGetErrorString(e));
+        }
+    }
+    const int mine = ok;
+    etp_status_t st = c->nccl ? agree(cb, c, &ok, ETP__CUDA_SETUP_MIN_S) : ETP_SUCCESS;
+    if (st != ETP_SUCCESS || !ok) {
+        if (p) (void)ncclMemFree(p);
+        if (st != ETP_SUCCESS) return etp__cuda_fail(cb, st);
+        if (mine) snprintf(why, why_bytes, "another rank of the group cannot (its log says why)");
+        return ETP_ERR_UNSUPPORTED;
+    }
+    if (c->zero == NULL) st = make_zero(cb, c);
+    ncclWindow_t w = NULL;
+    if (st == ETP_SUCCESS) {
+        ncclResult_t r = ncclCommWindowRegister(c->zero, p, bytes, &w, NCCL_WIN_COLL_SYMMETRIC);
+        if (r != ncclSuccess)
+            st = etp__err(ETP_ERR_BACKEND, "group '%s': ncclCommWindowRegister of %zu bytes: %s (%s)",
+                          c->name, bytes, ncclGetErrorString(r), ncclGetLastError(c->zero));
+    }
+    if (st != ETP_SUCCESS) {
+        (void)ncclMemFree(p);
+        return etp__cuda_fail(cb, st);
+    }
+    *ptr = p;
+    *win = w;
+    return ETP_SUCCESS;
+}
+
+void etp__cuda_peer_win_free(etp__be_t *be, etp__bcomm_t *c, void *ptr, void *win)
+{
+    etp__cuda_t *cb = etp__cuda_of(be);
+    (void)etp__cuda_set_device(cb);
+    /* collective like the registration (etp__cuda_win_free says why the
+     * rendezvous comes first) */
+    int here = 1;
+    if (c->zero && !cb->base.failed) {
+        etp_status_t st = agree(cb, c, &here, 0.0);
+        if (st != ETP_SUCCESS) (void)etp__cuda_fail(cb, st);
+    }
+    if (c->zero && !cb->base.failed && here) {
+        ncclResult_t r = ncclCommWindowDeregister(c->zero, (ncclWindow_t)win);
+        if (r != ncclSuccess)
+            ETP__LOG(cb->base.log, ETP_LOG_WARN, ETP_SUBSYS_BACKEND,
+                     "group '%s': ncclCommWindowDeregister: %s", c->name, ncclGetErrorString(r));
+    }
+    (void)ncclMemFree(ptr);
+}
+
 static int in_window(const etp__bcomm_t *c, const void *p, size_t bytes)
 {
     const char *b = p;
@@ -204,6 +290,19 @@ ncclResult_t etp__cuda_alltoall(const void *send, void *recv, size_t count, nccl
 }
 
 #else /* NCCL without symmetric windows or the zero-CTA policy */
+
+etp_status_t etp__cuda_peer_win_alloc(etp__be_t *be, etp__bcomm_t *c, size_t bytes, int local_ok,
+                                      void **ptr, void **win, char *why, size_t why_bytes)
+{
+    (void)be, (void)c, (void)bytes, (void)local_ok, (void)ptr, (void)win;
+    snprintf(why, why_bytes, "etp was built with an NCCL older than 2.28 (no symmetric windows)");
+    return ETP_ERR_UNSUPPORTED;
+}
+
+void etp__cuda_peer_win_free(etp__be_t *be, etp__bcomm_t *c, void *ptr, void *win)
+{
+    (void)be, (void)c, (void)ptr, (void)win;
+}
 
 etp_status_t etp__cuda_win_alloc(etp__be_t *be, etp__bcomm_t *c, size_t bytes, void **ptr,
                                  void **win)

@@ -67,7 +67,7 @@ static void route_run(void *p)
         }
     }
     for (int d = 0; d < R; d++) {
-        if (!a->exact) stat_max(st, ETP__EP_ST_TRANSPORT_NEEDED, a->send_cnt[d]);
+        if (a->slab_report) stat_max(st, ETP__EP_ST_TRANSPORT_NEEDED, a->send_cnt[d]);
         a->send_cnt[d] = (int32_t)etp__ep_min(a->send_cnt[d], a->slab);
     }
     etp__ep_block_bases(a->send_cnt, R, a->exact, a->slab, a->send_base);
@@ -114,7 +114,7 @@ static void layout_run(void *p)
 {
     const etp__ep_layout_args_t *a = p;
     const int R = a->ranks, k = a->k;
-    const int64_t L = a->local_experts, slots = a->tok_cap * k;
+    const int64_t L = a->local_experts, slots = a->recv_rows * k;
     for (int s = 0; s < R; s++)
         a->recv_cnt[s] = (int32_t)etp__ep_accepted(a->C, R, a->tok_cap, s, a->me);
     etp__ep_block_bases(a->recv_cnt, R, a->exact, a->slab, a->recv_base);
@@ -140,7 +140,7 @@ static void layout_run(void *p)
         a->recv_row[x] = (int32_t)row;
         a->row_src[row] = (int32_t)x;
     }
-    for (int64_t i = 0; i < a->tok_cap; i++)
+    for (int64_t i = 0; i < a->recv_rows; i++)
         etp__ep_sort_rows(a->recv_row + i * k, k, a->tok_rows + i * k);
 }
 
@@ -228,7 +228,7 @@ static void presum_run(void *p)
     const etp__ep_presum_args_t *a = p;
     for (int64_t i = 0; i < a->ntok; i++)
         for (int64_t h = 0; h < a->hidden; h++)
-            a->partial[i * a->hidden + h] = etp__ep_presum_elem(a, i, h);
+            etp__ep_store(a->partial, a->wire, i * a->hidden + h, etp__ep_presum_elem(a, i, h));
 }
 
 static void reduce_run(void *p)

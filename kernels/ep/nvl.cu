@@ -1,0 +1,609 @@
+/*
+ * The NVLink transport's kernels (src/backend/ep_args.h: etp__ep_t2e_args_t
+ * and etp__ep_e2t_args_t define what each computes; the window and its
+ * flags are described there). Each is one kernel of `blocks` blocks per
+ * rank: the blocks store their share of the rows straight into the peers'
+ * slabs (addresses from NCCL's LSA pointers, taken once at the window's
+ * creation), count their arrival in each peer's window, wait until every
+ * block of every rank has arrived here, then finish the call's work on
+ * their own slabs (the expand, or the token sums) and release the slabs to
+ * their writers. Every wait is bounded by nvl.timeout_ns: a kernel that
+ * gives up records the rank it waited for in host-mapped memory, which the
+ * backend's waits report (cuda_nvl.c), and leaves.
+ *
+ * The arithmetic is ep_rules.h's, element by element in the same order as
+ * the host backend's pack/expand/presum/reduce kernels: a warp owns a row,
+ * each lane whole 16-byte groups of elements, and every element's terms are
+ * taken in the rules' order; so results equal EXACT's bit for bit. Compiled
+ * with --fmad=false like ep.cu.
+ */
+#include <stdint.h>
+
+#include "ep/ep_rules.h"
+#include "nvl_kernels.h"
+
+namespace {
+
+constexpr int kThreads = 512;
+constexpr int kWarps = kThreads / 32;
+constexpr unsigned kFull = 0xffffffffu;
+/* ranks a warp keeps in registers (per lane: one peer); larger groups are
+ * refused by the launcher */
+constexpr int kMaxRanks = 32;
+
+__device__ __forceinline__ uint64_t load_acquire(const uint64_t *p)
+{
+    uint64_t v;
+    asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+    return v;
+}
+
+__device__ __forceinline__ int64_t now_ns()
+{
+    uint64_t t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return (int64_t)t;
+}
+
+__device__ __forceinline__ uint64_t *sig(const etp__ep_nvl_t &n, int rank)
+{
+    return reinterpret_cast<uint64_t *>(n.peers[rank] + n.sig_off);
+}
+
+/* Wait until *p >= v, at most the timeout; on giving up, record (once per
+ * rank) who was waited for. Returns 0 when it gave up. */
+__device__ bool wait_for(const etp__ep_nvl_t &n, const uint64_t *p, uint64_t v, int64_t t0,
+                         int peer, int call, int what)
+{
+    while (load_acquire(p) < v) {
+        if (n.timeout_ns > 0 && now_ns() - t0 > n.timeout_ns) {
+            unsigned long long *f = reinterpret_cast<unsigned long long *>(n.fault);
+            if (atomicCAS(f, 0ull, (unsigned long long)(peer + 1)) == 0ull) {
+                volatile int64_t *vf = n.fault;
+                vf[1] = call;
+                vf[2] = what;
+                __threadfence_system();
+            }
+            return false;
+        }
+        __nanosleep(64);
+    }
+    return true;
+}
+
+/* Every rank's flag word `which` (0: arrived, 1: released) at this rank's
+ * index, in each rank's window, gets one more: this block is done. */
+__device__ __forceinline__ void signal_all(const etp__ep_nvl_t &n, int which)
+{
+    __threadfence_system();
+    for (int d = 0; d < n.ranks; d++)
+        atomicAdd_system(reinterpret_cast<unsigned long long *>(sig(n, d) + which * n.ranks + n.me),
+                         1ull);
+}
+
+/* Phase boundaries of a block: threads r < R wait on this rank's word
+ * `which` for rank r; ok becomes 0 for the block when any gave up. */
+__device__ bool block_wait(const etp__ep_nvl_t &n, int which, uint64_t v, int call, int what,
+                           int64_t t0)
+{
+    __shared__ int ok;
+    if (threadIdx.x == 0) ok = 1;
+    __syncthreads();
+    if ((int)threadIdx.x < n.ranks) {
+        const uint64_t *w = sig(n, n.me) + which * n.ranks + threadIdx.x;
+        if (!wait_for(n, w, v, t0, (int)threadIdx.x, call, what)) ok = 0;
+    }
+    __syncthreads();
+    return ok != 0;
+}
+
+/* The call's end: this block released what it read; the last block of the
+ * rank counts the call. */
+__device__ void block_end(const etp__ep_nvl_t &n, uint64_t call_no)
+{
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        signal_all(n, 1);
+        if (atomicAdd(reinterpret_cast<unsigned long long *>(n.calls + 1), 1ull) ==
+            (unsigned long long)(n.blocks - 1)) {
+            n.calls[1] = 0;
+            n.calls[0] = call_no;
+        }
+    }
+}
+
+__device__ __forceinline__ int64_t tokens_of(const int32_t *t_dev, int64_t t_max)
+{
+    return etp__ep_clamp_tokens(*t_dev, t_max);
+}
+
+/* ---- token side to expert side -------------------------------------------- */
+
+/* The destinations of token t that it is sent to: a mask of ranks, and per
+ * lane d < R the slab row there. */
+__device__ __forceinline__ unsigned dest_mask(const etp__ep_t2e_args_t &a, int64_t t, int64_t *row)
+{
+    const int lane = threadIdx.x & 31;
+    int32_t pos = -1;
+    if (lane < a.nvl.ranks) pos = a.send_pos[t * a.nvl.ranks + lane];
+    *row = pos >= 0 ? etp__ep_nvl_row(a.nvl.me, a.nvl.t_max, pos) : -1;
+    return __ballot_sync(kFull, pos >= 0);
+}
+
+/* Token t's row (rb bytes) into every destination's token slab. */
+__device__ void store_token(const etp__ep_t2e_args_t &a, int64_t t, unsigned mask, int64_t row,
+                            int64_t rb, bool vec)
+{
+    const int lane = threadIdx.x & 31;
+    const char *src = static_cast<const char *>(a.tokens) + t * rb;
+    char *dst[kMaxRanks];
+    int nd = 0;
+    for (unsigned m = mask; m; m &= m - 1) {
+        const int d = __ffs(m) - 1;
+        const int64_t r = __shfl_sync(kFull, row, d);
+        dst[nd++] = a.nvl.peers[d] + a.nvl.tok_off + r * rb;
+    }
+    if (vec) {
+        const int64_t nc = rb / 16;
+        const uint4 *s4 = reinterpret_cast<const uint4 *>(src);
+        int64_t c = lane;
+        for (; c + 96 < nc; c += 128) {
+            const uint4 v0 = __ldg(s4 + c), v1 = __ldg(s4 + c + 32), v2 = __ldg(s4 + c + 64),
+                        v3 = __ldg(s4 + c + 96);
+            for (int q = 0; q < nd; q++) {
+                uint4 *d4 = reinterpret_cast<uint4 *>(dst[q]);
+                d4[c] = v0;
+                d4[c + 32] = v1;
+                d4[c + 64] = v2;
+                d4[c + 96] = v3;
+            }
+        }
+        for (; c < nc; c += 32) {
+            const uint4 v = __ldg(s4 + c);
+            for (int q = 0; q < nd; q++) reinterpret_cast<uint4 *>(dst[q])[c] = v;
+        }
+    } else {
+        for (int64_t b = lane; b < rb; b += 32) {
+            const char v = src[b];
+            for (int q = 0; q < nd; q++) dst[q][b] = v;
+        }
+    }
+}
+
+/* MXFP8: token t quantized once (etp__ep_mx_block per 32-element block),
+ * its wire row into every destination. */
+__device__ void store_token_mx(const etp__ep_t2e_args_t &a, int64_t t, unsigned mask, int64_t row)
+{
+    const int lane = threadIdx.x & 31;
+    const int64_t H = a.hidden, nb = H / ETP__EP_MX_BLOCK, rb = ETP__EP_MX_ROW_BYTES(H);
+    char *dst[kMaxRanks];
+    int nd = 0;
+    for (unsigned m = mask; m; m &= m - 1) {
+        const int d = __ffs(m) - 1;
+        const int64_t r = __shfl_sync(kFull, row, d);
+        dst[nd++] = a.nvl.peers[d] + a.nvl.tok_off + r * rb;
+    }
+    const bool vec = a.dtype == ETP__EP_BF16 &&
+                     ((reinterpret_cast<uintptr_t>(a.tokens) | (uintptr_t)(H * 2)) & 15u) == 0;
+    for (int64_t b = lane; b < nb; b += 32) {
+        const int64_t h0 = t * H + b * ETP__EP_MX_BLOCK;
+        float x[ETP__EP_MX_BLOCK];
+        if (vec) {
+            const uint4 *s4 = reinterpret_cast<const uint4 *>(static_cast<const uint16_t *>(a.tokens) + h0);
+#pragma unroll
+            for (int q = 0; q < 4; q++) {
+                const uint4 v = __ldg(s4 + q);
+                const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+                for (int c = 0; c < 4; c++) {
+                    x[q * 8 + 2 * c] = etp__qf_bf16_to_f32((uint16_t)(w[c] & 0xffffu));
+                    x[q * 8 + 2 * c + 1] = etp__qf_bf16_to_f32((uint16_t)(w[c] >> 16));
+                }
+            }
+        } else {
+#pragma unroll
+            for (int c = 0; c < ETP__EP_MX_BLOCK; c++) x[c] = etp__ep_load(a.tokens, a.dtype, h0 + c);
+        }
+        uint8_t q8[ETP__EP_MX_BLOCK];
+        const uint8_t e = etp__ep_mx_block(x, q8);
+        uint32_t w[8];
+#pragma unroll
+        for (int c = 0; c < 8; c++)
+            w[c] = (uint32_t)q8[4 * c] | (uint32_t)q8[4 * c + 1] << 8 |
+                   (uint32_t)q8[4 * c + 2] << 16 | (uint32_t)q8[4 * c + 3] << 24;
+        for (int q = 0; q < nd; q++) {
+            uint4 *d4 = reinterpret_cast<uint4 *>(dst[q] + b * ETP__EP_MX_BLOCK);
+            d4[0] = make_uint4(w[0], w[1], w[2], w[3]);
+            d4[1] = make_uint4(w[4], w[5], w[6], w[7]);
+            dst[q][H + b] = (char)e;
+        }
+    }
+    for (int64_t i = H + nb + lane; i < rb; i += 32)
+        for (int q = 0; q < nd; q++) dst[q][i] = 0;
+}
+
+/* Row r of the layout from received token row i = src / k (etp__ep_expand_args_t). */
+__device__ void expand_row(const etp__ep_t2e_args_t &a, const char *slab, const float *recv_w,
+                           int64_t r, int64_t rb, bool vec)
+{
+    const int lane = threadIdx.x & 31;
+    const int32_t src = a.row_src[r];
+    const int64_t H = a.hidden;
+    if (lane == 0) {
+        const float w = etp__ep_row_weight(recv_w, src);
+        if (a.out_w) a.out_w[r] = w;
+        if (a.keep_w) a.keep_w[r] = w;
+    }
+    if (a.mx) {
+        const int64_t nb = H / ETP__EP_MX_BLOCK;
+        char *od = static_cast<char *>(a.out) + r * H;
+        char *os = static_cast<char *>(a.out_scales) + r * nb;
+        const char *in = src < 0 ? nullptr : slab + (int64_t)(src / a.k) * rb;
+        if (vec && (H & 15) == 0) {
+            for (int64_t c = lane; c < H / 16; c += 32)
+                reinterpret_cast<uint4 *>(od)[c] =
+                    in ? reinterpret_cast<const uint4 *>(in)[c] : make_uint4(0, 0, 0, 0);
+        } else {
+            for (int64_t b = lane; b < H; b += 32) od[b] = in ? in[b] : 0;
+        }
+        for (int64_t b = lane; b < nb; b += 32) os[b] = in ? in[H + b] : 0;
+        return;
+    }
+    char *o = static_cast<char *>(a.out) + r * rb;
+    if (src < 0) {
+        if (vec)
+            for (int64_t c = lane; c < rb / 16; c += 32) reinterpret_cast<uint4 *>(o)[c] = make_uint4(0, 0, 0, 0);
+        else
+            for (int64_t b = lane; b < rb; b += 32) o[b] = 0;
+        return;
+    }
+    const char *in = slab + (int64_t)(src / a.k) * rb;
+    if (a.scale_w) {
+        const float w = a.scale_w[r];
+        for (int64_t h = lane; h < H; h += 32)
+            etp__ep_store(a.out, a.dtype, r * H + h, w * etp__ep_load(in, a.dtype, h));
+    } else if (vec) {
+        const uint4 *s4 = reinterpret_cast<const uint4 *>(in);
+        uint4 *o4 = reinterpret_cast<uint4 *>(o);
+        int64_t c = lane;
+        const int64_t nc = rb / 16;
+        for (; c + 96 < nc; c += 128) {
+            const uint4 v0 = s4[c], v1 = s4[c + 32], v2 = s4[c + 64], v3 = s4[c + 96];
+            o4[c] = v0;
+            o4[c + 32] = v1;
+            o4[c + 64] = v2;
+            o4[c + 96] = v3;
+        }
+        for (; c < nc; c += 32) o4[c] = s4[c];
+    } else {
+        for (int64_t b = lane; b < rb; b += 32) o[b] = in[b];
+    }
+}
+
+__global__ void __launch_bounds__(kThreads) t2e_kernel(etp__ep_t2e_args_t a, int vec)
+{
+    const etp__ep_nvl_t &n = a.nvl;
+    const uint64_t call_no = n.calls[0] + 1;
+    const int64_t t0 = now_ns();
+    /* the peers have read what this rank stored in the previous call */
+    if (!block_wait(n, 1, etp__ep_nvl_mark(call_no - 1, n.blocks), a.call, ETP__EP_NVL_WAIT_RELEASE, t0))
+        return;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
+    const int64_t gw = (int64_t)blockIdx.x * kWarps + warp, nw = (int64_t)n.blocks * kWarps;
+    const int64_t T = tokens_of(a.t_dev, n.t_max), k = a.k;
+    const int64_t rb = a.mx ? ETP__EP_MX_ROW_BYTES(a.hidden) : a.hidden * etp__ep_esize(a.dtype);
+    for (int64_t t = gw; t < T; t += nw) {
+        int64_t row;
+        const unsigned mask = dest_mask(a, t, &row);
+        if (!mask) continue;
+        if (a.mx)
+            store_token_mx(a, t, mask, row);
+        else
+            store_token(a, t, mask, row, rb, vec != 0);
+        if (a.carry) {
+            for (unsigned m = mask; m; m &= m - 1) {
+                const int d = __ffs(m) - 1;
+                const int64_t r = __shfl_sync(kFull, row, d);
+                /* k < 32 slots a lane each; more loop */
+                for (int64_t j = lane; j < k; j += 32) {
+                    float *w = reinterpret_cast<float *>(n.peers[d] + n.small_off) + r * k;
+                    w[j] = etp__ep_slot_weight(a.slot_dest + t * k, a.weights + t * k, (int)j, d);
+                }
+            }
+        }
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) signal_all(n, 0);
+    /* every block of every rank stored here */
+    if (!block_wait(n, 0, etp__ep_nvl_mark(call_no, n.blocks), a.call, ETP__EP_NVL_WAIT_ARRIVAL, t0))
+        return;
+    const char *slab = n.peers[n.me] + n.tok_off;
+    const float *recv_w = a.carry ? reinterpret_cast<const float *>(n.peers[n.me] + n.small_off) : nullptr;
+    for (int64_t r = gw; r < a.rows; r += nw) expand_row(a, slab, recv_w, r, rb, vec != 0);
+    block_end(n, call_no);
+}
+
+/* ---- expert side to token side -------------------------------------------- */
+
+/* 16 bytes of input as V = 8 BF16 or 4 FP32 values. */
+template <int V>
+__device__ __forceinline__ void unpack16(uint4 v, float *x)
+{
+    const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        if (V == 8) {
+            x[2 * j] = etp__qf_bf16_to_f32((uint16_t)(w[j] & 0xffffu));
+            x[2 * j + 1] = etp__qf_bf16_to_f32((uint16_t)(w[j] >> 16));
+        } else {
+            x[j] = __uint_as_float(w[j]);
+        }
+    }
+}
+
+/* V values stored as `dtype` (BF16: rounded once) at element e of p. */
+template <int V>
+__device__ __forceinline__ void store_vals(void *p, int dtype, int64_t e, const float *x)
+{
+    if (dtype == ETP__EP_BF16) {
+        uint32_t w[V / 2];
+#pragma unroll
+        for (int q = 0; q < V / 2; q++)
+            w[q] = (uint32_t)etp__qf_f32_to_bf16(x[2 * q]) | (uint32_t)etp__qf_f32_to_bf16(x[2 * q + 1]) << 16;
+        if constexpr (V == 8)
+            *reinterpret_cast<uint4 *>(static_cast<uint16_t *>(p) + e) = make_uint4(w[0], w[1], w[2], w[3]);
+        else
+            *reinterpret_cast<uint2 *>(static_cast<uint16_t *>(p) + e) = make_uint2(w[0], w[1]);
+    } else {
+        float4 *f = reinterpret_cast<float4 *>(static_cast<float *>(p) + e);
+#pragma unroll
+        for (int q = 0; q < V / 4; q++) f[q] = make_float4(x[4 * q], x[4 * q + 1], x[4 * q + 2], x[4 * q + 3]);
+    }
+}
+
+/* V values of `dtype` at element e of p, as FP32. */
+template <int V>
+__device__ __forceinline__ void load_vals(const void *p, int dtype, int64_t e, float *x)
+{
+    if (dtype == ETP__EP_BF16) {
+        if constexpr (V == 8) {
+            unpack16<8>(*reinterpret_cast<const uint4 *>(static_cast<const uint16_t *>(p) + e), x);
+        } else {
+            const uint2 u = *reinterpret_cast<const uint2 *>(static_cast<const uint16_t *>(p) + e);
+            x[0] = etp__qf_bf16_to_f32((uint16_t)(u.x & 0xffffu));
+            x[1] = etp__qf_bf16_to_f32((uint16_t)(u.x >> 16));
+            x[2] = etp__qf_bf16_to_f32((uint16_t)(u.y & 0xffffu));
+            x[3] = etp__qf_bf16_to_f32((uint16_t)(u.y >> 16));
+        }
+    } else {
+        const float4 *f = reinterpret_cast<const float4 *>(static_cast<const float *>(p) + e);
+#pragma unroll
+        for (int q = 0; q < V / 4; q++) {
+            const float4 v = f[q];
+            x[4 * q] = v.x;
+            x[4 * q + 1] = v.y;
+            x[4 * q + 2] = v.z;
+            x[4 * q + 3] = v.w;
+        }
+    }
+}
+
+/* The pre-sum of received token row i (its rows m < nr, ascending) into
+ * `dst` (H elements of the wire dtype): V elements per lane group. */
+template <int V>
+__device__ void presum_row(const etp__ep_e2t_args_t &a, const int32_t *rows, const float *w,
+                           int nr, char *dst)
+{
+    const int lane = threadIdx.x & 31;
+    const int64_t H = a.hidden, ng = H / V;
+    const uint4 *in = static_cast<const uint4 *>(a.in);
+    for (int64_t c = lane; c < ng; c += 32) {
+        float acc[V];
+#pragma unroll
+        for (int j = 0; j < V; j++) acc[j] = 0.0f;
+        for (int m0 = 0; m0 < nr; m0 += 4) {
+            uint4 v[4];
+#pragma unroll
+            for (int u = 0; u < 4; u++)
+                if (m0 + u < nr) v[u] = __ldg(in + (int64_t)rows[m0 + u] * ng + c);
+#pragma unroll
+            for (int u = 0; u < 4; u++) {
+                if (m0 + u >= nr) break;
+                float x[V];
+                unpack16<V>(v[u], x);
+#pragma unroll
+                for (int j = 0; j < V; j++)
+                    acc[j] = etp__ep_presum_step(acc[j], a.row_w != nullptr, w[m0 + u], x[j]);
+            }
+        }
+        store_vals<V>(dst, a.wire, c * V, acc);
+    }
+}
+
+/* The token sum of token t from its sources' rows (element offsets src[d]
+ * in this rank's token slab), rounded once into out. */
+template <int V>
+__device__ void reduce_row(const etp__ep_e2t_args_t &a, const char *slab, const int64_t *src, int ns,
+                           int64_t t)
+{
+    const int lane = threadIdx.x & 31;
+    const int64_t H = a.hidden, ng = H / V;
+    for (int64_t c = lane; c < ng; c += 32) {
+        float acc[V];
+#pragma unroll
+        for (int j = 0; j < V; j++) acc[j] = 0.0f;
+        for (int d = 0; d < ns; d++) {
+            float x[V];
+            load_vals<V>(slab, a.wire, src[d] + c * V, x);
+#pragma unroll
+            for (int j = 0; j < V; j++) acc[j] = acc[j] + x[j];
+        }
+        store_vals<V>(a.out, a.dtype, t * H + c * V, acc);
+    }
+}
+
+__global__ void __launch_bounds__(kThreads) e2t_kernel(etp__ep_e2t_args_t a, int vec)
+{
+    const etp__ep_nvl_t &n = a.nvl;
+    const uint64_t call_no = n.calls[0] + 1;
+    const int64_t t0 = now_ns();
+    if (!block_wait(n, 1, etp__ep_nvl_mark(call_no - 1, n.blocks), a.call, ETP__EP_NVL_WAIT_RELEASE, t0))
+        return;
+    __shared__ int32_t rows_s[kWarps][64];
+    __shared__ float w_s[kWarps][64];
+    __shared__ int64_t src_s[kWarps][kMaxRanks];
+    __shared__ int ns_s[kWarps];
+    const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
+    const int64_t gw = (int64_t)blockIdx.x * kWarps + warp, nw = (int64_t)n.blocks * kWarps;
+    const int R = n.ranks, k = a.k;
+    const int64_t H = a.hidden, tm = n.t_max;
+    const int64_t wb = H * etp__ep_esize(a.wire); /* bytes of a partial */
+    const bool g_travels = a.g_pre != nullptr || a.grad_row_w != nullptr;
+    /* expert side: every received token row answers its rank */
+    for (int64_t i = gw; i < (int64_t)R * tm; i += nw) {
+        const int s = (int)(i / tm);
+        const int64_t p = i % tm;
+        if (p >= a.recv_cnt[s]) continue;
+        const int64_t back = etp__ep_nvl_row(n.me, tm, p);
+        if (a.in) {
+            char *dst = n.peers[s] + n.tok_off + back * wb;
+            const int32_t *tr = a.tok_rows + i * k;
+            int nr = 0;
+            while (nr < k && tr[nr] >= 0) nr++;
+            if (vec) {
+                for (int m = lane; m < nr; m += 32) {
+                    rows_s[warp][m] = tr[m];
+                    w_s[warp][m] = a.row_w ? a.row_w[tr[m]] : 1.0f;
+                }
+                __syncwarp();
+                if (a.dtype == ETP__EP_BF16)
+                    presum_row<8>(a, rows_s[warp], w_s[warp], nr, dst);
+                else
+                    presum_row<4>(a, rows_s[warp], w_s[warp], nr, dst);
+                __syncwarp();
+            } else {
+                etp__ep_presum_args_t pa;
+                pa.in = a.in;
+                pa.row_w = a.row_w;
+                pa.tok_rows = a.tok_rows;
+                pa.ntok = (int64_t)R * tm;
+                pa.hidden = H;
+                pa.k = k;
+                pa.dtype = a.dtype;
+                pa.wire = a.wire;
+                pa.partial = dst;
+                for (int64_t h = lane; h < H; h += 32)
+                    etp__ep_store(dst, a.wire, h, etp__ep_presum_elem(&pa, i, h));
+            }
+        }
+        if (g_travels) {
+            for (int j = lane; j < k; j += 32) {
+                float g;
+                if (a.g_pre) {
+                    g = a.g_pre[i * k + j];
+                } else {
+                    const int32_t r = a.recv_row[i * k + j];
+                    g = r >= 0 ? a.grad_row_w[r] : 0.0f;
+                }
+                reinterpret_cast<float *>(n.peers[s] + n.small_off)[back * k + j] = g;
+            }
+        }
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) signal_all(n, 0);
+    if (!block_wait(n, 0, etp__ep_nvl_mark(call_no, n.blocks), a.call, ETP__EP_NVL_WAIT_ARRIVAL, t0))
+        return;
+    /* token side: the sums in rank order */
+    const char *slab = n.peers[n.me] + n.tok_off;
+    const float *g_recv = reinterpret_cast<const float *>(n.peers[n.me] + n.small_off);
+    const int64_t T = tokens_of(a.t_dev, tm);
+    for (int64_t t = gw; t < T; t += nw) {
+        if (a.out) {
+            if (vec) {
+                if (lane == 0) {
+                    int ns = 0;
+                    for (int d = 0; d < R; d++) {
+                        const int64_t row = etp__ep_send_row(a.send_pos, a.send_base, R, t, d);
+                        if (row >= 0) src_s[warp][ns++] = row * H;
+                    }
+                    ns_s[warp] = ns;
+                }
+                __syncwarp();
+                const int ns = ns_s[warp];
+                if (a.dtype == ETP__EP_BF16)
+                    reduce_row<8>(a, slab, src_s[warp], ns, t);
+                else
+                    reduce_row<4>(a, slab, src_s[warp], ns, t);
+                __syncwarp();
+            } else {
+                etp__ep_reduce_args_t ra;
+                ra.partial = slab;
+                ra.t_dev = a.t_dev;
+                ra.send_pos = a.send_pos;
+                ra.send_base = a.send_base;
+                ra.t_max = tm;
+                ra.hidden = H;
+                ra.ranks = R;
+                ra.dtype = a.dtype;
+                ra.wire = a.wire;
+                ra.out = a.out;
+                for (int64_t h = lane; h < H; h += 32)
+                    etp__ep_store(a.out, a.dtype, t * H + h, etp__ep_reduce_elem(&ra, t, h));
+            }
+        }
+        if (a.grad_topk) {
+            etp__ep_wscatter_args_t wa;
+            wa.g_recv = g_recv;
+            wa.t_dev = a.t_dev;
+            wa.slot_dest = a.slot_dest;
+            wa.send_pos = a.send_pos;
+            wa.send_base = a.send_base;
+            wa.t_max = tm;
+            wa.k = k;
+            wa.ranks = R;
+            wa.out = a.grad_topk;
+            for (int j = lane; j < k; j += 32) a.grad_topk[t * k + j] = etp__ep_slot_grad(&wa, t, j);
+        }
+    }
+    block_end(n, call_no);
+}
+
+template <typename A>
+cudaError_t launch(void (*k)(A, int), unsigned grid, cudaStream_t s, const A &a, int vec)
+{
+    A copy = a;
+    int v = vec;
+    void *args[] = {&copy, &v};
+    return cudaLaunchKernel(reinterpret_cast<const void *>(k), dim3(grid), dim3(kThreads), args, 0, s);
+}
+
+bool aligned16(const void *p)
+{
+    return (reinterpret_cast<uintptr_t>(p) & 15u) == 0;
+}
+
+} // namespace
+
+extern "C" int etp__cuda_nvl_max_ranks(void)
+{
+    return kMaxRanks;
+}
+
+extern "C" cudaError_t etp__cuda_nvl_t2e(cudaStream_t s, const etp__ep_t2e_args_t *a)
+{
+    const int64_t rb = a->mx ? ETP__EP_MX_ROW_BYTES(a->hidden) : a->hidden * etp__ep_esize(a->dtype);
+    /* 16-byte rows and buffers: vector copies (else bytes) */
+    const int vec = rb % 16 == 0 && (a->tokens == nullptr || aligned16(a->tokens)) &&
+                    aligned16(a->out) && (a->out_scales == nullptr || aligned16(a->out_scales));
+    return launch(t2e_kernel, (unsigned)a->nvl.blocks, s, *a, vec);
+}
+
+extern "C" cudaError_t etp__cuda_nvl_e2t(cudaStream_t s, const etp__ep_e2t_args_t *a)
+{
+    const int64_t es = etp__ep_esize(a->dtype), V = a->dtype == ETP__EP_BF16 ? 8 : 4;
+    /* whole 16-byte groups of the input, aligned buffers, top-k that fits
+     * the warp's shared rows */
+    const int vec = a->hidden % V == 0 && (a->hidden * es) % 16 == 0 && a->k <= 64 &&
+                    (a->in == nullptr || aligned16(a->in)) && (a->out == nullptr || aligned16(a->out));
+    return launch(e2t_kernel, (unsigned)a->nvl.blocks, s, *a, vec);
+}
