@@ -19,4 +19,6 @@ if(ETP_WITH_CUDA AND ETP_WITH_MPI)
   # MXFP8 dispatch's steps apart from the rest
   etp_gpu_test_part(test_ep_gpu mx "test_mx_*" 1 2 4 8)
   target_include_directories(test_ep_gpu PRIVATE ${CMAKE_CURRENT_SOURCE_DIR}/mpi)
+  # The NVLink transport's bounded waits: a peer that never comes
+  etp_add_gpu_test(test_ep_nvl_timeout gpu/test_ep_nvl_timeout.c OFF "ep" 2)
 endif()

@@ -2,9 +2,9 @@
  * Expert parallelism on the CUDA backend (label gpu;ep; 1 and 2 GPUs;
  * skipped without a GPU): the same checked steps as the host MPI test
  * (tests/mpi/test_ep_steps.h: every output bit for bit against the
- * single-rank reference, adjoints, counters, memory report) in both
- * transports, both layouts, weighted and not, BF16 and F32, top-k 1, 2, 8;
- * then a forward + backward step in CAPACITY mode captured once into a
+ * single-rank reference, adjoints, counters, memory report) in the three
+ * transports (NVLINK's kernels included), FP32 and BF16 combine wires, both layouts, weighted and not, BF16 and F32, top-k 1, 2, 8;
+ * then a forward + backward step in CAPACITY and NVLINK mode captured once into a
  * CUDA graph (T on the device) and replayed with new routing each time,
  * equal bit for bit to the same step run eagerly. MXFP8 dispatch
  * (ETP_EP_TOKEN_MXFP8): the same checked steps with the received data and
@@ -57,15 +57,16 @@ static void test_steps(void **state)
     const int ks[] = {1, 2, 8};
     uint64_t tag = 50000;
     for (int ki = 0; ki < 3; ki++)
-        for (int tr = 0; tr < 2; tr++)
+        for (int tr = 0; tr < EP_TRANSPORTS; tr++)
             for (int layout = 0; layout < 2; layout++)
                 for (int weighted = 0; weighted < 2; weighted++) {
                     int k = ks[ki];
                     etp_dtype_t dt = (ki + tr + layout + weighted) % 2 ? ETP_DTYPE_BF16 : ETP_DTYPE_F32;
                     /* H: 16-byte rows (vector copies) and odd rows (byte copies), > 256 lanes */
                     int64_t H = (layout + weighted) % 2 ? 1000 : 517;
-                    gcfg_t g = cfg_for(k, H, dt, tr ? ETP_EP_TRANSPORT_CAPACITY : ETP_EP_TRANSPORT_EXACT);
+                    gcfg_t g = cfg_for(k, H, dt, ep_transport(tr));
                     g.cf = weighted ? 1.0 : 4.0;
+                    if (dt == ETP_DTYPE_BF16 && ki % 2 == 0) g.wire = ETP_DTYPE_BF16;
                     if (layout == 1 && weighted == 1) { /* rows overflow, >= 2 aligned slots per expert */
                         g.cap = g.cap / 4 / 16 * 16;
                         if (g.cap < 32 * g.L) g.cap = 32 * g.L;
@@ -98,14 +99,14 @@ static void test_mx_steps(void **state)
     const int ks[] = {1, 2, 8};
     uint64_t tag = 55000;
     for (int ki = 0; ki < 3; ki++)
-        for (int tr = 0; tr < 2; tr++)
+        for (int tr = 0; tr < EP_TRANSPORTS; tr++)
             for (int layout = 0; layout < 2; layout++)
                 for (int weighted = 0; weighted < 2; weighted++) {
                     const int k = ks[ki], v = ki + tr + layout + weighted;
                     /* 1024: 16-byte scale rows (vector copies); 544 = 17 blocks:
                      * byte copies and a padded wire row (561 -> 576 bytes) */
                     const int64_t H = v % 2 ? 1024 : 544;
-                    gcfg_t g = cfg_for(k, H, ETP_DTYPE_BF16, tr ? ETP_EP_TRANSPORT_CAPACITY : ETP_EP_TRANSPORT_EXACT);
+                    gcfg_t g = cfg_for(k, H, ETP_DTYPE_BF16, ep_transport(tr));
                     g.mx = 1;
                     g.cf = weighted ? 1.0 : 4.0;
                     etp_ep_group_t *ep = ep_make_group(f, &g);

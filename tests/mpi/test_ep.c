@@ -47,13 +47,15 @@ static void test_matrix(void **state)
         for (int route = 0; route < 2; route++)
             for (int layout = 0; layout < 2; layout++)
                 for (int weighted = 0; weighted < 2; weighted++)
-                    for (int tr = 0; tr < 2; tr++) {
+                    for (int tr = 0; tr < EP_TRANSPORTS; tr++) {
                         int k = ks[ki];
                         etp_dtype_t dt = (ki + route + layout + weighted + tr) % 2 ? ETP_DTYPE_BF16
                                                                                   : ETP_DTYPE_F32;
                         gcfg_t g = base_cfg(ep_experts_for(k), 20 + 3 * ki, k, dt,
-                                            tr ? ETP_EP_TRANSPORT_CAPACITY : ETP_EP_TRANSPORT_EXACT);
+                                            ep_transport(tr));
                         g.cf = (layout + weighted) % 2 ? 1.0 : 8.0;
+                        /* half the BF16 cases send BF16 partials back */
+                        if (dt == ETP_DTYPE_BF16 && (ki + layout) % 2) g.wire = ETP_DTYPE_BF16;
                         lcfg_t l = {.k = k, .align = (ki + layout) % 2 ? 4 : 1,
                                     .weighted = weighted,
                                     .layout = layout ? ETP_EP_LAYOUT_FIXED_SLOTS : ETP_EP_LAYOUT_PACKED};
@@ -61,7 +63,7 @@ static void test_matrix(void **state)
                         tag += 2;
                         cases++;
                     }
-    assert_int_equal(cases, 64);
+    assert_int_equal(cases, 32 * EP_TRANSPORTS);
 }
 
 /* Every rank with T = 0, and one rank with all the tokens, the empty ranks
@@ -70,10 +72,10 @@ static void test_matrix(void **state)
 static void test_empty_ranks(void **state)
 {
     ep_fx_t *f = *state;
-    for (int v = 0; v < 8; v++) {
-        const int tr = v % 2, layout = v / 2 % 2, weighted = v / 4;
+    for (int v = 0; v < 12; v++) {
+        const int tr = v % 3, layout = v / 3 % 2, weighted = v / 6;
         gcfg_t g = base_cfg(ep_experts_for(2), 8, 2, v % 3 ? ETP_DTYPE_F32 : ETP_DTYPE_BF16,
-                            tr ? ETP_EP_TRANSPORT_CAPACITY : ETP_EP_TRANSPORT_EXACT);
+                            ep_transport(tr));
         lcfg_t l = {.k = 2, .align = 2, .weighted = weighted,
                     .layout = layout ? ETP_EP_LAYOUT_FIXED_SLOTS : ETP_EP_LAYOUT_PACKED};
         ep_empty_ranks(f, &g, &l, 7000 + 10 * (uint64_t)v, 7100 + 10 * (uint64_t)v);
@@ -85,9 +87,9 @@ static void test_empty_ranks(void **state)
 static void test_two_layers(void **state)
 {
     ep_fx_t *f = *state;
-    for (int tr = 0; tr < 2; tr++) {
+    for (int tr = 0; tr < EP_TRANSPORTS; tr++) {
         gcfg_t g = base_cfg(ep_experts_for(6), 300, 6, ETP_DTYPE_BF16,
-                            tr ? ETP_EP_TRANSPORT_CAPACITY : ETP_EP_TRANSPORT_EXACT);
+                            ep_transport(tr));
         g.cf = 4.0;
         etp_ep_group_t *ep = ep_make_group(f, &g);
         lcfg_t l1 = {.k = 2, .align = 1, .weighted = 1, .layout = ETP_EP_LAYOUT_PACKED};
@@ -188,13 +190,13 @@ static void test_two_layers(void **state)
 static void test_overflow_drop(void **state)
 {
     ep_fx_t *f = *state;
-    for (int v = 0; v < 6; v++) {
-        int tr = v % 2, k = v < 2 ? 2 : 6;
+    for (int v = 0; v < 9; v++) {
+        int tr = v % 3, k = v < 3 ? 2 : 6;
         gcfg_t g = base_cfg(ep_experts_for(k), 12, k, ETP_DTYPE_F32,
-                            tr ? ETP_EP_TRANSPORT_CAPACITY : ETP_EP_TRANSPORT_EXACT);
-        lcfg_t l = {.k = k, .align = v >= 4 ? 4 : 1, .weighted = 1,
-                    .layout = v / 2 == 1 ? ETP_EP_LAYOUT_FIXED_SLOTS : ETP_EP_LAYOUT_PACKED};
-        ep_overflow_steps(f, &g, &l, v == 5 ? ROUTE_BAD : ROUTE_SKEWED, 9000 + v, 9100 + v);
+                            ep_transport(tr));
+        lcfg_t l = {.k = k, .align = v >= 6 ? 4 : 1, .weighted = 1,
+                    .layout = v / 3 == 1 ? ETP_EP_LAYOUT_FIXED_SLOTS : ETP_EP_LAYOUT_PACKED};
+        ep_overflow_steps(f, &g, &l, v >= 7 ? ROUTE_BAD : ROUTE_SKEWED, 9000 + v, 9100 + v);
     }
 }
 
@@ -203,13 +205,13 @@ static void test_overflow_drop(void **state)
 static void test_overflow_error(void **state)
 {
     ep_fx_t *f = *state;
-    for (int v = 0; v < 4; v++) {
-        int tr = v % 2;
+    for (int v = 0; v < 6; v++) {
+        int tr = v % 3;
         gcfg_t g = base_cfg(ep_experts_for(2), 4, 2, ETP_DTYPE_F32,
-                            tr ? ETP_EP_TRANSPORT_CAPACITY : ETP_EP_TRANSPORT_EXACT);
+                            ep_transport(tr));
         g.overflow = ETP_EP_OVERFLOW_ERROR;
         g.cf = 0.2;
-        g.cap = v >= 2 ? 2 * g.L : g.cap;
+        g.cap = v >= 3 ? 2 * g.L : g.cap;
         etp_ep_group_t *ep = ep_make_group(f, &g);
         lcfg_t l = {.k = 2, .align = 1, .weighted = 0, .layout = ETP_EP_LAYOUT_PACKED};
         etp_ep_layer_t *ly = ep_make_layer(ep, &g, &l, "strict");
@@ -217,7 +219,8 @@ static void test_overflow_error(void **state)
         ep_bufs_alloc(f, &g, l.rows, 2, &b);
         int64_t Ts[64];
         for (int r = 0; r < g_size; r++) Ts[r] = g.tmax;
-        int mode = v == 0 ? ROUTE_BAD : ROUTE_SKEWED;
+        /* v 2: NVLINK drops nothing for cf (it has no slabs to fill) */
+        int mode = v == 0 || v == 2 ? ROUTE_BAD : ROUTE_SKEWED;
         ep_step_opts_t o = {.route_mode = mode, .fixed_T = Ts, .check_report = 1};
         ep_step(f, &g, &l, ly, f->s0, &b, 9500 + v, &o);
         ref_t rf;
@@ -261,9 +264,12 @@ static void test_overflow_error(void **state)
 static void test_device_tokens(void **state)
 {
     ep_fx_t *f = *state;
-    gcfg_t g = base_cfg(ep_experts_for(2), 10, 2, ETP_DTYPE_BF16, ETP_EP_TRANSPORT_CAPACITY);
-    g.cf = 8;
+    gcfg_t g = base_cfg(ep_experts_for(2), 10, 2, ETP_DTYPE_BF16, ETP_EP_TRANSPORT_NVLINK);
     lcfg_t l = {.k = 2, .align = 2, .weighted = 1, .layout = ETP_EP_LAYOUT_FIXED_SLOTS};
+    g.cap = 4 * g.L; /* NVLINK: a device T that overflows the receive capacity */
+    ep_device_tokens(f, &g, &l, "graphable_nvl", 9650);
+    g = base_cfg(ep_experts_for(2), 10, 2, ETP_DTYPE_BF16, ETP_EP_TRANSPORT_CAPACITY);
+    g.cf = 8;
     ep_device_tokens(f, &g, &l, "graphable", 9700);
 
     /* T on the device is unknown at enqueue: no array of T rows may be
@@ -297,9 +303,9 @@ static void test_memory_steady(void **state)
     const char *env = getenv("ETP_EP_STEPS");
     long steps = env && *env ? strtol(env, NULL, 10) : 100;
     if (f->mode == ETP_HOST_STREAMS_SHUFFLE && steps > 100) steps /= 10;
-    for (int tr = 0; tr < 2; tr++) {
+    for (int tr = 0; tr < EP_TRANSPORTS; tr++) {
         gcfg_t g = base_cfg(ep_experts_for(4), 16, 4, ETP_DTYPE_BF16,
-                            tr ? ETP_EP_TRANSPORT_CAPACITY : ETP_EP_TRANSPORT_EXACT);
+                            ep_transport(tr));
         g.cf = 1.0;
         g.cap = g.cap / 2 / 8 * 8; /* some steps overflow */
         etp_ep_group_t *ep = ep_make_group(f, &g);

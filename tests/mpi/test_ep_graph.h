@@ -1,7 +1,7 @@
 /*
  * The captured EP step, shared by the host MPI test (tests/mpi/test_ep_graph.c,
  * host capture with CUDA's rules) and the GPU test (CUDA graphs): a forward
- * + backward step in CAPACITY mode with T on the device, captured once and
+ * + backward step in CAPACITY and NVLINK mode with T on the device, captured once and
  * replayed with new routing each time, equal bit for bit to the same step
  * run eagerly, the memory report unchanged by the capture.
  */
@@ -126,10 +126,12 @@ static void poison_outputs(ep_fx_t *f, const gcfg_t *g, const lcfg_t *l, ep_bufs
 static void test_graph_replay(void **state)
 {
     ep_fx_t *f = *state;
-    for (int v = 0; v < 4; v++) {
+    for (int v = 0; v < 8; v++) {
         const int layout = v % 2;
-        gcfg_t g = cfg_for(8, 1024, ETP_DTYPE_BF16, ETP_EP_TRANSPORT_CAPACITY);
-        g.mx = v / 2; /* MXFP8 dispatch in the graph too */
+        gcfg_t g = cfg_for(8, 1024, ETP_DTYPE_BF16,
+                           v < 4 ? ETP_EP_TRANSPORT_CAPACITY : ETP_EP_TRANSPORT_NVLINK);
+        g.mx = v / 2 % 2; /* MXFP8 dispatch in the graph too */
+        if (v == 5) g.wire = ETP_DTYPE_BF16;
         g.cf = 1.5;
         etp_ep_group_t *ep = ep_make_group(f, &g);
         lcfg_t l = {.k = 8, .align = 16, .weighted = 1,

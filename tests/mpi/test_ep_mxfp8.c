@@ -45,11 +45,11 @@ static void test_mx_matrix(void **state)
     int cases = 0;
     for (int ki = 0; ki < 3; ki++)
         for (int layout = 0; layout < 2; layout++)
-            for (int tr = 0; tr < 2; tr++)
+            for (int tr = 0; tr < EP_TRANSPORTS; tr++)
                 for (int weighted = 0; weighted < 2; weighted++) {
                     const int k = ks[ki], v = ki + layout + tr + weighted;
                     gcfg_t g = mx_cfg(ep_experts_for(k), Hs[v % 4], k,
-                                      tr ? ETP_EP_TRANSPORT_CAPACITY : ETP_EP_TRANSPORT_EXACT);
+                                      ep_transport(tr));
                     g.cf = (layout + weighted) % 2 ? 1.0 : 8.0;
                     lcfg_t l = {.k = k, .align = (ki + layout) % 2 ? 4 : 1, .weighted = weighted,
                                 .layout = layout ? ETP_EP_LAYOUT_FIXED_SLOTS : ETP_EP_LAYOUT_PACKED};
@@ -57,7 +57,7 @@ static void test_mx_matrix(void **state)
                     tag += 2;
                     cases++;
                 }
-    assert_int_equal(cases, 24);
+    assert_int_equal(cases, 12 * EP_TRANSPORTS);
 }
 
 /* Every rank with T = 0 (every row zero: data and scales), and one rank
@@ -66,9 +66,9 @@ static void test_mx_matrix(void **state)
 static void test_mx_empty_ranks(void **state)
 {
     ep_fx_t *f = *state;
-    for (int tr = 0; tr < 2; tr++)
+    for (int tr = 0; tr < EP_TRANSPORTS; tr++)
         for (int layout = 0; layout < 2; layout++) {
-            gcfg_t g = mx_cfg(ep_experts_for(2), 64, 2, tr ? ETP_EP_TRANSPORT_CAPACITY : ETP_EP_TRANSPORT_EXACT);
+            gcfg_t g = mx_cfg(ep_experts_for(2), 64, 2, ep_transport(tr));
             lcfg_t l = {.k = 2, .align = 2, .weighted = (tr + layout + 1) % 2,
                         .layout = layout ? ETP_EP_LAYOUT_FIXED_SLOTS : ETP_EP_LAYOUT_PACKED};
             ep_empty_ranks(f, &g, &l, 37000 + 10 * tr + layout, 37100 + 10 * tr + layout);
@@ -80,11 +80,11 @@ static void test_mx_empty_ranks(void **state)
 static void test_mx_overflow(void **state)
 {
     ep_fx_t *f = *state;
-    for (int v = 0; v < 4; v++) {
-        int tr = v % 2, k = v < 2 ? 2 : 8;
-        gcfg_t g = mx_cfg(ep_experts_for(k), 96, k, tr ? ETP_EP_TRANSPORT_CAPACITY : ETP_EP_TRANSPORT_EXACT);
-        lcfg_t l = {.k = k, .align = v >= 2 ? 4 : 1, .weighted = 1,
-                    .layout = v == 1 || v == 2 ? ETP_EP_LAYOUT_FIXED_SLOTS : ETP_EP_LAYOUT_PACKED};
+    for (int v = 0; v < 6; v++) {
+        int tr = v % 3, k = v < 3 ? 2 : 8;
+        gcfg_t g = mx_cfg(ep_experts_for(k), 96, k, ep_transport(tr));
+        lcfg_t l = {.k = k, .align = v >= 3 ? 4 : 1, .weighted = 1,
+                    .layout = v == 1 || v == 3 || v == 5 ? ETP_EP_LAYOUT_FIXED_SLOTS : ETP_EP_LAYOUT_PACKED};
         ep_overflow_steps(f, &g, &l, ROUTE_SKEWED, 38000 + v, 38100 + v);
     }
 }
@@ -104,8 +104,8 @@ static void test_mx_device_tokens(void **state)
 static void test_mx_two_layers(void **state)
 {
     ep_fx_t *f = *state;
-    for (int tr = 0; tr < 2; tr++) {
-        gcfg_t g = mx_cfg(ep_experts_for(8), 128, 8, tr ? ETP_EP_TRANSPORT_CAPACITY : ETP_EP_TRANSPORT_EXACT);
+    for (int tr = 0; tr < EP_TRANSPORTS; tr++) {
+        gcfg_t g = mx_cfg(ep_experts_for(8), 128, 8, ep_transport(tr));
         g.cf = 4.0;
         etp_ep_group_t *ep = ep_make_group(f, &g);
         lcfg_t l1 = {.k = 2, .align = 1, .weighted = 1, .layout = ETP_EP_LAYOUT_PACKED};

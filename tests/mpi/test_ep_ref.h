@@ -31,8 +31,18 @@ typedef struct {
     etp_ep_transport_t transport;
     etp_ep_overflow_t overflow;
     double cf;
-    int64_t slab, tok_cap; /* from etp_ep_group_info: the test checks slab separately */
+    etp_dtype_t wire; /* combine_wire (0: F32) */
+    /* from etp_ep_group_info (the test checks them separately); tok_cap is
+     * what a rank accepts: EXACT's and NVLINK's drops, CAPACITY's slabs */
+    int64_t slab, tok_cap;
 } gcfg_t;
+
+/* The transports the tests loop over, by index. */
+enum { EP_TRANSPORTS = 3 };
+static inline etp_ep_transport_t ep_transport(int i)
+{
+    return i == 0 ? ETP_EP_TRANSPORT_EXACT : i == 1 ? ETP_EP_TRANSPORT_CAPACITY : ETP_EP_TRANSPORT_NVLINK;
+}
 
 typedef struct {
     int k, align, weighted;
@@ -229,7 +239,8 @@ static inline void ref_build(ref_t *f, const gcfg_t *g, const lcfg_t *l, uint64_
             C[s][d] = g->transport == ETP_EP_TRANSPORT_CAPACITY && c > g->slab ? g->slab : c;
             if (g->transport == ETP_EP_TRANSPORT_CAPACITY) f->st[s].tneed = ref_max(f->st[s].tneed, c);
         }
-    if (g->transport == ETP_EP_TRANSPORT_EXACT)
+    /* EXACT and NVLINK: the receive buffer of tok_cap rows, in source rank order */
+    if (g->transport != ETP_EP_TRANSPORT_CAPACITY)
         for (int d = 0; d < R; d++) {
             int64_t before = 0, total = 0;
             for (int s = 0; s < R; s++) total += C[s][d];
@@ -361,7 +372,9 @@ static inline void ref_combine(const ref_t *f, const gcfg_t *g, const lcfg_t *l,
                     part[h] = weighted ? fmaf(w, x, part[h]) : part[h] + x;
                 }
             }
-            for (int64_t h = 0; h < H; h++) acc[h] += part[h];
+            /* the partial travels in the wire dtype */
+            for (int64_t h = 0; h < H; h++)
+                acc[h] += g->wire == ETP_DTYPE_BF16 ? etp__bf16_to_f32(etp__f32_to_bf16(part[h])) : part[h];
         }
         for (int64_t h = 0; h < H; h++) ep_put(out, g->dt, t * H + h, acc[h]);
     }

@@ -116,10 +116,13 @@ static inline etp_ep_group_t *ep_make_group(ep_fx_t *f, gcfg_t *g)
     c.overflow = g->overflow;
     c.transport = g->transport;
     c.capacity_factor = g->cf;
+    c.combine_wire = g->wire ? g->wire : ETP_DTYPE_F32;
     etp_ep_group_t *ep = NULL;
     ETP_OK(etp_ep_group_create(f->world, &c, &ep));
     etp_ep_group_info_t info = ETP_EP_GROUP_INFO_INIT;
     ETP_OK(etp_ep_group_info(ep, &info));
+    assert_int_equal(info.transport, g->transport);
+    assert_int_equal(info.combine_wire, c.combine_wire);
     assert_int_equal(info.ranks, g->R);
     assert_int_equal(info.rank, g->me);
     assert_int_equal(info.local_experts, g->L);
@@ -139,6 +142,12 @@ static inline etp_ep_group_t *ep_make_group(ep_fx_t *f, gcfg_t *g)
         int64_t slab = want >= (double)g->tmax ? g->tmax : want < 1 ? 1 : (int64_t)want;
         assert_int_equal(g->slab, slab);
         assert_int_equal(g->tok_cap, g->R * slab);
+    } else if (g->transport == ETP_EP_TRANSPORT_NVLINK) {
+        /* docs/EP.md: a slab of max_tokens_per_rank rows per source rank;
+         * a rank accepts EXACT's receive capacity */
+        assert_int_equal(g->slab, g->tmax);
+        assert_int_equal(g->tok_cap, g->R * g->tmax);
+        g->tok_cap = g->cap < g->R * g->tmax ? g->cap : g->R * g->tmax;
     } else {
         assert_int_equal(g->slab, 0);
         assert_int_equal(g->tok_cap, g->cap < g->R * g->tmax ? g->cap : g->R * g->tmax);
@@ -674,7 +683,7 @@ static inline void ep_device_tokens(ep_fx_t *f, gcfg_t *g, lcfg_t *l, const char
  * reference (which drops the same rows: FIXED_SLOTS keeps one per expert). */
 static inline void ep_many_experts(ep_fx_t *f, uint64_t tag)
 {
-    for (int v = 0; v < 2; v++) {
+    for (int v = 0; v < EP_TRANSPORTS; v++) {
         gcfg_t g = {0};
         g.R = g_size;
         g.me = g_rank;
@@ -683,15 +692,15 @@ static inline void ep_many_experts(ep_fx_t *f, uint64_t tag)
         g.H = 8;
         g.tmax = 5;
         g.maxk = 2;
-        g.dt = v ? ETP_DTYPE_F32 : ETP_DTYPE_BF16;
-        g.transport = v ? ETP_EP_TRANSPORT_CAPACITY : ETP_EP_TRANSPORT_EXACT;
+        g.dt = v == 1 ? ETP_DTYPE_F32 : ETP_DTYPE_BF16;
+        g.transport = ep_transport(v);
         g.overflow = ETP_EP_OVERFLOW_DROP;
         g.cf = 4.0;
-        lcfg_t l = {.k = 2, .align = v ? 1 : 2, .weighted = 1,
-                    .layout = v ? ETP_EP_LAYOUT_FIXED_SLOTS : ETP_EP_LAYOUT_PACKED};
+        lcfg_t l = {.k = 2, .align = v == 1 ? 1 : 2, .weighted = 1,
+                    .layout = v == 1 ? ETP_EP_LAYOUT_FIXED_SLOTS : ETP_EP_LAYOUT_PACKED};
         /* PACKED: room for every row, each padded to the alignment;
          * FIXED_SLOTS: one slot an expert */
-        g.cap = v ? g.L : 2 * (int64_t)g_size * g.tmax * l.k;
+        g.cap = v == 1 ? g.L : 2 * (int64_t)g_size * g.tmax * l.k;
         ep_two_steps(f, &g, &l, "wide", ROUTE_UNIFORM, 0, tag + 10 * (uint64_t)v);
     }
 }
