@@ -1,17 +1,27 @@
 /*
  * etp-bench ep: expert-parallel dispatch and combine (etp/ep.h) against a
- * plain grouped send/recv of the same inter-rank bytes and a device copy,
- * all measured in the same run, interleaved iteration by iteration.
+ * plain grouped send/recv of the same inter-rank bytes, peer copies of
+ * combine's bytes over CUDA IPC and a device copy, all measured in the same
+ * run, interleaved iteration by iteration.
  *
  *   etp-bench ep [--tokens 4096[,...]] [--hidden 7168] [--topk 8] [--experts 64]
- *                [--skew uniform|zipf:S[,...]] [--transport exact|capacity[:C][,...]]
- *                [--layout packed|fixed[,...]] [--capacity-factor 1.25] [--dtype bf16|f32|mxfp8]
+ *                [--skew uniform|zipf:S[,...]]
+ *                [--transport exact|capacity[:C]|nvlink|auto[,...]]
+ *                [--layout packed|fixed[,...]] [--wire f32|bf16[,...]] [--sms 0]
+ *                [--capacity-factor 1.25] [--dtype bf16|f32|mxfp8]
  *                [--align 1] [--unweighted] [--rows N] [--seed 1]
  *   (etp-bench ep --help: each option, from ep_opts below)
  *
- * Every combination of the listed tokens, skews, transports and layouts is
- * one case (default: exact and capacity at c = 1.25, packed, uniform, 4096
- * tokens per rank, H 7168 BF16, top-8 of 64 experts, weighted).
+ * Every combination of the listed tokens, skews, transports, layouts and
+ * combine wires is one case (default: exact, capacity at c = 1.25 and
+ * nvlink, packed, uniform, FP32 wire, 4096 tokens per rank, H 7168 BF16,
+ * top-8 of 64 experts, weighted). A transport the group cannot run
+ * (nvlink asked for explicitly: etp_ep_group_create says
+ * ETP_ERR_UNSUPPORTED on every rank) skips its case with the reason; auto
+ * takes what the library picks. Each case prints a header (the transport
+ * taken, num_sms, the combine wire, the layout's and transport's sizes,
+ * drops: etp_ep_group_info) and a summary to set beside DeepEP: prepare +
+ * dispatch and combine in us, and the logical GB/s of both calls.
  *
  * Routing: each rank draws its own topk_idx on the host (seed + rank): k
  * distinct experts per token, uniformly or by Zipf popularity (expert of
@@ -30,28 +40,41 @@
  *   dispatch     etp_ep_dispatch, split by the EP trace points (etp/trace.h)
  *                into pack | exchange | expand
  *   baseline C   the same baseline moving combine's inter-rank bytes
+ *   peer copy    CUDA only: every rank copies to all its peers at once what
+ *                combine's exchange sends each, cudaMemcpyAsync straight
+ *                into a buffer of the peer's (CUDA IPC), a stream per peer
+ *                joined back with events: the copy engines' peer bandwidth
  *   combine      etp_ep_combine, split into pre-sum | exchange | token sum
  *   copy         a device-to-device copy of the expanded rows' bytes
  * Each row of the table is the slowest rank's median.
  *
+ * NVLINK on the CUDA backend runs each call as one kernel, its trace
+ * points reported back to back around it, so its phases cannot be told
+ * apart: its cases print the whole call instead ("one kernel" rows: the
+ * exchange bytes over the call's time), no pack, expand, pre-sum or sum
+ * rows. On the host backend NVLINK's phases are real and are printed.
+ *
  * Bytes:
  * - exchange: the token rows that cross between ranks (not a rank's own),
  *   times the row bytes (dispatch: H x dtype + k FP32 weights when
- *   weighted; combine: H x FP32 partials), for the rank that sends or
- *   receives the most. CAPACITY moves whole slabs, but only the useful rows
- *   count (its wasted slab bytes show as a lower GB/s). The baseline moves
- *   exactly these bytes, so ratio = baseline time / exchange time.
- * - logical (whole call rows): token rows received per rank, one per
- *   (token, destination rank), the rank's own included, times H x dtype:
- *   the metric DeepEP reports, over the whole call.
+ *   weighted; combine: H x the wire dtype's size, 4 or 2, a partial), for
+ *   the rank that sends or receives the most. CAPACITY moves whole slabs,
+ *   but only the useful rows count (its wasted slab bytes show as a lower
+ *   GB/s). The baselines move exactly these bytes, so ratio = baseline time
+ *   / exchange time; combine's exchange (or one kernel) / peer copy is the
+ *   share of the peer-copy bandwidth the exchange reaches.
+ * - logical (whole call rows and the summary): token rows received per
+ *   rank, one per (token, destination rank), the rank's own included, times
+ *   H x dtype: the metric DeepEP reports, over the whole call (and over
+ *   prepare + dispatch, as DeepEP's dispatch also exchanges the counts).
  * - expand and pre-sum: the expanded rows (one per kept (token, expert)),
  *   times H x dtype: what expand writes and pre-sum reads; the copy row
  *   copies the same bytes, so ratio = copy time / kernel time. With MXFP8
  *   dispatch the expand row counts its wire rows' bytes (H + H/32 + padding
  *   a row) against a copy of BF16 rows: that ratio compares bandwidths
  *   (GB/s over GB/s), not times.
- * - pack: the rows it writes (all destinations); token sum: the FP32
- *   partials it reads. Their ratios are against the copy's GB/s.
+ * - pack: the rows it writes (all destinations); token sum: the partials
+ *   (wire dtype) it reads. Their ratios are against the copy's GB/s.
  */
 #include <limits.h>
 #include <math.h>
@@ -78,8 +101,10 @@ typedef struct {
     int ntransport;
     etp_ep_layout_t layout[MAX_LIST];
     int nlayout;
+    etp_dtype_t wire[MAX_LIST];
+    int nwire;
     int64_t hidden, experts, rows;
-    int topk, align, weighted;
+    int topk, align, weighted, sms;
     etp_dtype_t dtype;
     double default_cf;
     uint64_t seed;
@@ -93,9 +118,10 @@ typedef struct {
     etp_dtype_t dt;  /* the group's token dtype */
     size_t es;       /* bytes of a token element in and out (MXFP8: BF16 in, BF16 combine) */
     int mx;          /* MXFP8 dispatch: E4M3 + E8M0 rows on the wire and received */
-    etp_ep_transport_t transport;
+    etp_ep_transport_t transport; /* asked for (AUTO allowed) */
     etp_ep_layout_t layout;
-    char shape[96];
+    etp_dtype_t wire;             /* combine's partials on the wire: F32 or BF16 */
+    char shape[128]; /* the table keeps 95 characters (bench_row_t) */
 } case_t;
 
 static void die(bench_t *b, const char *what)
@@ -290,6 +316,156 @@ static void baseline_run(baseline_t *x)
         die(x->b, "MPI_Alltoallv failed");
 }
 
+/* ---- baseline: peer copies over CUDA IPC (CUDA only) -------------------- */
+
+/* Every rank copies, to all its peers at once, what it sends each of them
+ * (per peer its own bytes) straight into a buffer on that peer: one
+ * cudaMemcpyAsync per peer, each on a stream of its own, forked from and
+ * joined back into the bench's stream with events. What the copy engines
+ * reach over the links this way is the bandwidth a device-initiated
+ * exchange is judged against. */
+typedef struct {
+    bench_t *b;
+    etp_stream_t *s;
+    int on;              /* the CUDA backend */
+    size_t *send, *src;  /* bytes to each peer and their offsets in the source */
+    size_t *dst;         /* where they land in the peer's buffer */
+#if ETP_HAVE_CUDA
+    void *mine;          /* this rank's buffer, exported to the peers */
+    void **peer;         /* the peers' buffers, opened here (self: NULL) */
+    const char *from;    /* the source, a device buffer of this rank */
+    cudaStream_t *st;    /* one a peer (self: unused) */
+    cudaEvent_t fork, *join;
+#endif
+} peercopy_t;
+
+static void peercopy_init(peercopy_t *pc, bench_t *b, etp_stream_t *s)
+{
+    memset(pc, 0, sizeof *pc);
+    pc->b = b;
+    pc->s = s;
+    const size_t R = (size_t)b->size;
+    pc->send = calloc(3 * R, sizeof(size_t));
+    if (!pc->send) die(b, "out of host memory");
+    pc->src = pc->send + R;
+    pc->dst = pc->src + R;
+#if ETP_HAVE_CUDA
+    pc->on = b->backend == ETP_BACKEND_CUDA;
+    if (!pc->on) return;
+    pc->peer = calloc(R, sizeof *pc->peer);
+    pc->st = calloc(R, sizeof *pc->st);
+    pc->join = calloc(R, sizeof *pc->join);
+    if (!pc->peer || !pc->st || !pc->join) die(b, "out of host memory");
+    BENCH_CUDA(b, cudaEventCreateWithFlags(&pc->fork, cudaEventDisableTiming));
+    for (int p = 0; p < b->size; p++) {
+        if (p == b->rank) continue;
+        BENCH_CUDA(b, cudaStreamCreateWithFlags(&pc->st[p], cudaStreamNonBlocking));
+        BENCH_CUDA(b, cudaEventCreateWithFlags(&pc->join[p], cudaEventDisableTiming));
+    }
+#endif
+}
+
+static void peercopy_fini(peercopy_t *pc)
+{
+#if ETP_HAVE_CUDA
+    if (pc->on) {
+        for (int p = 0; p < pc->b->size; p++) {
+            if (p == pc->b->rank) continue;
+            BENCH_CUDA(pc->b, cudaStreamDestroy(pc->st[p]));
+            BENCH_CUDA(pc->b, cudaEventDestroy(pc->join[p]));
+        }
+        BENCH_CUDA(pc->b, cudaEventDestroy(pc->fork));
+        free(pc->peer);
+        free(pc->st);
+        free(pc->join);
+    }
+#endif
+    free(pc->send);
+}
+
+/* Collective. rows_to[p]: rows of row_bytes this rank sends p; rows_from[p]:
+ * what it receives from p; src: the device buffer they are read from (per
+ * peer one after the other). Allocates this rank's receive buffer, exports
+ * it and opens the peers'. */
+static void peercopy_open(peercopy_t *pc, const int64_t *rows_to, const int64_t *rows_from,
+                          size_t row_bytes, const void *src)
+{
+    if (!pc->on) return;
+#if ETP_HAVE_CUDA
+    bench_t *b = pc->b;
+    const int R = b->size, me = b->rank;
+    size_t *recv_off = calloc((size_t)R, sizeof *recv_off);
+    cudaIpcMemHandle_t *h = calloc((size_t)R, sizeof *h);
+    if (!recv_off || !h) die(b, "out of host memory");
+    size_t so = 0, ro = 0;
+    for (int p = 0; p < R; p++) {
+        pc->send[p] = p == me ? 0 : (size_t)rows_to[p] * row_bytes;
+        pc->src[p] = so;
+        so += pc->send[p];
+        recv_off[p] = ro;
+        ro += p == me ? 0 : (size_t)rows_from[p] * row_bytes;
+    }
+    /* each sender learns where its bytes start in each receiver's buffer */
+    if (MPI_Alltoall(recv_off, (int)sizeof(size_t), MPI_BYTE, pc->dst, (int)sizeof(size_t),
+                     MPI_BYTE, MPI_COMM_WORLD) != MPI_SUCCESS)
+        die(b, "MPI_Alltoall failed");
+    BENCH_CUDA(b, cudaMalloc(&pc->mine, ro ? ro : 1));
+    BENCH_CUDA(b, cudaIpcGetMemHandle(&h[me], pc->mine));
+    if (MPI_Allgather(MPI_IN_PLACE, 0, MPI_BYTE, h, (int)sizeof *h, MPI_BYTE, MPI_COMM_WORLD) !=
+        MPI_SUCCESS)
+        die(b, "MPI_Allgather failed");
+    for (int p = 0; p < R; p++)
+        if (p != me)
+            BENCH_CUDA(b, cudaIpcOpenMemHandle(&pc->peer[p], h[p],
+                                               cudaIpcMemLazyEnablePeerAccess));
+    pc->from = src;
+    free(recv_off);
+    free(h);
+#else
+    (void)rows_to, (void)rows_from, (void)row_bytes, (void)src;
+#endif
+}
+
+/* Enqueue the copies on the bench's stream (forked and joined there). */
+static void peercopy_run(peercopy_t *pc)
+{
+#if ETP_HAVE_CUDA
+    bench_t *b = pc->b;
+    cudaStream_t cs;
+    BENCH_CHECK(b, etp_stream_get_cuda(pc->s, &cs));
+    BENCH_CUDA(b, cudaEventRecord(pc->fork, cs));
+    for (int p = 0; p < b->size; p++) {
+        if (p == b->rank || pc->send[p] == 0) continue;
+        BENCH_CUDA(b, cudaStreamWaitEvent(pc->st[p], pc->fork, 0));
+        BENCH_CUDA(b, cudaMemcpyAsync((char *)pc->peer[p] + pc->dst[p], pc->from + pc->src[p],
+                                      pc->send[p], cudaMemcpyDeviceToDevice, pc->st[p]));
+        BENCH_CUDA(b, cudaEventRecord(pc->join[p], pc->st[p]));
+        BENCH_CUDA(b, cudaStreamWaitEvent(cs, pc->join[p], 0));
+    }
+#else
+    (void)pc;
+#endif
+}
+
+/* Collective: close the peers' buffers, then (no peer writing any more)
+ * free this rank's. */
+static void peercopy_close(peercopy_t *pc)
+{
+    if (!pc->on) return;
+#if ETP_HAVE_CUDA
+    bench_t *b = pc->b;
+    for (int p = 0; p < b->size; p++) {
+        if (p == b->rank) continue;
+        BENCH_CUDA(b, cudaStreamSynchronize(pc->st[p]));
+        BENCH_CUDA(b, cudaIpcCloseMemHandle(pc->peer[p]));
+        pc->peer[p] = NULL;
+    }
+    MPI_Barrier(MPI_COMM_WORLD);
+    BENCH_CUDA(b, cudaFree(pc->mine));
+    pc->mine = NULL;
+#endif
+}
+
 /* ---- routing ------------------------------------------------------------ */
 
 static uint64_t rng_next(uint64_t *s)
@@ -348,8 +524,37 @@ static void make_routing(bench_t *b, const case_t *c, uint64_t seed, int64_t *id
 
 /* ---- one case ------------------------------------------------------------ */
 
+static const char *transport_name(etp_ep_transport_t t)
+{
+    switch (t) {
+    case ETP_EP_TRANSPORT_EXACT: return "exact";
+    case ETP_EP_TRANSPORT_CAPACITY: return "capacity";
+    case ETP_EP_TRANSPORT_NVLINK: return "nvlink";
+    default: return "auto";
+    }
+}
+
+/* The case's name in the table: the transport taken (after "auto:" when
+ * AUTO chose it), with capacity's factor; the combine wire when BF16. */
+static void case_shape(case_t *c, etp_ep_transport_t taken, double cf)
+{
+    char tr[32], sk[32];
+    int n = snprintf(tr, sizeof tr, "%s%s", c->transport == ETP_EP_TRANSPORT_AUTO ? "auto:" : "",
+                     transport_name(taken));
+    if (taken == ETP_EP_TRANSPORT_CAPACITY && n > 0 && (size_t)n < sizeof tr)
+        snprintf(tr + n, sizeof tr - (size_t)n, ":%g", cf);
+    if (c->zipf > 0)
+        snprintf(sk, sizeof sk, "zipf:%g", c->zipf);
+    else
+        snprintf(sk, sizeof sk, "uniform");
+    snprintf(c->shape, sizeof c->shape, "%s %s %s T%lld H%lld k%d E%lld %s%s%s", tr,
+             c->layout == ETP_EP_LAYOUT_PACKED ? "packed" : "fixed", sk, (long long)c->T,
+             (long long)c->H, c->k, (long long)c->E, c->mx ? "mxfp8" : etp_dtype_name(c->dt),
+             c->weighted ? "" : " unw", c->wire == ETP_DTYPE_BF16 ? " wire bf16" : "");
+}
+
 typedef struct {
-    double base_d, prep, d[4], base_c, c[4], copy;
+    double base_d, prep, d[4], prep_d, base_c, peer, c[4], copy;
 } sample_t;
 
 static void fill_tokens(bench_t *b, const case_t *c, etp_stream_t *s, void *dev, uint64_t seed)
@@ -389,7 +594,8 @@ static double max_over_ranks_i(int64_t x)
 }
 
 static void run_case(bench_t *b, const opts_t *o, case_t *c, etp_group_t *world,
-                     etp_stream_t *s, baseline_t *base, phases_t *ph, bench_timer_t *tm)
+                     etp_stream_t *s, baseline_t *base, peercopy_t *pc, phases_t *ph,
+                     bench_timer_t *tm)
 {
     const int R = b->size, me = b->rank;
     const int64_t T = c->T, H = c->H, E = c->E, L = c->L;
@@ -451,11 +657,36 @@ static void run_case(bench_t *b, const opts_t *o, case_t *c, etp_group_t *world,
     gc.recv_capacity_per_rank = cap;
     gc.overflow = ETP_EP_OVERFLOW_DROP;
     gc.transport = c->transport;
-    gc.capacity_factor = c->cf;
-    etp_ep_group_t *ep;
-    BENCH_CHECK(b, etp_ep_group_create(world, &gc, &ep));
+    /* AUTO may take capacity (ETP_EP_TRANSPORT in the environment) */
+    gc.capacity_factor = c->cf > 0 ? c->cf : o->default_cf;
+    gc.combine_wire = c->wire;
+    gc.num_sms = o->sms;
+    etp_ep_group_t *ep = NULL;
+    const etp_status_t made = etp_ep_group_create(world, &gc, &ep);
+    /* nvlink asked for where it cannot run: that case is skipped, the
+     * others run (creation is collective: every rank answers alike) */
+    const double others = bench_max_over_ranks(made == ETP_ERR_UNSUPPORTED ? 0.0 : 1.0);
+    if (made == ETP_ERR_UNSUPPORTED && others == 0) {
+        if (me == 0) {
+            case_shape(c, c->transport, gc.capacity_factor);
+            printf("etp-bench ep: %s: skipped: %s\n", c->shape, etp_last_error());
+            fflush(stdout);
+        }
+        free(idx);
+        free(wts);
+        free(to);
+        free(from);
+        free(ecnt);
+        free(hit);
+        return;
+    }
+    BENCH_CHECK(b, made);
     etp_ep_group_info_t info = ETP_EP_GROUP_INFO_INIT;
     BENCH_CHECK(b, etp_ep_group_info(ep, &info));
+    case_shape(c, info.transport, gc.capacity_factor);
+    /* NVLINK on CUDA runs each call as one kernel: its trace points come
+     * back to back around it, so its phases cannot be told apart */
+    const int fused = info.transport == ETP_EP_TRANSPORT_NVLINK && b->backend == ETP_BACKEND_CUDA;
     etp_ep_layer_config_t lc = ETP_EP_LAYER_CONFIG_INIT;
     lc.name = "moe";
     lc.topk = k;
@@ -471,7 +702,8 @@ static void run_case(bench_t *b, const opts_t *o, case_t *c, etp_group_t *world,
 
     /* Rows that actually cross: CAPACITY sends at most a slab per peer. */
     for (int d = 0; d < R; d++)
-        if (c->transport == ETP_EP_TRANSPORT_CAPACITY && to[d] > info.slab_rows) to[d] = info.slab_rows;
+        if (info.transport == ETP_EP_TRANSPORT_CAPACITY && to[d] > info.slab_rows)
+            to[d] = info.slab_rows;
     if (MPI_Alltoall(to, 1, MPI_INT64_T, from, 1, MPI_INT64_T, MPI_COMM_WORLD) != MPI_SUCCESS)
         die(b, "MPI_Alltoall failed");
     int64_t x_to = 0, x_from = 0, all_to = 0, all_from = 0;
@@ -483,10 +715,12 @@ static void run_case(bench_t *b, const opts_t *o, case_t *c, etp_group_t *world,
         x_from += from[p];
     }
     /* MXFP8: a wire row holds H data and H/32 scale bytes (padded to 16);
-     * what dispatch delivers per row is H + H/32 bytes; combine stays BF16. */
+     * what dispatch delivers per row is H + H/32 bytes; combine stays BF16.
+     * Combine's partials travel in the wire dtype (FP32 or BF16). */
     const size_t wrow = c->mx ? info.wire_row_bytes : rb;
     const size_t xrow = c->mx ? (size_t)(H + H / ETP_EP_MXFP8_BLOCK) : rb;
-    const size_t drow = wrow + (c->weighted ? (size_t)k * 4 : 0), crow = (size_t)H * 4;
+    const size_t drow = wrow + (c->weighted ? (size_t)k * 4 : 0);
+    const size_t crow = (size_t)H * etp_dtype_size(info.combine_wire);
     const double x_rows = max_over_ranks_i(x_to > x_from ? x_to : x_from);
     const double bytes_xd = x_rows * (double)drow, bytes_xc = x_rows * (double)crow;
     const double bytes_logical_d = max_over_ranks_i(all_from) * (double)xrow;
@@ -551,6 +785,9 @@ static void run_case(bench_t *b, const opts_t *o, case_t *c, etp_group_t *world,
     const size_t copy_bytes = (size_t)expanded * rb;
     BENCH_CHECK(b, etp_mem_alloc(ctx, copy_bytes ? copy_bytes : 1, ETP_MEM_WORKSPACE, &copy_dst));
 
+    /* combine's bytes per peer: the partials of the rows this rank received */
+    peercopy_open(pc, from, to, crow, base->send);
+
     const int n = b->iters;
     sample_t *smp = calloc((size_t)n, sizeof *smp);
     if (!smp) die(b, "out of host memory");
@@ -587,6 +824,7 @@ static void run_case(bench_t *b, const opts_t *o, case_t *c, etp_group_t *world,
             BENCH_CHECK(b, etp_ep_dispatch(ly, tokens, c->dt, wptr, ETP_DTYPE_F32, recv, rwptr, rows, s));
         }
         phases_stop(ph, x.d);
+        x.prep_d = x.prep + x.d[3];
 
         baseline_set(base, from, crow, to, crow);
         MPI_Barrier(MPI_COMM_WORLD);
@@ -594,6 +832,15 @@ static void run_case(bench_t *b, const opts_t *o, case_t *c, etp_group_t *world,
         baseline_run(base);
         bench_timer_stop(tm);
         x.base_c = bench_timer_us(tm);
+
+        x.peer = 0;
+        if (pc->on) {
+            MPI_Barrier(MPI_COMM_WORLD);
+            bench_timer_start(tm);
+            peercopy_run(pc);
+            bench_timer_stop(tm);
+            x.peer = bench_timer_us(tm);
+        }
 
         /* the received rows stand in for the expert outputs */
         MPI_Barrier(MPI_COMM_WORLD);
@@ -623,8 +870,11 @@ static void run_case(bench_t *b, const opts_t *o, case_t *c, etp_group_t *world,
     const int o_bc = (int)(offsetof(sample_t, base_c) / sizeof(double));
     const int o_c = (int)(offsetof(sample_t, c) / sizeof(double));
     const int o_cp = (int)(offsetof(sample_t, copy) / sizeof(double));
+    const int o_pd = (int)(offsetof(sample_t, prep_d) / sizeof(double));
+    const int o_pe = (int)(offsetof(sample_t, peer) / sizeof(double));
     double us_bd = med_max(b, v + o_bd, st, n), us_bc = med_max(b, v + o_bc, st, n);
     double us_prep = med_max(b, v + o_pr, st, n), us_copy = med_max(b, v + o_cp, st, n);
+    double us_pd = med_max(b, v + o_pd, st, n), us_peer = med_max(b, v + o_pe, st, n);
     double us_d[4], us_c[4];
     for (int i = 0; i < 4; i++) {
         us_d[i] = med_max(b, v + o_d + i, st, n);
@@ -639,25 +889,65 @@ static void run_case(bench_t *b, const opts_t *o, case_t *c, etp_group_t *world,
     bench_add(b, "ep prepare", sh, 0, us_prep, 0);
     snprintf(nm, sizeof nm, "%s: dispatch bytes", bname);
     bench_row_t *bd = bench_add(b, nm, sh, bytes_xd, us_bd, 0);
-    bench_add(b, "dispatch: whole call (logical)", sh, bytes_logical_d, us_d[3], 0);
-    bench_add(b, "dispatch: pack / copy", sh, bytes_pack, us_d[0], copy_gbps);
-    bench_add(b, "dispatch: exchange / send-recv", sh, bytes_xd, us_d[1], bd->gbps);
-    bench_add(b, "dispatch: expand / copy", sh, bytes_exp_d, us_d[2], copy_gbps);
+    const double gbps_ld =
+        bench_add(b, "dispatch: whole call (logical)", sh, bytes_logical_d, us_d[3], 0)->gbps;
+    const double gbps_lpd =
+        bench_add(b, "prepare+dispatch (logical)", sh, bytes_logical_d, us_pd, 0)->gbps;
+    if (fused) {
+        /* the exchange bytes over the whole kernel, its pack and expand included */
+        bench_add(b, "dispatch: one kernel / send-recv", sh, bytes_xd, us_d[3], bd->gbps);
+    } else {
+        bench_add(b, "dispatch: pack / copy", sh, bytes_pack, us_d[0], copy_gbps);
+        bench_add(b, "dispatch: exchange / send-recv", sh, bytes_xd, us_d[1], bd->gbps);
+        bench_add(b, "dispatch: expand / copy", sh, bytes_exp_d, us_d[2], copy_gbps);
+    }
     snprintf(nm, sizeof nm, "%s: combine bytes", bname);
     bench_row_t *bc = bench_add(b, nm, sh, bytes_xc, us_bc, 0);
-    bench_add(b, "combine: whole call (logical)", sh, bytes_logical, us_c[3], 0);
-    bench_add(b, "combine: pre-sum / copy", sh, bytes_exp, us_c[0], copy_gbps);
-    bench_add(b, "combine: exchange / send-recv", sh, bytes_xc, us_c[1], bc->gbps);
-    bench_add(b, "combine: token sum / copy", sh, bytes_sum, us_c[2], copy_gbps);
+    double peer_gbps = 0, peer_ratio = 0;
+    if (pc->on)
+        peer_gbps = bench_add(b, "peer copy: combine bytes", sh, bytes_xc, us_peer, 0)->gbps;
+    const double gbps_lc =
+        bench_add(b, "combine: whole call (logical)", sh, bytes_logical, us_c[3], 0)->gbps;
+    if (fused) {
+        bench_add(b, "combine: one kernel / send-recv", sh, bytes_xc, us_c[3], bc->gbps);
+        peer_ratio = bench_add(b, "combine: one kernel / peer copy", sh, bytes_xc, us_c[3],
+                               peer_gbps)->ratio;
+    } else {
+        bench_add(b, "combine: pre-sum / copy", sh, bytes_exp, us_c[0], copy_gbps);
+        bench_add(b, "combine: exchange / send-recv", sh, bytes_xc, us_c[1], bc->gbps);
+        if (pc->on)
+            peer_ratio = bench_add(b, "combine: exchange / peer copy", sh, bytes_xc, us_c[1],
+                                   peer_gbps)->ratio;
+        bench_add(b, "combine: token sum / copy", sh, bytes_sum, us_c[2], copy_gbps);
+    }
     if (me == 0) {
-        printf("etp-bench ep: %s: layout rows %lld per rank, receive buffer %lld token rows, "
-               "%s %lld rows per peer, %.1f slots dropped per prepare (busiest rank)\n",
-               sh, (long long)rows, (long long)info.recv_token_rows,
-               c->transport == ETP_EP_TRANSPORT_CAPACITY ? "slab" : "exact, up to",
-               (long long)(c->transport == ETP_EP_TRANSPORT_CAPACITY ? info.slab_rows : T),
-               dropped);
+        char per_peer[64];
+        if (info.transport == ETP_EP_TRANSPORT_CAPACITY)
+            snprintf(per_peer, sizeof per_peer, "slab %lld rows per peer",
+                     (long long)info.slab_rows);
+        else if (info.transport == ETP_EP_TRANSPORT_NVLINK)
+            snprintf(per_peer, sizeof per_peer, "a slab of %lld rows per source rank",
+                     (long long)info.slab_rows);
+        else
+            snprintf(per_peer, sizeof per_peer, "exact, up to %lld rows per peer", (long long)T);
+        printf("etp-bench ep: %s: transport %s%s, num_sms %d, combine wire %s, layout rows "
+               "%lld per rank, receive buffer %lld token rows, %s, %.1f slots dropped per "
+               "prepare (busiest rank)%s\n",
+               sh, transport_name(info.transport),
+               c->transport == ETP_EP_TRANSPORT_AUTO ? " (auto)" : "", info.num_sms,
+               etp_dtype_name(info.combine_wire), (long long)rows, (long long)info.recv_token_rows,
+               per_peer, dropped, fused ? "; one kernel a call: no phase rows" : "");
+        /* the figures to set beside DeepEP's: its dispatch (without a
+         * cached layout) also exchanges the counts, as prepare does here */
+        printf("etp-bench ep: %s: prepare+dispatch %.1f us, combine %.1f us; logical GB/s "
+               "(DeepEP's metric): dispatch %.1f (prepare+dispatch %.1f), combine %.1f",
+               sh, us_pd, us_c[3], gbps_ld, gbps_lpd, gbps_lc);
+        if (pc->on)
+            printf("; combine %s / peer copy %.3f", fused ? "kernel" : "exchange", peer_ratio);
+        printf("\n");
         fflush(stdout);
     }
+    peercopy_close(pc);
 
     free(smp);
     BENCH_CHECK(b, etp_stream_synchronize(s));
@@ -722,9 +1012,19 @@ static int parse_list(bench_t *b, const char *opt, const char *arg, opts_t *o)
                 } else if (tok[8]) {
                     goto bad;
                 }
+            } else if (strcmp(tok, "nvlink") == 0) {
+                o->transport[n] = ETP_EP_TRANSPORT_NVLINK;
+                o->cf[n] = 0;
+            } else if (strcmp(tok, "auto") == 0) {
+                o->transport[n] = ETP_EP_TRANSPORT_AUTO;
+                o->cf[n] = 0;
             } else {
                 goto bad;
             }
+        } else if (strcmp(opt, "--wire") == 0) {
+            if (strcmp(tok, "f32") == 0) o->wire[n] = ETP_DTYPE_F32;
+            else if (strcmp(tok, "bf16") == 0) o->wire[n] = ETP_DTYPE_BF16;
+            else goto bad;
         } else { /* --layout */
             if (strcmp(tok, "packed") == 0) o->layout[n] = ETP_EP_LAYOUT_PACKED;
             else if (strcmp(tok, "fixed") == 0) o->layout[n] = ETP_EP_LAYOUT_FIXED_SLOTS;
@@ -743,6 +1043,7 @@ static int parse_list(bench_t *b, const char *opt, const char *arg, opts_t *o)
     if (strcmp(opt, "--tokens") == 0) o->ntokens = n;
     else if (strcmp(opt, "--skew") == 0) o->nskew = n;
     else if (strcmp(opt, "--transport") == 0) o->ntransport = n;
+    else if (strcmp(opt, "--wire") == 0) o->nwire = n;
     else o->nlayout = n;
     return 1;
 }
@@ -757,7 +1058,7 @@ static int parse_int(bench_t *b, const char *opt, const char *arg, int64_t lo, i
 
 enum {
     O_TOKENS, O_HIDDEN, O_TOPK, O_EXPERTS, O_SKEW, O_TRANSPORT, O_LAYOUT, O_CAPACITY_FACTOR,
-    O_DTYPE, O_ALIGN, O_UNWEIGHTED, O_ROWS, O_SEED
+    O_DTYPE, O_WIRE, O_SMS, O_ALIGN, O_UNWEIGHTED, O_ROWS, O_SEED
 };
 static const etp_cli_opt_t ep_opts[] = {
     [O_TOKENS] = {"tokens", "LIST", "4096", "tokens a rank, comma-separated"},
@@ -767,14 +1068,21 @@ static const etp_cli_opt_t ep_opts[] = {
     [O_SKEW] = {"skew", "LIST", "uniform",
                 "routing: uniform, or zipf:S (expert of popularity rank i weighs 1/(i+1)^S; "
                 "zipf alone: S = 1), comma-separated"},
-    [O_TRANSPORT] = {"transport", "LIST", "exact,capacity",
-                     "exact, or capacity[:C] (C: its capacity factor, else --capacity-factor), "
-                     "comma-separated"},
+    [O_TRANSPORT] = {"transport", "LIST", "exact,capacity,nvlink",
+                     "exact, capacity[:C] (C: its capacity factor, else --capacity-factor), "
+                     "nvlink (a case is skipped, with the reason, where it cannot run) or auto "
+                     "(the library's choice; the header says which it took), comma-separated"},
     [O_LAYOUT] = {"layout", "LIST", "packed", "packed or fixed (slots), comma-separated"},
     [O_CAPACITY_FACTOR] = {"capacity-factor", "C", "1.25", "the capacity transport's factor"},
     [O_DTYPE] = {"dtype", "bf16|f32|mxfp8", "bf16",
                  "the tokens' type; mxfp8: BF16 tokens dispatched as MXFP8 rows (E4M3 + E8M0 "
                  "scales), combined in BF16"},
+    [O_WIRE] = {"wire", "LIST", "f32",
+                "f32 or bf16: the dtype combine's per (token, rank) partials travel in "
+                "(combine_wire; bf16 needs bf16 or mxfp8 tokens), comma-separated"},
+    [O_SMS] = {"sms", "N", "0",
+               "blocks (SMs) each nvlink kernel runs on CUDA (num_sms); 0 leaves the number to "
+               "etp/ep.h's default"},
     [O_ALIGN] = {"align", "N", "1", "rows of each expert's block padded to a multiple of N"},
     [O_UNWEIGHTED] = {"unweighted", NULL, NULL, "combine does not multiply by the routing weights (no weights travel)"},
     [O_ROWS] = {"rows", "N", NULL,
@@ -786,11 +1094,14 @@ static const etp_cli_opt_t ep_opts[] = {
 
 static const char ep_about[] =
     "Expert-parallel dispatch and combine (etp/ep.h) against a plain grouped send/recv of the "
-    "same inter-rank bytes (ncclSend/ncclRecv; MPI_Alltoallv on the host backend) and a device "
-    "copy, interleaved iteration by iteration. Every combination of the listed tokens, skews, "
-    "transports and layouts is one case. Rows: prepare; dispatch split into pack | exchange | "
-    "expand; combine split into pre-sum | exchange | token sum; the baselines and the copy, "
-    "each the slowest rank's median.";
+    "same inter-rank bytes (ncclSend/ncclRecv; MPI_Alltoallv on the host backend), peer copies "
+    "of combine's bytes over CUDA IPC (CUDA only) and a device copy, interleaved iteration by "
+    "iteration. Every combination of the listed tokens, skews, transports, layouts and wires is "
+    "one case; its header says the transport taken and num_sms, its summary prepare+dispatch "
+    "and combine us with DeepEP's logical GB/s. Rows: prepare; dispatch split into pack | "
+    "exchange | expand; combine split into pre-sum | exchange | token sum (nvlink on CUDA: one "
+    "kernel a call, whole-call rows only); the baselines and the copy, each the slowest rank's "
+    "median.";
 
 int etp_bench_ep(bench_t *b, int argc, char **argv)
 {
@@ -808,6 +1119,7 @@ int etp_bench_ep(bench_t *b, int argc, char **argv)
         case O_SKEW:
         case O_TRANSPORT:
         case O_LAYOUT:
+        case O_WIRE:
             ok = parse_list(b, opt, arg, &o);
             break;
         case O_HIDDEN:
@@ -820,6 +1132,12 @@ int etp_bench_ep(bench_t *b, int argc, char **argv)
             ok = parse_int(b, opt, arg, 1, &v) && v <= 65536;
             o.topk = (int)v;
             break;
+        case O_SMS: {
+            long sms = 0;
+            ok = bench_long(b, opt, arg, 0, 65536, &sms) == 0;
+            o.sms = (int)sms;
+            break;
+        }
         case O_ALIGN:
             ok = parse_int(b, opt, arg, 1, &v) && v <= 65536;
             o.align = (int)v;
@@ -858,6 +1176,13 @@ int etp_bench_ep(bench_t *b, int argc, char **argv)
                             ">= --topk %d\n", (long long)o.experts, b->size, o.topk);
         return 2;
     }
+    for (int i = 0; i < o.nwire; i++)
+        if (o.wire[i] == ETP_DTYPE_BF16 && o.dtype == ETP_DTYPE_F32) {
+            if (b->rank == 0)
+                fprintf(stderr, "etp-bench ep: --wire bf16 needs bf16 or mxfp8 tokens (an f32 "
+                                "group sends f32 partials)\n");
+            return 2;
+        }
     for (int i = 0; i < o.ntransport; i++)
         if (o.transport[i] == ETP_EP_TRANSPORT_CAPACITY && o.cf[i] == 0) o.cf[i] = o.default_cf;
 
@@ -867,36 +1192,29 @@ int etp_bench_ep(bench_t *b, int argc, char **argv)
     BENCH_CHECK(b, etp_stream_create(b->ctx, ETP_STREAM_PRIORITY_NORMAL, &s));
     baseline_t base;
     baseline_init(&base, b, s);
+    peercopy_t pc;
+    peercopy_init(&pc, b, s);
     phases_t ph;
     phases_init(&ph, b, s);
     bench_timer_t *tm = bench_timer_create(b, s);
     for (int it = 0; it < o.ntokens; it++)
         for (int is = 0; is < o.nskew; is++)
             for (int itr = 0; itr < o.ntransport; itr++)
-                for (int il = 0; il < o.nlayout; il++) {
-                    case_t c = {.T = o.tokens[it], .H = o.hidden, .E = o.experts,
-                                .L = o.experts / b->size, .k = o.topk, .align = o.align,
-                                .weighted = o.weighted, .zipf = o.zipf[is], .cf = o.cf[itr],
-                                .dt = o.dtype, .mx = o.dtype == ETP_EP_TOKEN_MXFP8,
-                                .es = o.dtype == ETP_EP_TOKEN_MXFP8 ? 2 : etp_dtype_size(o.dtype),
-                                .transport = o.transport[itr], .layout = o.layout[il]};
-                    char tr[32], sk[32];
-                    if (c.transport == ETP_EP_TRANSPORT_CAPACITY)
-                        snprintf(tr, sizeof tr, "capacity:%g", c.cf);
-                    else
-                        snprintf(tr, sizeof tr, "exact");
-                    if (c.zipf > 0)
-                        snprintf(sk, sizeof sk, "zipf:%g", c.zipf);
-                    else
-                        snprintf(sk, sizeof sk, "uniform");
-                    snprintf(c.shape, sizeof c.shape, "%s %s %s T%lld H%lld k%d E%lld %s%s", tr,
-                             c.layout == ETP_EP_LAYOUT_PACKED ? "packed" : "fixed", sk,
-                             (long long)c.T, (long long)c.H, c.k, (long long)c.E,
-                             c.mx ? "mxfp8" : etp_dtype_name(c.dt), c.weighted ? "" : " unw");
-                    run_case(b, &o, &c, world, s, &base, &ph, tm);
-                }
+                for (int il = 0; il < o.nlayout; il++)
+                    for (int iw = 0; iw < o.nwire; iw++) {
+                        const int mx = o.dtype == ETP_EP_TOKEN_MXFP8;
+                        case_t c = {.T = o.tokens[it], .H = o.hidden, .E = o.experts,
+                                    .L = o.experts / b->size, .k = o.topk, .align = o.align,
+                                    .weighted = o.weighted, .zipf = o.zipf[is], .cf = o.cf[itr],
+                                    .dt = o.dtype, .mx = mx,
+                                    .es = mx ? 2 : etp_dtype_size(o.dtype),
+                                    .transport = o.transport[itr], .layout = o.layout[il],
+                                    .wire = o.wire[iw]};
+                        run_case(b, &o, &c, world, s, &base, &pc, &ph, tm);
+                    }
     bench_timer_destroy(tm);
     phases_fini(&ph);
+    peercopy_fini(&pc);
     baseline_fini(&base);
     BENCH_CHECK(b, etp_stream_destroy(s));
     return 0;
