@@ -78,8 +78,9 @@
  * stores every token once into each destination rank's receive slab (an
  * NCCL symmetric window, addressed through NCCL's device API) and expands
  * or sums it there, with flags in the windows instead of collectives.
- * Those kernels wait for their peers at most ETP_TIMEOUT_S: a peer that
- * never arrives is reported (by the next stream or event wait,
+ * Those kernels wait for their peers at most half of ETP_TIMEOUT_S (so that
+ * a host wait, bounded by the whole, sees why): a peer that never arrives
+ * is reported (by the next stream or event wait,
  * etp_ep_check and etp_context_check) as ETP_ERR_TIMEOUT naming the EP
  * group and the rank, and the context is aborted; nothing hangs. The host
  * backend runs the same transport (the same layout, drops and results)

@@ -45,7 +45,7 @@ etp_status_t etp__cuda_nvl_faults(etp__cuda_t *cb)
         etp__err(ETP_ERR_TIMEOUT,
                  "EP group '%s' (rank %d of %d): its %s kernel waited more than %.1f s for rank "
                  "%lld %s (nvlink transport); communicators aborted",
-                 n->name, n->rank, n->ranks, nvl_call_name(f[1]), n->timeout_s,
+                 n->name, n->rank, n->ranks, nvl_call_name(f[1]), n->timeout_s / 2,
                  (long long)(f[0] - 1),
                  f[2] == ETP__EP_NVL_WAIT_RELEASE ? "to release its receive slabs"
                                                   : "to store its rows");
@@ -86,7 +86,10 @@ static etp_status_t cuda_nvl_open(etp__be_t *be, etp__bcomm_t *c, const char *na
     cudaStream_t ws = NULL;
     if (e == cudaSuccess) e = cudaStreamCreateWithFlags(&ws, cudaStreamNonBlocking);
     if (e == cudaSuccess) e = cudaMemsetAsync(n->calls, 0, 2 * sizeof(uint64_t), ws);
-    if (e == cudaSuccess) e = etp__cuda_nvl_peer_ptrs(n->win, R, n->peers, ws);
+    if (e == cudaSuccess && n->win == NULL) /* one rank: its own memory */
+        e = cudaMemcpyAsync(n->peers, &n->mem, sizeof(char *), cudaMemcpyHostToDevice, ws);
+    else if (e == cudaSuccess)
+        e = etp__cuda_nvl_peer_ptrs(n->win, R, n->peers, ws);
     if (e == cudaSuccess) e = cudaStreamSynchronize(ws);
     if (ws) (void)cudaStreamDestroy(ws);
     if (e != cudaSuccess) {
@@ -102,7 +105,10 @@ static etp_status_t cuda_nvl_open(etp__be_t *be, etp__bcomm_t *c, const char *na
     nvl->peers = n->peers;
     nvl->calls = n->calls;
     nvl->fault = n->fault;
-    nvl->timeout_ns = cb->base.cfg.timeout_s > 0 ? (int64_t)(cb->base.cfg.timeout_s * 1e9) : 0;
+    /* half the timeout: a host wait on the kernel (bounded by the whole,
+     * and begun no earlier than the kernel was enqueued) then finds the
+     * fault and names the peer, instead of timing out on its own */
+    nvl->timeout_ns = cb->base.cfg.timeout_s > 0 ? (int64_t)(cb->base.cfg.timeout_s * 0.5e9) : 0;
     nvl->blocks = num_sms > 0 ? num_sms : (sms < 24 ? sms : 24);
     if (nvl->blocks > sms) nvl->blocks = sms;
     nvl->me = c->rank;

@@ -183,6 +183,15 @@ etp_status_t etp__cuda_peer_win_alloc(etp__be_t *be, etp__bcomm_t *c, size_t byt
     if (ok && c->size > etp__cuda_nvl_max_ranks())
         ok = 0, snprintf(why, why_bytes, "%d ranks (at most %d)", c->size, etp__cuda_nvl_max_ranks());
     if (ok && c->nccl == NULL) ok = 0, snprintf(why, why_bytes, "no communicator");
+    if (ok && c->size == 1) {
+        /* one rank: its own memory is all the window there is */
+        cudaError_t e = cudaMalloc(ptr, bytes);
+        if (e == cudaSuccess) e = cudaMemset(*ptr, 0, bytes);
+        if (e == cudaSuccess) e = cudaDeviceSynchronize();
+        if (e != cudaSuccess) return etp__cuda_error("EP nvlink window of one rank", e);
+        *win = NULL;
+        return ETP_SUCCESS;
+    }
     if (ok) {
         const int lsa = etp__cuda_nvl_lsa_ranks(c->nccl);
         if (lsa != c->size)
@@ -235,6 +244,10 @@ void etp__cuda_peer_win_free(etp__be_t *be, etp__bcomm_t *c, void *ptr, void *wi
 {
     etp__cuda_t *cb = etp__cuda_of(be);
     (void)etp__cuda_set_device(cb);
+    if (win == NULL) { /* one rank: plain memory */
+        (void)cudaFree(ptr);
+        return;
+    }
     /* collective like the registration (etp__cuda_win_free says why the
      * rendezvous comes first) */
     int here = 1;
