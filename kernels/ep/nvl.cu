@@ -280,6 +280,49 @@ __device__ void expand_row(const etp__ep_t2e_args_t &a, const char *slab, const 
     }
 }
 
+/* The rows of layout row space that hold no token: zero (and their
+ * weights 0); every row's weight. */
+__device__ void expand_empty(const etp__ep_t2e_args_t &a, const float *recv_w, int64_t r, int64_t rb)
+{
+    const int lane = threadIdx.x & 31;
+    const int32_t src = a.row_src[r];
+    if (lane == 0) {
+        const float w = etp__ep_row_weight(recv_w, src);
+        if (a.out_w) a.out_w[r] = w;
+        if (a.keep_w) a.keep_w[r] = w;
+    }
+    if (src >= 0) return;
+    uint4 *o = reinterpret_cast<uint4 *>(static_cast<char *>(a.out) + r * rb);
+    for (int64_t c = lane; c < rb / 16; c += 32) o[c] = make_uint4(0, 0, 0, 0);
+}
+
+/* Received token row i (rb bytes at `in`) into each of its nr rows of the
+ * layout (ascending): read once, 4 x 16 bytes a lane at a time. The rows
+ * are the token's exact bytes (no scale_w: that takes expand_row). */
+__device__ void expand_token(const etp__ep_t2e_args_t &a, const char *in, const int32_t *rows, int nr,
+                             int64_t rb)
+{
+    const int lane = threadIdx.x & 31;
+    const uint4 *s4 = reinterpret_cast<const uint4 *>(in);
+    const int64_t nc = rb / 16;
+    uint4 *o4[8];
+    for (int m = 0; m < nr; m++) o4[m] = reinterpret_cast<uint4 *>(static_cast<char *>(a.out) + rows[m] * rb);
+    int64_t c = lane;
+    for (; c + 96 < nc; c += 128) {
+        const uint4 v0 = s4[c], v1 = s4[c + 32], v2 = s4[c + 64], v3 = s4[c + 96];
+        for (int m = 0; m < nr; m++) {
+            o4[m][c] = v0;
+            o4[m][c + 32] = v1;
+            o4[m][c + 64] = v2;
+            o4[m][c + 96] = v3;
+        }
+    }
+    for (; c < nc; c += 32) {
+        const uint4 v = s4[c];
+        for (int m = 0; m < nr; m++) o4[m][c] = v;
+    }
+}
+
 __global__ void __launch_bounds__(kThreads) t2e_kernel(etp__ep_t2e_args_t a, int vec)
 {
     const etp__ep_nvl_t &n = a.nvl;
@@ -319,7 +362,21 @@ __global__ void __launch_bounds__(kThreads) t2e_kernel(etp__ep_t2e_args_t a, int
         return;
     const char *slab = n.peers[n.me] + n.tok_off;
     const float *recv_w = a.carry ? reinterpret_cast<const float *>(n.peers[n.me] + n.small_off) : nullptr;
-    for (int64_t r = gw; r < a.rows; r += nw) expand_row(a, slab, recv_w, r, rb, vec != 0);
+    if (vec && !a.mx && !a.scale_w && k <= 8) {
+        /* each received token read once and written to its rows; the
+         * rows without a token zeroed apart */
+        for (int64_t r = gw; r < a.rows; r += nw) expand_empty(a, recv_w, r, rb);
+        const int64_t tm = n.t_max;
+        for (int64_t i = gw; i < (int64_t)n.ranks * tm; i += nw) {
+            if (i % tm >= a.recv_cnt[i / tm]) continue;
+            const int32_t *tr = a.tok_rows + i * k;
+            int nr = 0;
+            while (nr < k && tr[nr] >= 0) nr++;
+            if (nr) expand_token(a, slab + i * rb, tr, nr, rb);
+        }
+    } else {
+        for (int64_t r = gw; r < a.rows; r += nw) expand_row(a, slab, recv_w, r, rb, vec != 0);
+    }
     block_end(n, call_no);
 }
 
@@ -401,13 +458,13 @@ __device__ void presum_row(const etp__ep_e2t_args_t &a, const int32_t *rows, con
         float acc[V];
 #pragma unroll
         for (int j = 0; j < V; j++) acc[j] = 0.0f;
-        for (int m0 = 0; m0 < nr; m0 += 4) {
-            uint4 v[4];
+        for (int m0 = 0; m0 < nr; m0 += 8) {
+            uint4 v[8];
 #pragma unroll
-            for (int u = 0; u < 4; u++)
+            for (int u = 0; u < 8; u++)
                 if (m0 + u < nr) v[u] = __ldg(in + (int64_t)rows[m0 + u] * ng + c);
 #pragma unroll
-            for (int u = 0; u < 4; u++) {
+            for (int u = 0; u < 8; u++) {
                 if (m0 + u >= nr) break;
                 float x[V];
                 unpack16<V>(v[u], x);
@@ -432,11 +489,17 @@ __device__ void reduce_row(const etp__ep_e2t_args_t &a, const char *slab, const 
         float acc[V];
 #pragma unroll
         for (int j = 0; j < V; j++) acc[j] = 0.0f;
-        for (int d = 0; d < ns; d++) {
-            float x[V];
-            load_vals<V>(slab, a.wire, src[d] + c * V, x);
+        for (int d0 = 0; d0 < ns; d0 += 4) {
+            float x[4][V];
 #pragma unroll
-            for (int j = 0; j < V; j++) acc[j] = acc[j] + x[j];
+            for (int u = 0; u < 4; u++)
+                if (d0 + u < ns) load_vals<V>(slab, a.wire, src[d0 + u] + c * V, x[u]);
+#pragma unroll
+            for (int u = 0; u < 4; u++) {
+                if (d0 + u >= ns) break;
+#pragma unroll
+                for (int j = 0; j < V; j++) acc[j] = acc[j] + x[u][j];
+            }
         }
         store_vals<V>(a.out, a.dtype, t * H + c * V, acc);
     }

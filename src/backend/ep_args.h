@@ -252,6 +252,7 @@ typedef struct etp__ep_t2e_args {
     int k, dtype, mx, carry;
     const float *scale_w;
     const int32_t *row_src;
+    const int32_t *tok_rows, *recv_cnt; /* the layout's, to expand by received token */
     int64_t rows;
     void *out, *out_scales;
     float *out_w, *keep_w;

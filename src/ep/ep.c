@@ -934,7 +934,8 @@ static etp__ep_t2e_args_t t2e_args(const etp_ep_layer_t *ly, int call, const voi
     etp__ep_t2e_args_t a = {
         .nvl = ep->nv, .call = call, .tokens = tokens, .t_dev = ly->t_dev,
         .slot_dest = ly->slot_dest, .send_pos = ly->send_pos, .hidden = ep->cfg.hidden,
-        .k = ly->k, .dtype = (int)ep->dt, .row_src = ly->row_src, .rows = ly->rows};
+        .k = ly->k, .dtype = (int)ep->dt, .row_src = ly->row_src, .tok_rows = ly->tok_rows,
+        .recv_cnt = ly->recv_cnt, .rows = ly->rows};
     return a;
 }
 
