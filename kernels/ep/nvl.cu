@@ -446,7 +446,10 @@ __device__ __forceinline__ void load_vals(const void *p, int dtype, int64_t e, f
 }
 
 /* The pre-sum of received token row i (its rows m < nr, ascending) into
- * `dst` (H elements of the wire dtype): V elements per lane group. */
+ * `dst` (H elements of the wire dtype). A lane takes two groups of V
+ * elements (c and c + 32) and loads their rows 4 at a time, so that up to
+ * 8 loads are in flight; each element's terms are still added in row
+ * order. */
 template <int V>
 __device__ void presum_row(const etp__ep_e2t_args_t &a, const int32_t *rows, const float *w,
                            int nr, char *dst)
@@ -454,54 +457,77 @@ __device__ void presum_row(const etp__ep_e2t_args_t &a, const int32_t *rows, con
     const int lane = threadIdx.x & 31;
     const int64_t H = a.hidden, ng = H / V;
     const uint4 *in = static_cast<const uint4 *>(a.in);
-    for (int64_t c = lane; c < ng; c += 32) {
-        float acc[V];
+    for (int64_t c0 = lane; c0 < ng; c0 += 64) {
+        const bool two = c0 + 32 < ng;
+        float acc[2][V];
 #pragma unroll
-        for (int j = 0; j < V; j++) acc[j] = 0.0f;
-        for (int m0 = 0; m0 < nr; m0 += 8) {
-            uint4 v[8];
+        for (int q = 0; q < 2; q++)
 #pragma unroll
-            for (int u = 0; u < 8; u++)
-                if (m0 + u < nr) v[u] = __ldg(in + (int64_t)rows[m0 + u] * ng + c);
+            for (int j = 0; j < V; j++) acc[q][j] = 0.0f;
+        for (int m0 = 0; m0 < nr; m0 += 4) {
+            uint4 v[2][4];
 #pragma unroll
-            for (int u = 0; u < 8; u++) {
+            for (int u = 0; u < 4; u++) {
                 if (m0 + u >= nr) break;
-                float x[V];
-                unpack16<V>(v[u], x);
+                const uint4 *row = in + (int64_t)rows[m0 + u] * ng;
+                v[0][u] = __ldg(row + c0);
+                if (two) v[1][u] = __ldg(row + c0 + 32);
+            }
 #pragma unroll
-                for (int j = 0; j < V; j++)
-                    acc[j] = etp__ep_presum_step(acc[j], a.row_w != nullptr, w[m0 + u], x[j]);
+            for (int u = 0; u < 4; u++) {
+                if (m0 + u >= nr) break;
+#pragma unroll
+                for (int q = 0; q < 2; q++) {
+                    if (q == 1 && !two) break;
+                    float x[V];
+                    unpack16<V>(v[q][u], x);
+#pragma unroll
+                    for (int j = 0; j < V; j++)
+                        acc[q][j] = etp__ep_presum_step(acc[q][j], a.row_w != nullptr, w[m0 + u], x[j]);
+                }
             }
         }
-        store_vals<V>(dst, a.wire, c * V, acc);
+        store_vals<V>(dst, a.wire, c0 * V, acc[0]);
+        if (two) store_vals<V>(dst, a.wire, (c0 + 32) * V, acc[1]);
     }
 }
 
 /* The token sum of token t from its sources' rows (element offsets src[d]
- * in this rank's token slab), rounded once into out. */
+ * in this rank's token slab), rounded once into out: two groups of V
+ * elements a lane, two sources' loads issued before their sums (in rank
+ * order). */
 template <int V>
 __device__ void reduce_row(const etp__ep_e2t_args_t &a, const char *slab, const int64_t *src, int ns,
                            int64_t t)
 {
     const int lane = threadIdx.x & 31;
     const int64_t H = a.hidden, ng = H / V;
-    for (int64_t c = lane; c < ng; c += 32) {
-        float acc[V];
+    for (int64_t c0 = lane; c0 < ng; c0 += 64) {
+        const bool two = c0 + 32 < ng;
+        float acc[2][V];
 #pragma unroll
-        for (int j = 0; j < V; j++) acc[j] = 0.0f;
-        for (int d0 = 0; d0 < ns; d0 += 4) {
-            float x[4][V];
+        for (int q = 0; q < 2; q++)
 #pragma unroll
-            for (int u = 0; u < 4; u++)
-                if (d0 + u < ns) load_vals<V>(slab, a.wire, src[d0 + u] + c * V, x[u]);
+            for (int j = 0; j < V; j++) acc[q][j] = 0.0f;
+        for (int d0 = 0; d0 < ns; d0 += 2) {
+            float x[2][2][V];
 #pragma unroll
-            for (int u = 0; u < 4; u++) {
+            for (int u = 0; u < 2; u++) {
+                if (d0 + u >= ns) break;
+                load_vals<V>(slab, a.wire, src[d0 + u] + c0 * V, x[0][u]);
+                if (two) load_vals<V>(slab, a.wire, src[d0 + u] + (c0 + 32) * V, x[1][u]);
+            }
+#pragma unroll
+            for (int u = 0; u < 2; u++) {
                 if (d0 + u >= ns) break;
 #pragma unroll
-                for (int j = 0; j < V; j++) acc[j] = acc[j] + x[u][j];
+                for (int q = 0; q < 2; q++)
+#pragma unroll
+                    for (int j = 0; j < V; j++) acc[q][j] = acc[q][j] + x[q][u][j];
             }
         }
-        store_vals<V>(a.out, a.dtype, t * H + c * V, acc);
+        store_vals<V>(a.out, a.dtype, t * H + c0 * V, acc[0]);
+        if (two) store_vals<V>(a.out, a.dtype, t * H + (c0 + 32) * V, acc[1]);
     }
 }
 
