@@ -4,7 +4,7 @@
  * dispatch kernel waits for rank 1's rows for half the context's timeout
  * (4 s), gives up, and rank 0's next stream wait fails with ETP_ERR_TIMEOUT naming
  * the EP group, the call and rank 1; its context is then aborted
- * (etp_context_check says so). Rank 1 carries on until the teardown.
+ * (etp_context_check says so), and its teardown needs no peer.
  */
 #include <cuda_runtime_api.h>
 #include <string.h>
@@ -77,8 +77,11 @@ static void test_missing_peer(void **state)
         assert_non_null(strstr(msg, "dispatch"));
         assert_int_not_equal(st_check, ETP_SUCCESS);
     }
-    /* teardown: rank 0's context is aborted; rank 1's window release meets
-     * no peer and gives up after the timeout (its context aborts too) */
+    /* teardown: rank 0's context is aborted and releases everything alone.
+     * Rank 1's would be collective with a peer that is gone (the window's
+     * deregistration): a job in this state ends; rank 1 leaves its objects
+     * to the process's exit. */
+    if (rank == 1) return;
     (void)etp_mem_free(ctx, didx);
     (void)etp_mem_free(ctx, dtok);
     (void)etp_mem_free(ctx, dw);

@@ -66,10 +66,11 @@ static etp_status_t agree(etp__cuda_t *cb, etp__bcomm_t *c, int *ok, double min_
         if (st == ETP_SUCCESS && cudaMemcpy(&v, buf, sizeof v, cudaMemcpyDeviceToHost) != cudaSuccess)
             st = etp__err(ETP_ERR_BACKEND, "group '%s': window rendezvous: reading the result", c->name);
     }
-    /* a rendezvous a peer never joined leaves NCCL's kernel waiting: abort
-     * the communicators before cudaFree (which waits for the device) */
+    /* a rendezvous a peer never joined may leave NCCL's kernel waiting:
+     * abort the communicators, and leave the 4 bytes to the process
+     * (cudaFree would wait for the device) */
     if (st != ETP_SUCCESS) st = etp__cuda_fail(cb, st);
-    if (buf) cudaFree(buf);
+    if (buf && st == ETP_SUCCESS) cudaFree(buf);
     if (ws) cudaStreamDestroy(ws);
     *ok = v;
     return st;
