@@ -292,8 +292,44 @@ __device__ void expand_empty(const etp__ep_t2e_args_t &a, const float *recv_w, i
         if (a.keep_w) a.keep_w[r] = w;
     }
     if (src >= 0) return;
-    uint4 *o = reinterpret_cast<uint4 *>(static_cast<char *>(a.out) + r * rb);
-    for (int64_t c = lane; c < rb / 16; c += 32) o[c] = make_uint4(0, 0, 0, 0);
+    /* MXFP8: H data bytes a row (rb is the wire row), and the scales */
+    const int64_t ob = a.mx ? a.hidden : rb;
+    uint4 *o = reinterpret_cast<uint4 *>(static_cast<char *>(a.out) + r * ob);
+    for (int64_t c = lane; c < ob / 16; c += 32) o[c] = make_uint4(0, 0, 0, 0);
+    if (a.mx) {
+        const int64_t nb = a.hidden / ETP__EP_MX_BLOCK;
+        char *os = static_cast<char *>(a.out_scales) + r * nb;
+        for (int64_t b = lane; b < nb; b += 32) os[b] = 0;
+    }
+}
+
+/* MXFP8: received wire row `in` into each of its nr rows: H data bytes
+ * (16 bytes a lane, 4 in flight) and H/32 scale bytes. */
+__device__ void expand_token_mx(const etp__ep_t2e_args_t &a, const char *in, const int32_t *rows,
+                                int nr)
+{
+    const int lane = threadIdx.x & 31;
+    const int64_t H = a.hidden, nb = H / ETP__EP_MX_BLOCK, nc = H / 16;
+    const uint4 *s4 = reinterpret_cast<const uint4 *>(in);
+    int64_t c = lane;
+    for (; c + 96 < nc; c += 128) {
+        const uint4 v0 = s4[c], v1 = s4[c + 32], v2 = s4[c + 64], v3 = s4[c + 96];
+        for (int m = 0; m < nr; m++) {
+            uint4 *o4 = reinterpret_cast<uint4 *>(static_cast<char *>(a.out) + rows[m] * H);
+            o4[c] = v0;
+            o4[c + 32] = v1;
+            o4[c + 64] = v2;
+            o4[c + 96] = v3;
+        }
+    }
+    for (; c < nc; c += 32) {
+        const uint4 v = s4[c];
+        for (int m = 0; m < nr; m++) reinterpret_cast<uint4 *>(static_cast<char *>(a.out) + rows[m] * H)[c] = v;
+    }
+    for (int64_t b = lane; b < nb; b += 32) {
+        const char v = in[H + b];
+        for (int m = 0; m < nr; m++) static_cast<char *>(a.out_scales)[rows[m] * nb + b] = v;
+    }
 }
 
 /* Received token row i (rb bytes at `in`) into each of its nr rows of the
@@ -362,7 +398,7 @@ __global__ void __launch_bounds__(kThreads) t2e_kernel(etp__ep_t2e_args_t a, int
         return;
     const char *slab = n.peers[n.me] + n.tok_off;
     const float *recv_w = a.carry ? reinterpret_cast<const float *>(n.peers[n.me] + n.small_off) : nullptr;
-    if (vec && !a.mx && !a.scale_w && k <= 8) {
+    if (vec && !a.scale_w && k <= 8) {
         /* each received token read once and written to its rows; the
          * rows without a token zeroed apart */
         for (int64_t r = gw; r < a.rows; r += nw) expand_empty(a, recv_w, r, rb);
@@ -372,7 +408,10 @@ __global__ void __launch_bounds__(kThreads) t2e_kernel(etp__ep_t2e_args_t a, int
             const int32_t *tr = a.tok_rows + i * k;
             int nr = 0;
             while (nr < k && tr[nr] >= 0) nr++;
-            if (nr) expand_token(a, slab + i * rb, tr, nr, rb);
+            if (nr && a.mx)
+                expand_token_mx(a, slab + i * rb, tr, nr);
+            else if (nr)
+                expand_token(a, slab + i * rb, tr, nr, rb);
         }
     } else {
         for (int64_t r = gw; r < a.rows; r += nw) expand_row(a, slab, recv_w, r, rb, vec != 0);
