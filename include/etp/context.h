@@ -148,7 +148,11 @@ ETP_API etp_status_t etp_context_world(etp_context_t *ctx, etp_group_t **world);
  * ETP_ERR_INVALID_STATE when one of its groups is broken on this rank by a
  * refused call (below; the message names the group and quotes the
  * refusal); the context's other groups still work. Never blocks: a
- * refusal whose outcome the peers have not told yet is not reported.
+ * refusal whose outcome the peers have not told yet is not reported. A
+ * failure the device recorded on its own (an EP kernel of the NVLINK
+ * transport that gave up waiting for a peer, etp/ep.h) is reported here
+ * too, as ETP_ERR_TIMEOUT naming the EP group and the rank, and aborts the
+ * context.
  *
  * Refused calls. A call refused for its arguments or state returns the
  * error and enqueues nothing. When it is a call that issues collectives on

@@ -259,6 +259,57 @@ static void test_overflow_error(void **state)
     }
 }
 
+/* Which transport a group takes: AUTO (the default) is NVLINK on the host
+ * backend; ETP_EP_TRANSPORT (read when a context is made) chooses for AUTO
+ * groups only; an explicit transport wins; a value that names no transport
+ * fails the context's creation naming the variable. The info says what was
+ * taken. */
+static void test_transport_choice(void **state)
+{
+    ep_fx_t *f = *state;
+    gcfg_t g = base_cfg(ep_experts_for(2), 8, 2, ETP_DTYPE_BF16, ETP_EP_TRANSPORT_AUTO);
+    etp_ep_group_config_t c = ETP_EP_GROUP_CONFIG_INIT;
+    assert_int_equal(c.transport, ETP_EP_TRANSPORT_AUTO);
+    assert_int_equal(c.combine_wire, ETP_DTYPE_F32);
+    c.num_experts = g.E;
+    c.hidden = g.H;
+    c.max_tokens_per_rank = g.tmax;
+    c.max_topk = 2;
+    c.recv_capacity_per_rank = g.cap;
+    const char *envs[] = {NULL, "exact", "capacity", "nvlink", "AUTO"};
+    const etp_ep_transport_t want[] = {ETP_EP_TRANSPORT_NVLINK, ETP_EP_TRANSPORT_EXACT,
+                                       ETP_EP_TRANSPORT_CAPACITY, ETP_EP_TRANSPORT_NVLINK,
+                                       ETP_EP_TRANSPORT_NVLINK};
+    for (int i = 0; i < 5; i++) {
+        if (envs[i]) setenv("ETP_EP_TRANSPORT", envs[i], 1);
+        etp_context_t *ctx = tu_host_ctx(MPI_COMM_WORLD, f->mode, 1, -1, -1);
+        unsetenv("ETP_EP_TRANSPORT");
+        etp_group_t *world = NULL;
+        ETP_OK(etp_context_world(ctx, &world));
+        for (int expl = 0; expl < 2; expl++) {
+            etp_ep_group_config_t cc = c;
+            /* an explicit transport is kept, whatever the environment says */
+            cc.transport = expl ? ETP_EP_TRANSPORT_CAPACITY : ETP_EP_TRANSPORT_AUTO;
+            etp_ep_group_t *ep = NULL;
+            ETP_OK(etp_ep_group_create(world, &cc, &ep));
+            etp_ep_group_info_t info = ETP_EP_GROUP_INFO_INIT;
+            ETP_OK(etp_ep_group_info(ep, &info));
+            assert_int_equal(info.transport, expl ? ETP_EP_TRANSPORT_CAPACITY : want[i]);
+            assert_int_equal(info.combine_wire, ETP_DTYPE_F32);
+            assert_int_equal(info.num_sms, 0); /* the host backend runs no NVLink kernels */
+            ETP_OK(etp_ep_group_destroy(ep));
+        }
+        ETP_OK(etp_context_destroy(ctx));
+    }
+    setenv("ETP_EP_TRANSPORT", "nvl", 1);
+    etp_context_config_t cfg = ETP_CONTEXT_CONFIG_INIT;
+    cfg.backend = ETP_BACKEND_HOST;
+    etp_context_t *ctx = NULL;
+    ETP_EXPECT_MSG(etp_context_create_mpi(MPI_COMM_WORLD, &cfg, &ctx), ETP_ERR_INVALID_ARGUMENT,
+                   "ETP_EP_TRANSPORT");
+    unsetenv("ETP_EP_TRANSPORT");
+}
+
 /* T read on the device (the capture path): in range, 0, and out of range
  * (clamped and flagged). */
 static void test_device_tokens(void **state)
@@ -419,6 +470,18 @@ static void test_bad_input(void **state)
     bad = c;
     bad.hidden = 0;
     ETP_EXPECT_MSG(etp_ep_group_create(f->world, &bad, &ep), ETP_ERR_INVALID_ARGUMENT, "hidden");
+    bad = c;
+    bad.transport = (etp_ep_transport_t)7;
+    ETP_EXPECT_MSG(etp_ep_group_create(f->world, &bad, &ep), ETP_ERR_INVALID_ARGUMENT, "transport 7");
+    bad = c;
+    bad.combine_wire = ETP_DTYPE_F16;
+    ETP_EXPECT_MSG(etp_ep_group_create(f->world, &bad, &ep), ETP_ERR_INVALID_ARGUMENT, "combine_wire");
+    bad.combine_wire = ETP_DTYPE_BF16;
+    bad.token_dtype = ETP_DTYPE_F32;
+    ETP_EXPECT_MSG(etp_ep_group_create(f->world, &bad, &ep), ETP_ERR_INVALID_ARGUMENT, "f32 tokens");
+    bad = c;
+    bad.num_sms = -1;
+    ETP_EXPECT_MSG(etp_ep_group_create(f->world, &bad, &ep), ETP_ERR_INVALID_ARGUMENT, "num_sms");
     /* sizes whose products would wrap around int64 (to 0, past every check) */
     bad = c;
     bad.max_tokens_per_rank = (int64_t)1 << 62;
@@ -708,6 +771,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_overflow_drop),  cmocka_unit_test(test_overflow_error),
         cmocka_unit_test(test_device_tokens),  cmocka_unit_test(test_memory_steady),
         cmocka_unit_test(test_many_experts),   cmocka_unit_test(test_trace),
+        cmocka_unit_test(test_transport_choice),
     };
     int failed = cmocka_run_group_tests_name("eager", tests, ep_host_setup_eager, ep_host_teardown);
     failed += cmocka_run_group_tests_name("shuffle", tests, ep_host_setup_shuffle, ep_host_teardown);
