@@ -5,6 +5,7 @@
 #include "test_util.h"
 #include "core/core.h"
 #include "core/half.h"
+#include "etp/ep.h"
 
 static void test_status_strings(void **state)
 {
@@ -222,6 +223,7 @@ static void test_env_defaults_and_docs(void **state)
     assert_int_equal(e.shuffle_seed, 0);
     assert_int_equal(e.nccl_fast_launch, 1);
     assert_int_equal(e.copy_engine, 1);
+    assert_int_equal(e.ep_transport, ETP_EP_TRANSPORT_AUTO);
     /* every row documented, named once, and its default accepted when set
      * explicitly (the same parser as a user's value) */
     const char *name, *def, *doc;
@@ -241,7 +243,7 @@ static void test_env_defaults_and_docs(void **state)
         assert_memory_equal(&set, &e, sizeof e);
         unsetenv(name);
     }
-    assert_int_equal(n, 8);
+    assert_int_equal(n, 9);
     ETP_EXPECT(etp_env_setting(n, &name, &def, &doc), ETP_ERR_INVALID_ARGUMENT);
     ETP_EXPECT(etp_env_setting(-1, &name, &def, &doc), ETP_ERR_INVALID_ARGUMENT);
     ETP_EXPECT(etp_env_setting(0, NULL, &def, &doc), ETP_ERR_INVALID_ARGUMENT);
@@ -259,6 +261,7 @@ static void test_env_values(void **state)
     setenv("ETP_HOST_SHUFFLE_SEED", "42", 1);
     setenv("ETP_NCCL_FAST_LAUNCH", "0", 1);
     setenv("ETP_COPY_ENGINE", "0", 1);
+    setenv("ETP_EP_TRANSPORT", "Capacity", 1);
     etp__env_t e;
     assert_int_equal(etp__env_load(&e), ETP_SUCCESS);
     assert_int_equal(e.log_level, ETP_LOG_DEBUG);
@@ -269,6 +272,7 @@ static void test_env_values(void **state)
     assert_int_equal(e.shuffle_seed, 42);
     assert_int_equal(e.nccl_fast_launch, 0);
     assert_int_equal(e.copy_engine, 0);
+    assert_int_equal(e.ep_transport, ETP_EP_TRANSPORT_CAPACITY);
     /* an empty value is unset */
     setenv("ETP_LOG_LEVEL", "", 1);
     assert_int_equal(etp__env_load(&e), ETP_SUCCESS);
@@ -296,6 +300,7 @@ static void test_env_rejects_bad_values(void **state)
         {"ETP_NCCL_FAST_LAUNCH", "2", "0 or 1"},
         {"ETP_COPY_ENGINE", "2", "0 or 1"}, /* any-size windows: a test knob now */
         {"ETP_COPY_ENGINE", "-1", "0 or 1"},
+        {"ETP_EP_TRANSPORT", "nvl", "auto, exact, capacity or nvlink"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         clear_env();
