@@ -209,7 +209,7 @@ static void test_step_lr0(void **state)
     for (int q = TRAIN_QUANT_NONE; q <= TRAIN_QUANT_NVFP4; q++) {
         train_shape_t s = tiny((train_quant_t)q, 0.0f);
         ref_model_t *m = NULL;
-        assert_int_equal(ref_create(&s, 1, s.ep, 1, &m), 0);
+        assert_int_equal(ref_create(&s, 1, s.ep, 1, NULL, &m), 0);
         double l0 = -1, l1 = -1;
         uint16_t *before[TRAIN_WEIGHTS];
         for (int w = 0; w < TRAIN_WEIGHTS; w++) {
@@ -251,7 +251,7 @@ static void test_loss_falls(void **state)
     for (int q = TRAIN_QUANT_NONE; q <= TRAIN_QUANT_NVFP4; q++) {
         train_shape_t s = tiny((train_quant_t)q, 3e-3f);
         ref_model_t *m = NULL;
-        assert_int_equal(ref_create(&s, 1, s.ep, 1, &m), 0);
+        assert_int_equal(ref_create(&s, 1, s.ep, 1, NULL, &m), 0);
         double first = 0, loss = 0;
         for (int t = 0; t < 30; t++) {
             assert_int_equal(ref_step(m, t, &loss), 0);
@@ -397,7 +397,7 @@ static void test_grads_vs_fp64(void **state)
     const int ranks = 2;
     const twin_t t = {s.layers, s.experts, 40, s.hidden, s.ffn};
     ref_model_t *m = NULL;
-    assert_int_equal(ref_create(&s, 1, s.ep, ranks / s.ep, &m), 0);
+    assert_int_equal(ref_create(&s, 1, s.ep, ranks / s.ep, NULL, &m), 0);
     double *w[2][2 * TRAIN_WEIGHTS], *g64[2 * TRAIN_WEIGHTS];
     for (int l = 0; l < s.layers; l++)
         for (int k = 0; k < TRAIN_WEIGHTS; k++) {
@@ -455,17 +455,19 @@ static void test_bad_shape(void **state)
     ref_model_t *m = (ref_model_t *)(uintptr_t)1;
     train_shape_t s = tiny(TRAIN_QUANT_NONE, 0.0f);
     s.ep = 3; /* does not divide 4 experts */
-    assert_int_equal(ref_create(&s, 1, s.ep, 1, &m), -1);
+    assert_int_equal(ref_create(&s, 1, s.ep, 1, NULL, &m), -1);
     s = tiny(TRAIN_QUANT_MXFP8, 0.0f);
     s.hidden = 48; /* not a multiple of 32 */
-    assert_int_equal(ref_create(&s, 1, s.ep, 1, &m), -1);
+    assert_int_equal(ref_create(&s, 1, s.ep, 1, NULL, &m), -1);
     s = tiny(TRAIN_QUANT_NONE, 0.0f);
     s.topk = 5;
-    assert_int_equal(ref_create(&s, 1, s.ep, 1, &m), -1);
+    assert_int_equal(ref_create(&s, 1, s.ep, 1, NULL, &m), -1);
     s = tiny(TRAIN_QUANT_NONE, 0.0f);
-    assert_int_equal(ref_create(&s, 1, s.ep + 1, 1, &m), -1); /* the grid's ep is not the shape's */
-    assert_int_equal(ref_create(&s, 0, s.ep, 1, &m), -1);
-    assert_int_equal(ref_create(&s, 1, s.ep, -1, &m), -1);
+    assert_int_equal(ref_create(&s, 1, s.ep + 1, 1, NULL, &m), -1); /* the grid's ep is not the shape's */
+    assert_int_equal(ref_create(&s, 0, s.ep, 1, NULL, &m), -1);
+    assert_int_equal(ref_create(&s, 1, s.ep, -1, NULL, &m), -1);
+    const ref_ep_t bad_ep = {0, -1, 0};
+    assert_int_equal(ref_create(&s, 1, s.ep, 1, &bad_ep, &m), -1);
     assert_true(m == (ref_model_t *)(uintptr_t)1);
     uint16_t w[32] = {0}, o[32];
     assert_int_equal(ref_dequantize(TRAIN_QUANT_NVFP4, 0, w, 2, 8, o), -1);

@@ -251,6 +251,7 @@ static etp_status_t make_ep(train_model_t *m)
     gc.max_topk = k;
     gc.transport = m->o.transport;
     gc.overflow = ETP_EP_OVERFLOW_DROP;
+    gc.combine_wire = m->o.combine_wire ? m->o.combine_wire : ETP_DTYPE_F32;
     const int align = m->o.transport == ETP_EP_TRANSPORT_EXACT ? 1 : 16;
     if (m->o.capacity <= 0) {
         /* every token of the group on every local expert it can pick */
@@ -270,6 +271,8 @@ static etp_status_t make_ep(train_model_t *m)
                                         : m->S * m->E_local;
         gc.capacity_factor = m->o.capacity;
     }
+    m->recv_tokens = gc.recv_capacity_per_rank < (int64_t)R * sh->tokens ? gc.recv_capacity_per_rank
+                                                                         : (int64_t)R * sh->tokens;
     TRY(etp_ep_group_create(m->g_ep, &gc, &m->epg));
     for (int l = 0; l < sh->layers; l++) {
         etp_ep_layer_config_t lc = ETP_EP_LAYER_CONFIG_INIT;
@@ -363,9 +366,15 @@ etp_status_t model_check_opts(const train_opts_t *o, int ranks, char *why, size_
                    "%lld)",
                    r, (long long)train_tokens(sh, r), (long long)sh->tokens, r,
                    (long long)sh->tokens_step);
+    if (o->transport != ETP_EP_TRANSPORT_EXACT && o->transport != ETP_EP_TRANSPORT_CAPACITY &&
+        o->transport != ETP_EP_TRANSPORT_NVLINK)
+        REFUSE("transport %d is not exact, capacity or nvlink", (int)o->transport);
+    if (o->combine_wire != 0 && o->combine_wire != ETP_DTYPE_F32 &&
+        o->combine_wire != ETP_DTYPE_BF16)
+        REFUSE("combine wire %d is not f32 or bf16", (int)o->combine_wire);
     if (o->graph && o->transport == ETP_EP_TRANSPORT_EXACT)
-        REFUSE("--graph needs the capacity transport (exact copies the counts to the host at "
-               "every layer)");
+        REFUSE("--graph needs the capacity or nvlink transport (exact copies the counts to the "
+               "host at every layer)");
 #undef REFUSE
     return ETP_SUCCESS;
 }
@@ -690,6 +699,21 @@ static void collect_times(train_model_t *m)
 #endif
 }
 
+/* m->dropped: the slots every layer's EP reports dropped since its
+ * creation (the stream synchronized). */
+static etp_status_t poll_dropped(train_model_t *m)
+{
+    int64_t d = 0;
+    for (int l = 0; l < m->sh.layers; l++) {
+        etp_ep_report_t r = ETP_EP_REPORT_INIT;
+        TRY(etp_ep_poll(m->layers[l].ep, &r));
+        d += r.transport_dropped_slots + r.rows_dropped_slots + r.bad_index_slots +
+             r.duplicate_slots;
+    }
+    m->dropped = d;
+    return ETP_SUCCESS;
+}
+
 etp_status_t model_step(train_model_t *m, int batch, int capture, double *loss)
 {
     double t0 = now_ms();
@@ -732,19 +756,14 @@ etp_status_t model_step(train_model_t *m, int batch, int capture, double *loss)
     TRY(model__refresh_resident(m));
     if (m->o.resident) TRY(etp_stream_synchronize(m->s));
     *loss = *m->loss_host / ((double)m->N * (double)m->sh.hidden);
-    int64_t d = 0;
-    for (int l = 0; l < m->sh.layers; l++) {
-        etp_ep_report_t r = ETP_EP_REPORT_INIT;
-        TRY(etp_ep_poll(m->layers[l].ep, &r));
-        d += r.transport_dropped_slots + r.rows_dropped_slots + r.bad_index_slots +
-             r.duplicate_slots;
-    }
-    m->dropped = d;
+    const int64_t before = m->dropped;
+    TRY(poll_dropped(m));
     memset(&m->times, 0, sizeof m->times);
     m->times.step_ms = t2 - t0;
     m->times.fwdbwd_ms = t1 - t0; /* host: replaced by events on CUDA */
     collect_times(m);
     m->times.dropped = m->dropped;
+    m->times.dropped_step = m->dropped - before;
     return ETP_SUCCESS;
 }
 
@@ -779,7 +798,7 @@ etp_status_t model_make_data(train_model_t *m)
         TRY(etp_stream_synchronize(m->s));
     }
     TRY(etp_stream_synchronize(m->s));
-    return ETP_SUCCESS;
+    return poll_dropped(m); /* the teacher's drops are no step's */
 }
 
 void model_times(const train_model_t *m, train_times_t *t)
@@ -790,6 +809,12 @@ void model_times(const train_model_t *m, train_times_t *t)
 int model_step_count(const train_model_t *m)
 {
     return m->t;
+}
+
+void model_ep_limits(const train_model_t *m, int64_t *recv_tokens, int64_t *slots)
+{
+    *recv_tokens = m->recv_tokens;
+    *slots = m->o.transport == ETP_EP_TRANSPORT_EXACT ? 0 : m->S;
 }
 
 size_t model_max_shard_bytes(const train_model_t *m)

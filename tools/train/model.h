@@ -22,10 +22,13 @@
 typedef struct train_opts {
     train_shape_t shape;  /* shape.ep must equal ep */
     int etp, ep, dp;      /* the grid; etp * ep * dp = ranks */
+    /* EXACT: PACKED layouts, counts copied to the host; CAPACITY and
+     * NVLINK: FIXED_SLOTS layouts, counts on the device (capturable) */
     etp_ep_transport_t transport;
     /* rows per expert (FIXED_SLOTS) or per rank (PACKED) as a multiple of
      * the mean; 0: enough that no slot can be dropped */
     double capacity;
+    etp_dtype_t combine_wire; /* ETP_DTYPE_F32 or ETP_DTYPE_BF16 (0, zeroed options: F32) */
     int resident;         /* every weight whole on every rank: no gathers */
     int graph;            /* the chain is made capturable (graphed) */
     int depth;            /* the chain's prefetch depth */
@@ -35,8 +38,8 @@ typedef struct train_opts {
 typedef struct train_model train_model_t;
 
 /* The options' rules (the grid is the ranks, E splits over EP, top-k <= E,
- * quantized sizes, every rank has tokens, --graph needs the capacity
- * transport): ETP_SUCCESS, or ETP_ERR_INVALID_ARGUMENT with the reason in
+ * quantized sizes, every rank has tokens, --graph needs the capacity or
+ * nvlink transport): ETP_SUCCESS, or ETP_ERR_INVALID_ARGUMENT with the reason in
  * why[n]. model_create applies them too. */
 etp_status_t model_check_opts(const train_opts_t *o, int ranks, char *why, size_t n);
 
@@ -68,6 +71,7 @@ typedef struct train_times {
     double exchange_ms;  /* the stream's time in EP calls */
     double optim_ms;
     int64_t dropped;     /* slots dropped by EP since the start, this rank */
+    int64_t dropped_step; /* of which by this step (its forward's prepares) */
 } train_times_t;
 
 /* The last step's times (timing on, CUDA: per-call events; else zeros). */
@@ -75,6 +79,11 @@ void model_times(const train_model_t *m, train_times_t *t);
 
 /* Hooks for the check and checkpoints. */
 int model_step_count(const train_model_t *m);
+/* The EP limits the model configured: the token rows an EP rank accepts
+ * (recv_capacity_per_rank, at most EP x --tokens: what the nvlink and exact
+ * transports drop by) and, for FIXED_SLOTS layouts (capacity, nvlink), the
+ * rows per expert (0 for PACKED). */
+void model_ep_limits(const train_model_t *m, int64_t *recv_tokens, int64_t *slots);
 /* Copy this rank's FP32 main_grad shard of (layer, w) to host memory `dst`
  * [experts_local][shard_rows][cols] and say where it lies in the whole
  * tensor: expert0, row0, valid rows, shard rows, local experts. Blocks. */

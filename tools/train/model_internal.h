@@ -73,6 +73,7 @@ struct train_model {
     int rank, ranks, r_etp, r_ep, r_dp;
     int64_t T, N;     /* this rank's tokens; all ranks' */
     int64_t E_local, rows, S;
+    int64_t recv_tokens; /* the EP group's recv_capacity_per_rank */
     etp_group_t *world, *g_etp, *g_ep, *g_dp, *g_edp;
     etp_ep_group_t *epg;
     etp_chain_t *chain;

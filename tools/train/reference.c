@@ -178,6 +178,10 @@ struct ref_model {
     float **probs, **tw;         /* [N, E], [N, k] */
     int64_t **idx;               /* [N, k] */
     int *order;                  /* per layer and token, its slots in ascending expert order */
+    ref_ep_t epc;                /* what EP drops and rounds */
+    uint8_t **kept;              /* per layer [N, k]: the slot has a row (not dropped) */
+    int64_t *fill;               /* [E / ep]: an EP rank's rows per local expert so far */
+    int64_t dropped;             /* slots the last forward dropped */
     /* the current layer's GEMM output gradients, for its weight gradients */
     uint16_t *dgu, *ddz, *dgo, *dga; /* gu [N, H], dz [N, E]; go [N k, H], ga [N k, F] */
     /* scratch */
@@ -269,7 +273,8 @@ static void dense_wgrad(ref_model_t *m, float *dw, const uint16_t *dy, int64_t n
 /* Expert e's gradient [n, k] into dw, from its rows' dy [N k, n] and x (per
  * slot [N k, k], or per token [N, k] when x_per_token): on the expert's
  * rank of EP group (dp, etp_i), the partial over the rows of the group's
- * tokens that chose e, in (EP rank, token) order (docs/EP.md); the sum over
+ * tokens that chose e and kept their row, in (EP rank, token) order
+ * (docs/EP.md); the sum over
  * etp of those (etp_reduce_grad); those sums over dp in order (the DP
  * group's moe_sum). */
 static void expert_wgrad(ref_model_t *m, int l, int64_t e, float *dw, const uint16_t *dy, int64_t n,
@@ -283,7 +288,7 @@ static void expert_wgrad(ref_model_t *m, int l, int64_t e, float *dw, const uint
                 const int r = (d * m->ep + q) * m->etp + t;
                 for (int64_t tok = m->off[r]; tok < m->off[r + 1]; tok++)
                     for (int j = 0; j < m->K; j++)
-                        if (idx[tok * m->K + j] == e) {
+                        if (idx[tok * m->K + j] == e && m->kept[l][tok * m->K + j]) {
                             m->rdy[cnt] = tok * m->K + j;
                             m->rx[cnt] = x_per_token ? tok : tok * m->K + j;
                             cnt++;
@@ -324,11 +329,13 @@ static void dequant_all(ref_model_t *m, uint16_t **src, uint16_t **dst, int colu
 }
 
 /* The EP combine of one token's rows (docs/EP.md): per EP rank d in order, a
- * partial over the token's rows there in ascending expert order (weighted:
- * fmaf(w, x, p); unweighted: p + x) from 0; the sum of the partials of the
- * ranks the token went to, from 0, in rank order. Element h. */
-static float combine_elem(const ref_model_t *m, const int *ord, const int64_t *idx, const float *w,
-                          const uint16_t *rows, int64_t h)
+ * partial over the token's kept rows there in ascending expert order
+ * (weighted: fmaf(w, x, p); unweighted: p + x) from 0, rounded to BF16 with
+ * a BF16 wire; the sum of the partials of the ranks the token went to, from
+ * 0, in rank order. Element h. (A rank whose rows were all dropped adds a
+ * partial of +0, which changes no sum that starts from +0.) */
+static float combine_elem(const ref_model_t *m, const int *ord, const int64_t *idx,
+                          const uint8_t *kept, const float *w, const uint16_t *rows, int64_t h)
 {
     const int64_t local = m->E / m->ep;
     float acc = 0.0f;
@@ -337,12 +344,52 @@ static float combine_elem(const ref_model_t *m, const int *ord, const int64_t *i
         const int64_t d = idx[ord[q]] / local;
         float part = 0.0f;
         for (; q < m->K && idx[ord[q]] / local == d; q++) {
+            if (!kept[ord[q]]) continue;
             const float x = bf(rows[(int64_t)ord[q] * m->H + h]);
             part = w ? fmaf(w[ord[q]], x, part) : part + x;
         }
-        acc = acc + part;
+        acc = acc + (m->epc.wire_bf16 ? bf(moe_f32_to_bf16(part)) : part);
     }
     return acc;
+}
+
+/* Layer l's kept slots under m->epc's limits (reference.h), per EP group
+ * (dp d, etp t) and destination EP rank p; returns the slots dropped. */
+static int64_t ep_drops(ref_model_t *m, int l)
+{
+    const int K = m->K;
+    const int64_t local = m->E / m->ep, cap = m->epc.recv_tokens, S = m->epc.slots;
+    const int64_t *idx = m->idx[l];
+    uint8_t *kept = m->kept[l];
+    int64_t dropped = 0;
+    memset(kept, 1, (size_t)(m->N * K));
+    for (int d = 0; d < m->dp; d++)
+        for (int t = 0; t < m->etp; t++)
+            for (int p = 0; p < m->ep; p++) {
+                int64_t taken = 0;
+                for (int64_t e = 0; e < local; e++) m->fill[e] = 0;
+                for (int q = 0; q < m->ep; q++) {
+                    const int r = (d * m->ep + q) * m->etp + t;
+                    for (int64_t tok = m->off[r]; tok < m->off[r + 1]; tok++) {
+                        int to_p = 0;
+                        for (int j = 0; j < K; j++) to_p |= idx[tok * K + j] / local == p;
+                        if (!to_p) continue;
+                        const int accepted = cap == 0 || taken < cap;
+                        taken++;
+                        for (int j = 0; j < K; j++) {
+                            if (idx[tok * K + j] / local != p) continue;
+                            const int64_t e = idx[tok * K + j] - p * local;
+                            if (accepted && (S == 0 || m->fill[e] < S)) {
+                                m->fill[e]++;
+                            } else {
+                                kept[tok * K + j] = 0;
+                                dropped++;
+                            }
+                        }
+                    }
+                }
+            }
+    return dropped;
 }
 
 /* The model's forward with the weights `wts` (student or teacher) on
@@ -353,6 +400,7 @@ static void forward(ref_model_t *m, uint16_t **wts, const uint16_t *input)
     const int E = m->E, K = m->K;
     dequant_all(m, wts, m->wf, 0);
     const uint16_t *cur = input;
+    m->dropped = 0;
     for (int l = 0; l < m->L; l++) {
         uint16_t **wl = m->wf + l * TRAIN_WEIGHTS;
         uint16_t *x = m->x[l], *u = m->u[l];
@@ -375,7 +423,16 @@ static void forward(ref_model_t *m, uint16_t **wts, const uint16_t *input)
                 }
                 ord[q] = j;
             }
+        }
+        /* which slots get a row depends on every token's routing */
+        m->dropped += ep_drops(m, l);
+        for (int64_t n = 0; n < N; n++) {
+            const int64_t *idx = m->idx[l] + n * K;
+            const float *w = m->tw[l] + n * K;
+            const uint8_t *kept = m->kept[l] + n * K;
+            const int *ord = m->order + ((int64_t)l * N + n) * K;
             for (int j = 0; j < K; j++) {
+                if (!kept[j]) continue;
                 const int64_t e = idx[j], r = n * K + j;
                 const uint16_t *w1 = wl[TRAIN_W1] + e * F * H, *w2 = wl[TRAIN_W2] + e * H * F;
                 uint16_t *a = m->a[l] + r * F, *sa = m->sa[l] + r * F, *o = m->o[l] + r * H;
@@ -386,7 +443,8 @@ static void forward(ref_model_t *m, uint16_t **wts, const uint16_t *input)
                 for (int64_t h = 0; h < H; h++) o[h] = moe_f32_to_bf16(dot_rows(sa, w2 + h * F, F));
             }
             for (int64_t h = 0; h < H; h++) {
-                const float mm = bf(moe_f32_to_bf16(combine_elem(m, ord, idx, w, m->o[l] + n * K * H, h)));
+                const float mm =
+                    bf(moe_f32_to_bf16(combine_elem(m, ord, idx, kept, w, m->o[l] + n * K * H, h)));
                 m->y[n * H + h] = moe_f32_to_bf16(bf(u[n * H + h]) + mm);
             }
         }
@@ -407,9 +465,14 @@ static void backward(ref_model_t *m)
             const uint16_t *g = m->g + n * H;
             const int64_t *idx = m->idx[l] + n * K;
             const float *w = m->tw[l] + n * K;
+            const uint8_t *kept = m->kept[l] + n * K;
             const int *ord = m->order + ((int64_t)l * N + n) * K;
             for (int j = 0; j < K; j++) {
                 const int64_t e = idx[j], r = n * K + j;
+                if (!kept[j]) { /* no row: no gradient through the slot */
+                    m->gw[j] = 0.0f;
+                    continue;
+                }
                 const uint16_t *o = m->o[l] + r * H, *a = m->a[l] + r * F;
                 uint16_t *go = m->dgo + r * H, *gs = m->gs, *ga = m->dga + r * F, *gr = m->gr + j * H;
                 /* combine_bwd: the row's gradient and its weight's */
@@ -428,7 +491,8 @@ static void backward(ref_model_t *m)
                 dgrad_row(ga, wl[TRAIN_W1] + e * F * H, F, H, m->acc, gr);
             }
             /* dispatch_bwd: the unweighted combine of the rows' gradients */
-            for (int64_t h = 0; h < H; h++) m->gm[h] = moe_f32_to_bf16(combine_elem(m, ord, idx, NULL, m->gr, h));
+            for (int64_t h = 0; h < H; h++)
+                m->gm[h] = moe_f32_to_bf16(combine_elem(m, ord, idx, kept, NULL, m->gr, h));
             /* router */
             const float *probs = m->probs[l] + n * E;
             const float dot = moe_router_dot(probs, idx, m->gw, K);
@@ -514,7 +578,8 @@ static void free_arr(void **p, int count)
     free(p);
 }
 
-int ref_create(const train_shape_t *shape, int etp, int ep, int dp, ref_model_t **out)
+int ref_create(const train_shape_t *shape, int etp, int ep, int dp, const ref_ep_t *ep_cfg,
+               ref_model_t **out)
 {
     int64_t N;
     if (!shape || !out) {
@@ -522,9 +587,17 @@ int ref_create(const train_shape_t *shape, int etp, int ep, int dp, ref_model_t 
         return -1;
     }
     if (check_shape(shape, etp, ep, dp, &N) != 0) return -1;
+    const ref_ep_t no_limits = {0, 0, 0};
+    if (!ep_cfg) ep_cfg = &no_limits;
+    if (ep_cfg->recv_tokens < 0 || ep_cfg->slots < 0) {
+        fprintf(stderr, "ref_create: negative EP limits (recv_tokens %lld, slots %lld)\n",
+                (long long)ep_cfg->recv_tokens, (long long)ep_cfg->slots);
+        return -1;
+    }
     ref_model_t *m = calloc(1, sizeof *m);
     if (!m) goto oom;
     m->s = *shape;
+    m->epc = *ep_cfg;
     m->L = shape->layers;
     m->E = shape->experts;
     m->K = shape->topk;
@@ -566,6 +639,8 @@ int ref_create(const train_shape_t *shape, int etp, int ep, int dp, ref_model_t 
     m->probs = (float **)arr(m->L, (size_t)(N * E), sizeof(float), &ok);
     m->tw = (float **)arr(m->L, rows, sizeof(float), &ok);
     m->idx = (int64_t **)arr(m->L, rows, sizeof(int64_t), &ok);
+    m->kept = (uint8_t **)arr(m->L, rows, sizeof(uint8_t), &ok);
+    m->fill = calloc((size_t)E, sizeof(int64_t));
     m->order = calloc((size_t)m->L * rows, sizeof(int));
     m->y = calloc((size_t)(N * H), sizeof(uint16_t));
     m->g = calloc((size_t)(N * H), sizeof(uint16_t));
@@ -589,7 +664,7 @@ int ref_create(const train_shape_t *shape, int etp, int ep, int dp, ref_model_t 
     m->rx = calloc((size_t)N, sizeof(int64_t));
     m->off = calloc((size_t)m->ranks + 1, sizeof(int64_t));
     if (!ok || !m->in || !m->tgt || !m->x || !m->u || !m->a || !m->sa || !m->o || !m->probs ||
-        !m->tw || !m->idx || !m->order || !m->y || !m->g || !m->gp || !m->dgu || !m->ddz ||
+        !m->tw || !m->idx || !m->kept || !m->fill || !m->order || !m->y || !m->g || !m->gp || !m->dgu || !m->ddz ||
         !m->dgo || !m->dga || !m->gr || !m->gs || !m->gm || !m->gq || !m->acc || !m->z || !m->gw ||
         !m->part || !m->psum || !m->rdy || !m->rx || !m->off)
         goto oom;
@@ -616,6 +691,7 @@ int ref_create(const train_shape_t *shape, int etp, int ep, int dp, ref_model_t 
         forward(m, m->wt[1], m->in[b]);
         memcpy(m->tgt[b], m->y, (size_t)(N * H) * sizeof(uint16_t));
     }
+    m->dropped = 0; /* the teacher's: ref_dropped speaks of steps */
     *out = m;
     return 0;
 oom:
@@ -653,6 +729,11 @@ int ref_step(ref_model_t *m, int t, double *loss)
     return 0;
 }
 
+int64_t ref_dropped(const ref_model_t *m)
+{
+    return m ? m->dropped : 0;
+}
+
 const float *ref_grad(const ref_model_t *m, int layer, train_weight_t w)
 {
     if (!m || layer < 0 || layer >= m->L || (int)w < 0 || w >= TRAIN_WEIGHTS) return NULL;
@@ -687,6 +768,8 @@ void ref_destroy(ref_model_t *m)
     free_arr((void **)m->probs, m->L);
     free_arr((void **)m->tw, m->L);
     free_arr((void **)m->idx, m->L);
+    free_arr((void **)m->kept, m->L);
+    free(m->fill);
     free(m->order);
     free(m->y);
     free(m->g);

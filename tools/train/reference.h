@@ -29,6 +29,24 @@
 
 typedef struct ref_model ref_model_t;
 
+/* What the etp run's EP groups drop and how combine's partials travel
+ * (docs/EP.md), for the reference to do the same in every layer's forward
+ * (the teacher's included). Per EP group and destination EP rank: the
+ * tokens that select at least one of its experts are taken in (EP rank,
+ * token) order, the first recv_tokens of them accepted and every slot of
+ * the later ones to that rank dropped (the nvlink and exact transports'
+ * receive capacity); then each expert keeps the first `slots` of its
+ * accepted rows in that order and drops the rest (a FIXED_SLOTS layout).
+ * A dropped slot has no row: it adds nothing to combine or dispatch_bwd,
+ * its weight's gradient is 0, and its rows are in no weight gradient.
+ * 0: no limit. wire_bf16: each EP rank's partial of combine and
+ * dispatch_bwd is rounded to BF16 before the rank-order sum (combine_wire
+ * BF16; 0: FP32). */
+typedef struct ref_ep {
+    int64_t recv_tokens, slots;
+    int wire_bf16;
+} ref_ep_t;
+
 /* etp, ep, dp: the grid of the etp run (ep = shape->ep), whose ranks
  * number etp * ep * dp, rank (dp_i * ep + ep_i) * etp + etp_i; rank r has
  * train_tokens(shape, r) tokens, the global batch is all ranks' tokens,
@@ -42,10 +60,12 @@ typedef struct ref_model ref_model_t;
  * + j) * train_weight_scale, rounded to BF16), the FP32 masters (the BF16
  * values), the inputs of the shape->pool batches
  * (bf16(moe_normal(seed, train_tensor_input(b), n*H + j))) and their
- * targets (the teacher model's forward output). The shape is copied.
- * Returns 0, or -1 (bad shape: message on stderr, *m untouched; out of
- * memory). */
-int ref_create(const train_shape_t *shape, int etp, int ep, int dp, ref_model_t **m);
+ * targets (the teacher model's forward output). ep_cfg (copied; NULL:
+ * nothing dropped, FP32 partials) says what EP drops and rounds. The shape
+ * is copied. Returns 0, or -1 (bad shape or negative limits: message on
+ * stderr, *m untouched; out of memory). */
+int ref_create(const train_shape_t *shape, int etp, int ep, int dp, const ref_ep_t *ep_cfg,
+               ref_model_t **m);
 
 /* One step t (0-based) on batch t % pool: forward, loss = sum (y -
  * target)^2 / (N H) (FP64), backward from the output gradient
@@ -54,6 +74,11 @@ int ref_create(const train_shape_t *shape, int etp, int ep, int dp, ref_model_t 
  * weight and the BF16 weights = bf16(master). *loss (may be NULL) gets the
  * loss before the update. Returns 0, or -1 for t < 0. */
 int ref_step(ref_model_t *m, int t, double *loss);
+
+/* The slots the last ref_step's forward dropped, over every layer and EP
+ * group (what etp's EP reports count, summed over all ranks); 0 before the
+ * first step. */
+int64_t ref_dropped(const ref_model_t *m);
 
 /* The FP32 gradient of weight w of layer l from the last ref_step (zeros
  * before the first), [experts][rows][cols]; owned by the model. NULL for a
