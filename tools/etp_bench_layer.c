@@ -424,6 +424,7 @@ static void run_layer(bench_t *b, etp_stream_t *s, const layer_opts_t *o)
     to.dp = b->size / (int)(o->etp * o->ep);
     to.transport = o->transport;
     to.capacity = o->capacity;
+    to.combine_wire = ETP_DTYPE_F32;
     to.depth = (int)o->depth;
 
     static const struct {
