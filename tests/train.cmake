@@ -129,6 +129,9 @@ if(ETP_GPU_TESTS)
   etp_train_gpu_test(check 2 --check --steps 6 --etp 1 --ep 2 --tokens-step 8 --quant nvfp4 ${_small})
   etp_train_gpu_test(check 4 --check --steps 6 --etp 2 --ep 2 ${_small})
   etp_train_gpu_test(check_graph 4 --check --steps 6 --etp 2 --ep 2 --quant mxfp8 --graph ${_small})
+  # the NVLink transport's kernels in the loop, captured
+  etp_train_gpu_test(check_nvlink 2 --check --steps 6 --etp 1 --ep 2 --transport nvlink --graph ${_small})
+  etp_train_gpu_test(check_nvlink 4 --check --steps 6 --etp 2 --ep 2 --transport nvlink --wire bf16 ${_small})
   foreach(np 1 4)
     add_test(NAME train_gpu_graph_same_np${np}
       COMMAND sh ${CMAKE_CURRENT_SOURCE_DIR}/train/graph_same.sh ${MPIEXEC_EXECUTABLE} ${np}
