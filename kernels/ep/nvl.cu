@@ -20,9 +20,13 @@
 #include <stdint.h>
 
 #include "ep/ep_rules.h"
+#include "ep_vec.cuh"
 #include "nvl_kernels.h"
 
 namespace {
+
+using etp_ep_vec::store_bf16;
+using etp_ep_vec::unpack16;
 
 constexpr int kThreads = 512;
 constexpr int kWarps = kThreads / 32;
@@ -95,6 +99,17 @@ __device__ bool block_wait(const etp__ep_nvl_t &n, int which, uint64_t v, int ca
     }
     __syncthreads();
     return ok != 0;
+}
+
+/* The call's start: its number (counted on the device), the clock its
+ * waits are bounded from, and the wait until every peer has released what
+ * this rank stored in the previous call. false: gave up (recorded). */
+__device__ bool call_begin(const etp__ep_nvl_t &n, int call, uint64_t *call_no, int64_t *t0)
+{
+    *call_no = n.calls[0] + 1;
+    *t0 = now_ns();
+    return block_wait(n, 1, etp__ep_nvl_mark(*call_no - 1, n.blocks), call, ETP__EP_NVL_WAIT_RELEASE,
+                      *t0);
 }
 
 /* The call's end: this block released what it read; the last block of the
@@ -362,11 +377,9 @@ __device__ void expand_token(const etp__ep_t2e_args_t &a, const char *in, const 
 __global__ void __launch_bounds__(kThreads) t2e_kernel(etp__ep_t2e_args_t a, int vec)
 {
     const etp__ep_nvl_t &n = a.nvl;
-    const uint64_t call_no = n.calls[0] + 1;
-    const int64_t t0 = now_ns();
-    /* the peers have read what this rank stored in the previous call */
-    if (!block_wait(n, 1, etp__ep_nvl_mark(call_no - 1, n.blocks), a.call, ETP__EP_NVL_WAIT_RELEASE, t0))
-        return;
+    uint64_t call_no;
+    int64_t t0;
+    if (!call_begin(n, a.call, &call_no, &t0)) return;
     const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
     const int64_t gw = (int64_t)blockIdx.x * kWarps + warp, nw = (int64_t)n.blocks * kWarps;
     const int64_t T = tokens_of(a.t_dev, n.t_max), k = a.k;
@@ -421,35 +434,12 @@ __global__ void __launch_bounds__(kThreads) t2e_kernel(etp__ep_t2e_args_t a, int
 
 /* ---- expert side to token side -------------------------------------------- */
 
-/* 16 bytes of input as V = 8 BF16 or 4 FP32 values. */
-template <int V>
-__device__ __forceinline__ void unpack16(uint4 v, float *x)
-{
-    const uint32_t w[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-    for (int j = 0; j < 4; j++) {
-        if (V == 8) {
-            x[2 * j] = etp__qf_bf16_to_f32((uint16_t)(w[j] & 0xffffu));
-            x[2 * j + 1] = etp__qf_bf16_to_f32((uint16_t)(w[j] >> 16));
-        } else {
-            x[j] = __uint_as_float(w[j]);
-        }
-    }
-}
-
 /* V values stored as `dtype` (BF16: rounded once) at element e of p. */
 template <int V>
 __device__ __forceinline__ void store_vals(void *p, int dtype, int64_t e, const float *x)
 {
     if (dtype == ETP__EP_BF16) {
-        uint32_t w[V / 2];
-#pragma unroll
-        for (int q = 0; q < V / 2; q++)
-            w[q] = (uint32_t)etp__qf_f32_to_bf16(x[2 * q]) | (uint32_t)etp__qf_f32_to_bf16(x[2 * q + 1]) << 16;
-        if constexpr (V == 8)
-            *reinterpret_cast<uint4 *>(static_cast<uint16_t *>(p) + e) = make_uint4(w[0], w[1], w[2], w[3]);
-        else
-            *reinterpret_cast<uint2 *>(static_cast<uint16_t *>(p) + e) = make_uint2(w[0], w[1]);
+        store_bf16<V>(static_cast<uint16_t *>(p) + e, x);
     } else {
         float4 *f = reinterpret_cast<float4 *>(static_cast<float *>(p) + e);
 #pragma unroll
@@ -573,10 +563,9 @@ __device__ void reduce_row(const etp__ep_e2t_args_t &a, const char *slab, const 
 __global__ void __launch_bounds__(kThreads) e2t_kernel(etp__ep_e2t_args_t a, int vec)
 {
     const etp__ep_nvl_t &n = a.nvl;
-    const uint64_t call_no = n.calls[0] + 1;
-    const int64_t t0 = now_ns();
-    if (!block_wait(n, 1, etp__ep_nvl_mark(call_no - 1, n.blocks), a.call, ETP__EP_NVL_WAIT_RELEASE, t0))
-        return;
+    uint64_t call_no;
+    int64_t t0;
+    if (!call_begin(n, a.call, &call_no, &t0)) return;
     __shared__ int32_t rows_s[kWarps][64];
     __shared__ float w_s[kWarps][64];
     __shared__ int64_t src_s[kWarps][kMaxRanks];

@@ -428,11 +428,11 @@ etp_status_t etp_ep_group_create(etp_group_t *group, const etp_ep_group_config_t
     etp_status_t st = ETP_SUCCESS;
     if (c.transport == ETP_EP_TRANSPORT_NVLINK && ep->kt->nvl_open) {
         /* the window: flags, the small slabs, the token slabs (ep_args.h) */
-        const size_t tok_row =
-            ((ep->mx ? (size_t)ETP__EP_MX_ROW_BYTES(c.hidden) : H * etp_dtype_size(ep->dt)) >
-                     H * etp_dtype_size(c.combine_wire)
-                 ? (ep->mx ? (size_t)ETP__EP_MX_ROW_BYTES(c.hidden) : H * etp_dtype_size(ep->dt))
-                 : H * etp_dtype_size(c.combine_wire));
+        /* a token slab row holds dispatch's rows and combine's partials */
+        const size_t disp_row =
+            ep->mx ? (size_t)ETP__EP_MX_ROW_BYTES(c.hidden) : H * etp_dtype_size(ep->dt);
+        const size_t part_row = H * etp_dtype_size(c.combine_wire);
+        const size_t tok_row = disp_row > part_row ? disp_row : part_row;
         etp__ep_nvl_t *nv = &ep->nv;
         nv->sig_off = 0;
         nv->small_row_bytes = (size_t)K * 4;
@@ -730,6 +730,18 @@ static void exact_rows(etp_ep_layer_t *ly)
     ly->ntok = roff;
 }
 
+/* EXACT's receive-capacity drops (ep_rules.h: etp__ep_accepted), on the
+ * token side, after the count all-gather. */
+static etp_status_t clip(etp_ep_layer_t *ly, etp_stream_t *s)
+{
+    const etp_ep_group_t *ep = ly->ep;
+    etp__ep_clip_args_t ca = {.C = ly->C, .t_dev = ly->t_dev, .slot_dest = ly->slot_dest,
+                              .t_max = ep->cfg.max_tokens_per_rank, .tok_cap = ep->tok_cap,
+                              .k = ly->k, .ranks = ep->R, .me = ep->rank,
+                              .send_pos = ly->send_pos, .stats = ly->stats};
+    return ep->kt->clip(ep->be, s->bs, &ca);
+}
+
 static etp_status_t ep_prepare_call(etp_ep_layer_t *ly, const void *topk_idx, etp_dtype_t idx_dtype,
                             int64_t num_tokens, const int32_t *num_tokens_dev, etp_stream_t *s)
 {
@@ -802,23 +814,11 @@ static etp_status_t ep_prepare_call(etp_ep_layer_t *ly, const void *topk_idx, et
         int clipped = 0;
         for (int p = 0; p < ep->R; p++)
             clipped |= ly->rows_host[p] != ly->host_C[(int64_t)ep->rank * ep->R + p];
-        if (clipped) {
-            etp__ep_clip_args_t ca = {.C = ly->C, .t_dev = ly->t_dev, .slot_dest = ly->slot_dest,
-                                      .t_max = ep->cfg.max_tokens_per_rank, .tok_cap = ep->tok_cap,
-                                      .k = ly->k, .ranks = ep->R, .me = ep->rank,
-                                      .send_pos = ly->send_pos, .stats = ly->stats};
-            ETP__TRY(kt->clip(be, s->bs, &ca));
-        }
+        if (clipped) ETP__TRY(clip(ly, s));
     } else {
         /* NVLINK drops what the receivers cannot take as EXACT does, on the
          * device */
-        if (ep->nvl) {
-            etp__ep_clip_args_t ca = {.C = ly->C, .t_dev = ly->t_dev, .slot_dest = ly->slot_dest,
-                                      .t_max = ep->cfg.max_tokens_per_rank, .tok_cap = ep->tok_cap,
-                                      .k = ly->k, .ranks = ep->R, .me = ep->rank,
-                                      .send_pos = ly->send_pos, .stats = ly->stats};
-            ETP__TRY(kt->clip(be, s->bs, &ca));
-        }
+        if (ep->nvl) ETP__TRY(clip(ly, s));
         ly->ntok = ep->recv_rows;
     }
     ETP__TRY(exchange(ly, 1, ep->send_small, ep->recv_small, ly->k, ETP_DTYPE_I32, s));
