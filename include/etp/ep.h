@@ -208,7 +208,9 @@ typedef struct etp_ep_group_config {
     etp_dtype_t combine_wire;
     /* NVLINK on CUDA: the blocks (one per SM) each of its kernels runs, the
      * same on every rank; the rest of the GPU stays free for compute.
-     * 0: 24, or the device's SM count if smaller. Ignored otherwise. */
+     * 0: 24, or the smallest SM count of the group's devices if smaller.
+     * More than a device's SMs: NVLINK cannot run (ETP_ERR_UNSUPPORTED when
+     * asked for, saying so; AUTO takes EXACT). Ignored otherwise. */
     int num_sms;
 } etp_ep_group_config_t;
 

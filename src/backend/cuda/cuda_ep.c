@@ -71,16 +71,30 @@ static etp_status_t cuda_nvl_open(etp__be_t *be, etp__bcomm_t *c, const char *na
     ETP__TRY(etp__cuda_set_device(cb));
     struct etp__cuda_nvl *n = calloc(1, sizeof *n);
     if (!n) return etp__err(ETP_ERR_OUT_OF_MEMORY, "EP group '%s': out of host memory", name);
-    etp_status_t st =
-        etp__cuda_peer_win_alloc(be, c, bytes, local_ok, &n->mem, &n->win, why, why_bytes);
+    int sms = 0;
+    cudaError_t e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, cb->device);
+    if (e != cudaSuccess) {
+        free(n);
+        return etp__cuda_error("EP nvlink window: the device's SM count", e);
+    }
+    /* Every block of a kernel must be resident at once (they wait for each
+     * other), and every rank must run as many (the flags count blocks): a
+     * num_sms past this device's SMs is refused, and the default (24, or
+     * fewer SMs) is agreed as the group's smallest. */
+    int blocks = num_sms > 0 ? num_sms : (sms < 24 ? sms : 24);
+    if (local_ok && blocks > sms) {
+        local_ok = 0;
+        snprintf(why, why_bytes, "num_sms %d exceeds rank %d's device's %d SMs", num_sms, c->rank,
+                 sms);
+    }
+    etp_status_t st = etp__cuda_peer_win_alloc(be, c, bytes, local_ok, &blocks, &n->mem, &n->win,
+                                               why, why_bytes);
     if (st != ETP_SUCCESS) {
         free(n);
         return st;
     }
     const int R = c->size;
-    int sms = 0;
-    cudaError_t e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, cb->device);
-    if (e == cudaSuccess) e = cudaMalloc((void **)&n->peers, (size_t)R * sizeof(char *));
+    e = cudaMalloc((void **)&n->peers, (size_t)R * sizeof(char *));
     if (e == cudaSuccess) e = cudaMalloc((void **)&n->calls, 2 * sizeof(uint64_t));
     if (e == cudaSuccess) e = cudaHostAlloc((void **)&n->fault, 4 * sizeof(int64_t), cudaHostAllocMapped);
     cudaStream_t ws = NULL;
@@ -109,8 +123,7 @@ static etp_status_t cuda_nvl_open(etp__be_t *be, etp__bcomm_t *c, const char *na
      * and begun no earlier than the kernel was enqueued) then finds the
      * fault and names the peer, instead of timing out on its own */
     nvl->timeout_ns = cb->base.cfg.timeout_s > 0 ? (int64_t)(cb->base.cfg.timeout_s * 0.5e9) : 0;
-    nvl->blocks = num_sms > 0 ? num_sms : (sms < 24 ? sms : 24);
-    if (nvl->blocks > sms) nvl->blocks = sms;
+    nvl->blocks = blocks;
     nvl->me = c->rank;
     nvl->ranks = R;
     n->next = cb->nvls;

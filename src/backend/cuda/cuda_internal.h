@@ -234,10 +234,12 @@ void etp__cuda_win_free(etp__be_t *be, etp__bcomm_t *c, void *ptr, void *win);
  * memory registered as a symmetric window of c, whose peers' copies the
  * kernels reach by LSA pointers. Collective over c; ETP_ERR_UNSUPPORTED on
  * every rank alike, with the reason in why, when some rank cannot (local_ok
- * 0, no device API, NCCL too old, not every rank in the LSA team). *win is
- * the ncclWindow_t. */
+ * 0, no device API, NCCL too old, not every rank in the LSA team).
+ * *agree_min becomes the smallest value any rank passed. *win is the
+ * ncclWindow_t (NULL for a one-rank group: plain memory). */
 etp_status_t etp__cuda_peer_win_alloc(etp__be_t *be, etp__bcomm_t *c, size_t bytes, int local_ok,
-                                      void **ptr, void **win, char *why, size_t why_bytes);
+                                      int *agree_min, void **ptr, void **win, char *why,
+                                      size_t why_bytes);
 void etp__cuda_peer_win_free(etp__be_t *be, etp__bcomm_t *c, void *ptr, void *win);
 /* A fault an NVLink transport kernel recorded (a peer that never came), as
  * ETP_ERR_TIMEOUT failing the backend; ETP_SUCCESS when none. Read without

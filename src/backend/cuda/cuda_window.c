@@ -171,7 +171,8 @@ void etp__cuda_win_free(etp__be_t *be, etp__bcomm_t *c, void *ptr, void *win)
 }
 
 etp_status_t etp__cuda_peer_win_alloc(etp__be_t *be, etp__bcomm_t *c, size_t bytes, int local_ok,
-                                      void **ptr, void **win, char *why, size_t why_bytes)
+                                      int *agree_min, void **ptr, void **win, char *why,
+                                      size_t why_bytes)
 {
     etp__cuda_t *cb = etp__cuda_of(be);
     ETP__TRY(etp__cuda_set_device(cb));
@@ -226,6 +227,11 @@ etp_status_t etp__cuda_peer_win_alloc(etp__be_t *be, etp__bcomm_t *c, size_t byt
         if (st != ETP_SUCCESS) return etp__cuda_fail(cb, st);
         if (mine) snprintf(why, why_bytes, "another rank of the group cannot (its log says why)");
         return ETP_ERR_UNSUPPORTED;
+    }
+    st = agree(cb, c, agree_min, ETP__CUDA_SETUP_MIN_S);
+    if (st != ETP_SUCCESS) {
+        (void)ncclMemFree(p);
+        return st; /* agree failed the backend */
     }
     if (c->zero == NULL) st = make_zero(cb, c);
     ncclWindow_t w = NULL;
@@ -309,9 +315,10 @@ ncclResult_t etp__cuda_alltoall(const void *send, void *recv, size_t count, nccl
 #else /* NCCL without symmetric windows or the zero-CTA policy */
 
 etp_status_t etp__cuda_peer_win_alloc(etp__be_t *be, etp__bcomm_t *c, size_t bytes, int local_ok,
-                                      void **ptr, void **win, char *why, size_t why_bytes)
+                                      int *agree_min, void **ptr, void **win, char *why,
+                                      size_t why_bytes)
 {
-    (void)be, (void)c, (void)bytes, (void)local_ok, (void)ptr, (void)win;
+    (void)be, (void)c, (void)bytes, (void)local_ok, (void)agree_min, (void)ptr, (void)win;
     snprintf(why, why_bytes, "etp was built with an NCCL older than 2.28 (no symmetric windows)");
     return ETP_ERR_UNSUPPORTED;
 }
