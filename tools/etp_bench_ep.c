@@ -48,11 +48,10 @@
  *   copy         a device-to-device copy of the expanded rows' bytes
  * Each row of the table is the slowest rank's median.
  *
- * NVLINK on the CUDA backend runs each call as one kernel, its trace
- * points reported back to back around it, so its phases cannot be told
- * apart: its cases print the whole call instead ("one kernel" rows: the
- * exchange bytes over the call's time), no pack, expand, pre-sum or sum
- * rows. On the host backend NVLINK's phases are real and are printed.
+ * NVLINK on the CUDA backend has no pack (its sending kernel stores the
+ * caller's tokens): its dispatch rows are the sending kernel (exchange) and
+ * the receiving one (expand), its combine rows the pre-sum into the stage,
+ * the sending kernel (exchange) and the token sums.
  *
  * Bytes:
  * - exchange: the token rows that cross between ranks (not a rank's own),
@@ -61,7 +60,7 @@
  *   the rank that sends or receives the most. CAPACITY moves whole slabs,
  *   but only the useful rows count (its wasted slab bytes show as a lower
  *   GB/s). The baselines move exactly these bytes, so ratio = baseline time
- *   / exchange time; combine's exchange (or one kernel) / peer copy is the
+ *   / exchange time; combine's exchange / peer copy is the
  *   share of the peer-copy bandwidth the exchange reaches.
  * - logical (whole call rows and the summary): token rows received per
  *   rank, one per (token, destination rank), the rank's own included, times
@@ -684,8 +683,7 @@ static void run_case(bench_t *b, const opts_t *o, case_t *c, etp_group_t *world,
     etp_ep_group_info_t info = ETP_EP_GROUP_INFO_INIT;
     BENCH_CHECK(b, etp_ep_group_info(ep, &info));
     case_shape(c, info.transport, gc.capacity_factor);
-    /* NVLINK on CUDA runs each call as one kernel: its trace points come
-     * back to back around it, so its phases cannot be told apart */
+    /* NVLINK on CUDA: no pack phase */
     const int fused = info.transport == ETP_EP_TRANSPORT_NVLINK && b->backend == ETP_BACKEND_CUDA;
     etp_ep_layer_config_t lc = ETP_EP_LAYER_CONFIG_INIT;
     lc.name = "moe";
@@ -893,14 +891,10 @@ static void run_case(bench_t *b, const opts_t *o, case_t *c, etp_group_t *world,
         bench_add(b, "dispatch: whole call (logical)", sh, bytes_logical_d, us_d[3], 0)->gbps;
     const double gbps_lpd =
         bench_add(b, "prepare+dispatch (logical)", sh, bytes_logical_d, us_pd, 0)->gbps;
-    if (fused) {
-        /* the exchange bytes over the whole kernel, its pack and expand included */
-        bench_add(b, "dispatch: one kernel / send-recv", sh, bytes_xd, us_d[3], bd->gbps);
-    } else {
-        bench_add(b, "dispatch: pack / copy", sh, bytes_pack, us_d[0], copy_gbps);
-        bench_add(b, "dispatch: exchange / send-recv", sh, bytes_xd, us_d[1], bd->gbps);
-        bench_add(b, "dispatch: expand / copy", sh, bytes_exp_d, us_d[2], copy_gbps);
-    }
+    /* NVLINK on CUDA has no pack: its sending kernel stores the tokens */
+    if (!fused) bench_add(b, "dispatch: pack / copy", sh, bytes_pack, us_d[0], copy_gbps);
+    bench_add(b, "dispatch: exchange / send-recv", sh, bytes_xd, us_d[1], bd->gbps);
+    bench_add(b, "dispatch: expand / copy", sh, bytes_exp_d, us_d[2], copy_gbps);
     snprintf(nm, sizeof nm, "%s: combine bytes", bname);
     bench_row_t *bc = bench_add(b, nm, sh, bytes_xc, us_bc, 0);
     double peer_gbps = 0, peer_ratio = 0;
@@ -908,18 +902,12 @@ static void run_case(bench_t *b, const opts_t *o, case_t *c, etp_group_t *world,
         peer_gbps = bench_add(b, "peer copy: combine bytes", sh, bytes_xc, us_peer, 0)->gbps;
     const double gbps_lc =
         bench_add(b, "combine: whole call (logical)", sh, bytes_logical, us_c[3], 0)->gbps;
-    if (fused) {
-        bench_add(b, "combine: one kernel / send-recv", sh, bytes_xc, us_c[3], bc->gbps);
-        peer_ratio = bench_add(b, "combine: one kernel / peer copy", sh, bytes_xc, us_c[3],
+    bench_add(b, "combine: pre-sum / copy", sh, bytes_exp, us_c[0], copy_gbps);
+    bench_add(b, "combine: exchange / send-recv", sh, bytes_xc, us_c[1], bc->gbps);
+    if (pc->on)
+        peer_ratio = bench_add(b, "combine: exchange / peer copy", sh, bytes_xc, us_c[1],
                                peer_gbps)->ratio;
-    } else {
-        bench_add(b, "combine: pre-sum / copy", sh, bytes_exp, us_c[0], copy_gbps);
-        bench_add(b, "combine: exchange / send-recv", sh, bytes_xc, us_c[1], bc->gbps);
-        if (pc->on)
-            peer_ratio = bench_add(b, "combine: exchange / peer copy", sh, bytes_xc, us_c[1],
-                                   peer_gbps)->ratio;
-        bench_add(b, "combine: token sum / copy", sh, bytes_sum, us_c[2], copy_gbps);
-    }
+    bench_add(b, "combine: token sum / copy", sh, bytes_sum, us_c[2], copy_gbps);
     if (me == 0) {
         char per_peer[64];
         if (info.transport == ETP_EP_TRANSPORT_CAPACITY)
@@ -936,14 +924,14 @@ static void run_case(bench_t *b, const opts_t *o, case_t *c, etp_group_t *world,
                sh, transport_name(info.transport),
                c->transport == ETP_EP_TRANSPORT_AUTO ? " (auto)" : "", info.num_sms,
                etp_dtype_name(info.combine_wire), (long long)rows, (long long)info.recv_token_rows,
-               per_peer, dropped, fused ? "; one kernel a call: no phase rows" : "");
+               per_peer, dropped, fused ? "; no pack (the sending kernel stores the tokens)" : "");
         /* the figures to set beside DeepEP's: its dispatch (without a
          * cached layout) also exchanges the counts, as prepare does here */
         printf("etp-bench ep: %s: prepare+dispatch %.1f us, combine %.1f us; logical GB/s "
                "(DeepEP's metric): dispatch %.1f (prepare+dispatch %.1f), combine %.1f",
                sh, us_pd, us_c[3], gbps_ld, gbps_lpd, gbps_lc);
         if (pc->on)
-            printf("; combine %s / peer copy %.3f", fused ? "kernel" : "exchange", peer_ratio);
+            printf("; combine exchange / peer copy %.3f", peer_ratio);
         printf("\n");
         fflush(stdout);
     }

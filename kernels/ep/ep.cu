@@ -199,10 +199,8 @@ __global__ void clip_kernel(etp__ep_clip_args_t a)
     if (t >= tokens_of(a.t_dev, a.t_max)) return;
     for (int d = 0; d < R; d++) {
         const int64_t acc = etp__ep_accepted(a.C, R, a.tok_cap, a.me, d);
-        int32_t *sp = a.send_pos + t * R + d;
-        if (*sp < acc) continue;
-        *sp = -1;
-        stat_add(a.stats, ETP__EP_ST_TRANSPORT_DROPPED, etp__ep_slots_to(a.slot_dest + t * k, k, d));
+        stat_add(a.stats, ETP__EP_ST_TRANSPORT_DROPPED,
+                 etp__ep_clip_copy(acc, a.slot_dest + t * k, k, d, a.send_pos + t * R + d));
     }
 }
 
@@ -278,6 +276,113 @@ __global__ void layout_sort(etp__ep_layout_args_t a)
     const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= a.recv_rows) return;
     etp__ep_sort_rows(a.recv_row + i * a.k, a.k, a.tok_rows + i * a.k);
+}
+
+/* ---- layout with few local experts --------------------------------------
+ * L <= ETP__EP_LAYOUT_FEW_L, k <= ETP__EP_LAYOUT_FEW_K: a warp takes a chunk
+ * of 32 received rows, a lane one row; one ballot per expert gives each
+ * row's rank among the chunk's rows that select it, and the chunks' counts
+ * (scratch [chunks][L]) are scanned per expert in between. The same rows,
+ * order and drops as the per-expert scans above, in three kernels instead
+ * of one pass per expert over every received row. */
+
+/* The local experts received row i selects, as bits (0: not a valid row). */
+__device__ __forceinline__ uint64_t row_experts(const etp__ep_layout_args_t &a, int64_t i)
+{
+    if (i >= a.recv_rows || !etp__ep_recv_valid(a.recv_base, a.recv_cnt, a.ranks, a.exact, a.slab, i))
+        return 0;
+    uint64_t m = 0;
+    for (int j = 0; j < a.k; j++) {
+        const int32_t e = etp__ep_recv_expert(a.recv_meta, a.k, a.local_experts, i, j);
+        if (e >= 0) m |= 1ull << e;
+    }
+    return m;
+}
+
+/* Per chunk and expert, the rows that select it; row_src emptied. */
+__global__ void layout_chunks(etp__ep_layout_args_t a)
+{
+    const int lane = threadIdx.x & 31, L = (int)a.local_experts;
+    const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    const int64_t nth = (int64_t)gridDim.x * blockDim.x;
+    for (int64_t r = tid; r < a.rows_cap; r += nth) a.row_src[r] = -1;
+    const int64_t nch = (a.recv_rows + ETP__EP_LAYOUT_CHUNK - 1) / ETP__EP_LAYOUT_CHUNK;
+    for (int64_t c = tid >> 5; c < nch; c += nth >> 5) {
+        const uint64_t m = row_experts(a, c * ETP__EP_LAYOUT_CHUNK + lane);
+        int lo = 0, hi = 0;
+        for (int e = 0; e < L; e++) {
+            const int n = __popc(__ballot_sync(kFull, (unsigned)(m >> e) & 1u));
+            if (e == lane) lo = n;
+            if (e == lane + 32) hi = n;
+        }
+        if (lane < L) a.scratch[c * L + lane] = lo;
+        if (lane + 32 < L) a.scratch[c * L + lane + 32] = hi;
+    }
+}
+
+/* One block: per expert, the exclusive scan of the chunks' counts (in
+ * place) and its total; then the offsets and the kept counts. */
+__global__ void layout_chunk_scan(etp__ep_layout_args_t a)
+{
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    const int L = (int)a.local_experts;
+    const int64_t nch = (a.recv_rows + ETP__EP_LAYOUT_CHUNK - 1) / ETP__EP_LAYOUT_CHUNK;
+    for (int e = w; e < L; e += nw) {
+        int running = 0;
+        for (int64_t c0 = 0; c0 < nch; c0 += 32) {
+            const int64_t c = c0 + lane;
+            const int v = c < nch ? a.scratch[c * L + e] : 0;
+            int x = v;
+            for (int o = 1; o < 32; o <<= 1) {
+                const int y = __shfl_up_sync(kFull, x, o);
+                if (lane >= o) x += y;
+            }
+            if (c < nch) a.scratch[c * L + e] = running + x - v;
+            running += __shfl_sync(kFull, x, 31);
+        }
+        if (lane == 0) a.counts[e] = running;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        const etp__ep_layout_need_t need = etp__ep_layout_offsets(
+            a.counts, a.offsets, a.local_experts, a.alignment, a.fixed_slots, a.rows_cap);
+        stat_max(a.stats, ETP__EP_ST_ROWS_NEEDED, need.needed);
+        if (need.dropped) {
+            stat_add(a.stats, ETP__EP_ST_ROWS_DROPPED, need.dropped);
+            stat_flag(a.stats, ETP__EP_F_ROWS_FULL);
+        }
+    }
+}
+
+/* Per chunk: every slot's row (the q-th row of its expert in receive order,
+ * kept when q < the kept count), row_src of the kept rows, and each
+ * received row's rows ascending. */
+__global__ void layout_place(etp__ep_layout_args_t a)
+{
+    const int lane = threadIdx.x & 31, L = (int)a.local_experts, k = a.k;
+    const int64_t nth = (int64_t)gridDim.x * blockDim.x;
+    const int64_t nch = (a.recv_rows + ETP__EP_LAYOUT_CHUNK - 1) / ETP__EP_LAYOUT_CHUNK;
+    const unsigned below = (1u << lane) - 1u;
+    for (int64_t c = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5; c < nch; c += nth >> 5) {
+        const int64_t i = c * ETP__EP_LAYOUT_CHUNK + lane;
+        const uint64_t m = row_experts(a, i);
+        int32_t *rr = a.recv_row + i * k;
+        if (i < a.recv_rows)
+            for (int j = 0; j < k; j++) rr[j] = -1;
+        for (int e = 0; e < L; e++) {
+            const unsigned sel = (unsigned)(m >> e) & 1u;
+            const unsigned b = __ballot_sync(kFull, sel);
+            if (!sel) continue;
+            const int64_t q = (int64_t)a.scratch[c * L + e] + __popc(b & below);
+            const int32_t row = q < a.counts[e] ? (int32_t)(a.offsets[e] + q) : -1;
+            for (int j = 0; j < k; j++) {
+                if (etp__ep_recv_expert(a.recv_meta, k, a.local_experts, i, j) != e) continue;
+                rr[j] = row;
+                if (row >= 0) a.row_src[row] = (int32_t)(i * k + j);
+            }
+        }
+        if (i < a.recv_rows) etp__ep_sort_rows(rr, k, a.tok_rows + i * k);
+    }
 }
 
 /* ---- data movement ------------------------------------------------------ */
@@ -623,6 +728,7 @@ extern "C" cudaError_t etp__cuda_ep_route(cudaStream_t s, const etp__ep_route_ar
     ETP__TRY_CUDA(launch(route_mark, blocks_for(a->t_max, kThreads), kThreads, s, *a));
     ETP__TRY_CUDA(launch(route_scan, (unsigned)a->ranks, kScanThreads, s, *a));
     ETP__TRY_CUDA(launch(route_base, 1, 1, s, *a));
+    if (!a->send_meta) return cudaSuccess;
     return launch(route_meta, blocks_for(a->t_max, kThreads), kThreads, s, *a);
 }
 
@@ -633,6 +739,15 @@ extern "C" cudaError_t etp__cuda_ep_clip(cudaStream_t s, const etp__ep_clip_args
 
 extern "C" cudaError_t etp__cuda_ep_layout(cudaStream_t s, const etp__ep_layout_args_t *a)
 {
+    /* the scratch holds the chunks' counts (ETP__EP_LAYOUT_SCRATCH) */
+    if (a->local_experts <= ETP__EP_LAYOUT_FEW_L && a->k <= ETP__EP_LAYOUT_FEW_K &&
+        a->recv_rows > ETP__EP_LAYOUT_CHUNK) {
+        const int64_t nch = (a->recv_rows + ETP__EP_LAYOUT_CHUNK - 1) / ETP__EP_LAYOUT_CHUNK;
+        ETP__TRY_CUDA(launch(layout_bases, 1, 1, s, *a));
+        ETP__TRY_CUDA(launch(layout_chunks, blocks_for(nch * 32, kThreads), kThreads, s, *a));
+        ETP__TRY_CUDA(launch(layout_chunk_scan, 1, kScanThreads, s, *a));
+        return launch(layout_place, blocks_for(nch * 32, kThreads), kThreads, s, *a);
+    }
     const size_t per_tok = (size_t)a->recv_rows * (size_t)a->k * sizeof(int32_t);
     ETP__TRY_CUDA(cudaMemsetAsync(a->recv_row, 0xff, per_tok, s));
     ETP__TRY_CUDA(cudaMemsetAsync(a->row_src, 0xff, (size_t)a->rows_cap * sizeof(int32_t), s));

@@ -127,9 +127,119 @@ __device__ void block_end(const etp__ep_nvl_t &n, uint64_t call_no)
     }
 }
 
+/* The end of a call whose reading kernel has gridDim.x blocks (not
+ * n.blocks): the last of them to finish releases for all, by n.blocks (the
+ * flags count n.blocks a rank), and counts the call. */
+__device__ void wide_end(const etp__ep_nvl_t &n, uint64_t call_no)
+{
+    __syncthreads();
+    if (threadIdx.x != 0) return;
+    __threadfence();
+    if (atomicAdd(reinterpret_cast<unsigned long long *>(n.calls + 1), 1ull) !=
+        (unsigned long long)(gridDim.x - 1))
+        return;
+    __threadfence_system();
+    for (int d = 0; d < n.ranks; d++)
+        atomicAdd_system(reinterpret_cast<unsigned long long *>(sig(n, d) + n.ranks + n.me),
+                         (unsigned long long)n.blocks);
+    n.calls[1] = 0;
+    n.calls[0] = call_no;
+}
+
+/* The start of a call's reading kernel: the call's number (not counted
+ * yet: its sending kernel ran before), and the wait until every block of
+ * every rank stored here. false: gave up (recorded). */
+__device__ bool wide_begin(const etp__ep_nvl_t &n, int call, uint64_t *call_no)
+{
+    *call_no = n.calls[0] + 1;
+    return block_wait(n, 0, etp__ep_nvl_mark(*call_no, n.blocks), call, ETP__EP_NVL_WAIT_ARRIVAL,
+                      now_ns());
+}
+
 __device__ __forceinline__ int64_t tokens_of(const int32_t *t_dev, int64_t t_max)
 {
     return etp__ep_clamp_tokens(*t_dev, t_max);
+}
+
+/* ---- prepare's exchange ---------------------------------------------------- */
+
+__device__ __forceinline__ int32_t *cnt(const etp__ep_nvl_t &n, int rank)
+{
+    return reinterpret_cast<int32_t *>(n.peers[rank] + n.cnt_off);
+}
+
+__device__ __forceinline__ int32_t *meta(const etp__ep_nvl_t &n, int rank)
+{
+    return reinterpret_cast<int32_t *>(n.peers[rank] + n.small_off);
+}
+
+__global__ void __launch_bounds__(kThreads) xchg_kernel(etp__ep_xchg_args_t a)
+{
+    const etp__ep_nvl_t &n = a.nvl;
+    uint64_t call_no;
+    int64_t t0;
+    if (!call_begin(n, ETP__EP_NVL_PREPARE, &call_no, &t0)) return;
+    const int R = n.ranks, k = a.k, me = n.me;
+    const int64_t tm = n.t_max, T = tokens_of(a.t_dev, tm), L = a.local_experts;
+    const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    const int64_t nth = (int64_t)n.blocks * blockDim.x;
+    /* a thread per copy (token, destination): its metadata row */
+    for (int64_t x = tid; x < T * R; x += nth) {
+        const int64_t t = x / R;
+        const int d = (int)(x % R);
+        const int32_t pos = a.send_pos[x];
+        if (pos < 0) continue;
+        int32_t *m = meta(n, d) + etp__ep_nvl_row(me, tm, pos) * k;
+        const int64_t *idx = a.topk_idx + t * k;
+        const int32_t *sd = a.slot_dest + t * k;
+        if ((k & 3) == 0) {
+            for (int j = 0; j < k; j += 4) {
+                int32_t v[4];
+                etp__ep_meta_row(idx + j, sd + j, 4, d, L, v);
+                reinterpret_cast<int4 *>(m)[j / 4] = make_int4(v[0], v[1], v[2], v[3]);
+            }
+        } else {
+            for (int j = 0; j < k; j++) etp__ep_meta_row(idx + j, sd + j, 1, d, L, m + j);
+        }
+    }
+    if (blockIdx.x == 0)
+        for (int x = threadIdx.x; x < R * R; x += blockDim.x)
+            cnt(n, x / R)[me * R + x % R] = a.send_cnt[x % R];
+    __syncthreads();
+    if (threadIdx.x == 0) signal_all(n, 0);
+    if (!block_wait(n, 0, etp__ep_nvl_mark(call_no, n.blocks), ETP__EP_NVL_PREPARE,
+                    ETP__EP_NVL_WAIT_ARRIVAL, t0))
+        return;
+    /* every rank's counts and metadata are here: keep them, clip */
+    const int32_t *C = cnt(n, me);
+    __shared__ int64_t acc[kMaxRanks];
+    if ((int)threadIdx.x < R) acc[threadIdx.x] = etp__ep_accepted(C, R, a.tok_cap, me, threadIdx.x);
+    __syncthreads();
+    if (blockIdx.x == 0) {
+        for (int x = threadIdx.x; x < R * R; x += blockDim.x) a.C[x] = C[x];
+        if ((int)threadIdx.x < R && acc[threadIdx.x] != C[(int64_t)me * R + threadIdx.x]) {
+            atomicMax(reinterpret_cast<unsigned long long *>(a.stats + ETP__EP_ST_TRANSPORT_NEEDED),
+                      (unsigned long long)etp__ep_wanted_by(C, R, (int)threadIdx.x));
+            atomicOr(reinterpret_cast<unsigned long long *>(a.stats + ETP__EP_ST_FLAGS),
+                     (unsigned long long)ETP__EP_F_TRANSPORT_FULL);
+        }
+    }
+    const int64_t nm = (int64_t)R * tm * k;
+    const int32_t *mine = meta(n, me);
+    if ((nm & 3) == 0) {
+        for (int64_t x = tid; x < nm / 4; x += nth)
+            reinterpret_cast<int4 *>(a.recv_meta)[x] = reinterpret_cast<const int4 *>(mine)[x];
+    } else {
+        for (int64_t x = tid; x < nm; x += nth) a.recv_meta[x] = mine[x];
+    }
+    for (int64_t x = tid; x < T * R; x += nth) {
+        const int d = (int)(x % R);
+        const int dropped = etp__ep_clip_copy(acc[d], a.slot_dest + (x / R) * k, k, d, a.send_pos + x);
+        if (dropped)
+            atomicAdd(reinterpret_cast<unsigned long long *>(a.stats + ETP__EP_ST_TRANSPORT_DROPPED),
+                      (unsigned long long)dropped);
+    }
+    block_end(n, call_no);
 }
 
 /* ---- token side to expert side -------------------------------------------- */
@@ -374,7 +484,9 @@ __device__ void expand_token(const etp__ep_t2e_args_t &a, const char *in, const 
     }
 }
 
-__global__ void __launch_bounds__(kThreads) t2e_kernel(etp__ep_t2e_args_t a, int vec)
+/* The sending half (n.blocks blocks): every token's row into its
+ * destinations' slabs, then this rank's arrival there. */
+__global__ void __launch_bounds__(kThreads) t2e_send(etp__ep_t2e_args_t a, int vec)
 {
     const etp__ep_nvl_t &n = a.nvl;
     uint64_t call_no;
@@ -406,9 +518,20 @@ __global__ void __launch_bounds__(kThreads) t2e_kernel(etp__ep_t2e_args_t a, int
     }
     __syncthreads();
     if (threadIdx.x == 0) signal_all(n, 0);
-    /* every block of every rank stored here */
-    if (!block_wait(n, 0, etp__ep_nvl_mark(call_no, n.blocks), a.call, ETP__EP_NVL_WAIT_ARRIVAL, t0))
-        return;
+}
+
+/* The receiving half (any number of blocks, the whole device by default):
+ * once every rank stored here, the expand from this rank's slabs, then
+ * the release. */
+__global__ void __launch_bounds__(kThreads) t2e_recv(etp__ep_t2e_args_t a, int vec)
+{
+    const etp__ep_nvl_t &n = a.nvl;
+    uint64_t call_no;
+    if (!wide_begin(n, a.call, &call_no)) return;
+    const int warp = threadIdx.x / 32;
+    const int64_t gw = (int64_t)blockIdx.x * kWarps + warp, nw = (int64_t)gridDim.x * kWarps;
+    const int64_t k = a.k;
+    const int64_t rb = a.mx ? ETP__EP_MX_ROW_BYTES(a.hidden) : a.hidden * etp__ep_esize(a.dtype);
     const char *slab = n.peers[n.me] + n.tok_off;
     const float *recv_w = a.carry ? reinterpret_cast<const float *>(n.peers[n.me] + n.small_off) : nullptr;
     if (vec && !a.scale_w && k <= 8) {
@@ -429,7 +552,7 @@ __global__ void __launch_bounds__(kThreads) t2e_kernel(etp__ep_t2e_args_t a, int
     } else {
         for (int64_t r = gw; r < a.rows; r += nw) expand_row(a, slab, recv_w, r, rb, vec != 0);
     }
-    block_end(n, call_no);
+    wide_end(n, call_no);
 }
 
 /* ---- expert side to token side -------------------------------------------- */
@@ -560,57 +683,91 @@ __device__ void reduce_row(const etp__ep_e2t_args_t &a, const char *slab, const 
     }
 }
 
-__global__ void __launch_bounds__(kThreads) e2t_kernel(etp__ep_e2t_args_t a, int vec)
+/* The pre-sums (any number of blocks): received token row i's into row i
+ * of the local stage, in the wire dtype. No peer memory is touched. */
+__global__ void __launch_bounds__(kThreads) e2t_presum(etp__ep_e2t_args_t a, int vec)
+{
+    __shared__ int32_t rows_s[kWarps][64];
+    __shared__ float w_s[kWarps][64];
+    const etp__ep_nvl_t &n = a.nvl;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
+    const int64_t gw = (int64_t)blockIdx.x * kWarps + warp, nw = (int64_t)gridDim.x * kWarps;
+    const int k = a.k;
+    const int64_t H = a.hidden, tm = n.t_max;
+    const int64_t wb = H * etp__ep_esize(a.wire); /* bytes of a partial */
+    for (int64_t i = gw; i < (int64_t)n.ranks * tm; i += nw) {
+        if (i % tm >= a.recv_cnt[i / tm]) continue;
+        char *dst = static_cast<char *>(a.stage) + i * wb;
+        const int32_t *tr = a.tok_rows + i * k;
+        int nr = 0;
+        while (nr < k && tr[nr] >= 0) nr++;
+        if (vec) {
+            for (int m = lane; m < nr; m += 32) {
+                rows_s[warp][m] = tr[m];
+                w_s[warp][m] = a.row_w ? a.row_w[tr[m]] : 1.0f;
+            }
+            __syncwarp();
+            if (a.dtype == ETP__EP_BF16)
+                presum_row<8>(a, rows_s[warp], w_s[warp], nr, dst);
+            else
+                presum_row<4>(a, rows_s[warp], w_s[warp], nr, dst);
+            __syncwarp();
+        } else {
+            etp__ep_presum_args_t pa;
+            pa.in = a.in;
+            pa.row_w = a.row_w;
+            pa.tok_rows = a.tok_rows;
+            pa.ntok = (int64_t)n.ranks * tm;
+            pa.hidden = H;
+            pa.k = k;
+            pa.dtype = a.dtype;
+            pa.wire = a.wire;
+            pa.partial = dst;
+            for (int64_t h = lane; h < H; h += 32)
+                etp__ep_store(dst, a.wire, h, etp__ep_presum_elem(&pa, i, h));
+        }
+    }
+}
+
+/* The sending half (n.blocks blocks): every received token row's partial
+ * (from the stage) and weight gradients into its rank's slabs, then this
+ * rank's arrival there. A warp copies a row, 4 x 16 bytes a lane in
+ * flight. */
+__global__ void __launch_bounds__(kThreads) e2t_send(etp__ep_e2t_args_t a, int vec)
 {
     const etp__ep_nvl_t &n = a.nvl;
     uint64_t call_no;
     int64_t t0;
     if (!call_begin(n, a.call, &call_no, &t0)) return;
-    __shared__ int32_t rows_s[kWarps][64];
-    __shared__ float w_s[kWarps][64];
-    __shared__ int64_t src_s[kWarps][kMaxRanks];
-    __shared__ int ns_s[kWarps];
     const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
     const int64_t gw = (int64_t)blockIdx.x * kWarps + warp, nw = (int64_t)n.blocks * kWarps;
-    const int R = n.ranks, k = a.k;
+    const int k = a.k;
     const int64_t H = a.hidden, tm = n.t_max;
-    const int64_t wb = H * etp__ep_esize(a.wire); /* bytes of a partial */
+    const int64_t wb = H * etp__ep_esize(a.wire);
     const bool g_travels = a.g_pre != nullptr || a.grad_row_w != nullptr;
-    /* expert side: every received token row answers its rank */
-    for (int64_t i = gw; i < (int64_t)R * tm; i += nw) {
+    for (int64_t i = gw; i < (int64_t)n.ranks * tm; i += nw) {
         const int s = (int)(i / tm);
         const int64_t p = i % tm;
         if (p >= a.recv_cnt[s]) continue;
         const int64_t back = etp__ep_nvl_row(n.me, tm, p);
         if (a.in) {
+            const char *src = static_cast<const char *>(a.stage) + i * wb;
             char *dst = n.peers[s] + n.tok_off + back * wb;
-            const int32_t *tr = a.tok_rows + i * k;
-            int nr = 0;
-            while (nr < k && tr[nr] >= 0) nr++;
-            if (vec) {
-                for (int m = lane; m < nr; m += 32) {
-                    rows_s[warp][m] = tr[m];
-                    w_s[warp][m] = a.row_w ? a.row_w[tr[m]] : 1.0f;
+            if (vec && wb % 16 == 0) {
+                const uint4 *s4 = reinterpret_cast<const uint4 *>(src);
+                uint4 *d4 = reinterpret_cast<uint4 *>(dst);
+                const int64_t nc = wb / 16;
+                int64_t c = lane;
+                for (; c + 96 < nc; c += 128) {
+                    const uint4 v0 = s4[c], v1 = s4[c + 32], v2 = s4[c + 64], v3 = s4[c + 96];
+                    d4[c] = v0;
+                    d4[c + 32] = v1;
+                    d4[c + 64] = v2;
+                    d4[c + 96] = v3;
                 }
-                __syncwarp();
-                if (a.dtype == ETP__EP_BF16)
-                    presum_row<8>(a, rows_s[warp], w_s[warp], nr, dst);
-                else
-                    presum_row<4>(a, rows_s[warp], w_s[warp], nr, dst);
-                __syncwarp();
+                for (; c < nc; c += 32) d4[c] = s4[c];
             } else {
-                etp__ep_presum_args_t pa;
-                pa.in = a.in;
-                pa.row_w = a.row_w;
-                pa.tok_rows = a.tok_rows;
-                pa.ntok = (int64_t)R * tm;
-                pa.hidden = H;
-                pa.k = k;
-                pa.dtype = a.dtype;
-                pa.wire = a.wire;
-                pa.partial = dst;
-                for (int64_t h = lane; h < H; h += 32)
-                    etp__ep_store(dst, a.wire, h, etp__ep_presum_elem(&pa, i, h));
+                for (int64_t b = lane; b < wb; b += 32) dst[b] = src[b];
             }
         }
         if (g_travels) {
@@ -628,9 +785,22 @@ __global__ void __launch_bounds__(kThreads) e2t_kernel(etp__ep_e2t_args_t a, int
     }
     __syncthreads();
     if (threadIdx.x == 0) signal_all(n, 0);
-    if (!block_wait(n, 0, etp__ep_nvl_mark(call_no, n.blocks), a.call, ETP__EP_NVL_WAIT_ARRIVAL, t0))
-        return;
-    /* token side: the sums in rank order */
+}
+
+/* The receiving half (any number of blocks): once every rank stored here,
+ * the token sums in rank order and the weight gradients, then the
+ * release. */
+__global__ void __launch_bounds__(kThreads) e2t_recv(etp__ep_e2t_args_t a, int vec)
+{
+    const etp__ep_nvl_t &n = a.nvl;
+    uint64_t call_no;
+    if (!wide_begin(n, a.call, &call_no)) return;
+    __shared__ int64_t src_s[kWarps][kMaxRanks];
+    __shared__ int ns_s[kWarps];
+    const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
+    const int64_t gw = (int64_t)blockIdx.x * kWarps + warp, nw = (int64_t)gridDim.x * kWarps;
+    const int R = n.ranks, k = a.k;
+    const int64_t H = a.hidden, tm = n.t_max;
     const char *slab = n.peers[n.me] + n.tok_off;
     const float *g_recv = reinterpret_cast<const float *>(n.peers[n.me] + n.small_off);
     const int64_t T = tokens_of(a.t_dev, tm);
@@ -682,7 +852,7 @@ __global__ void __launch_bounds__(kThreads) e2t_kernel(etp__ep_e2t_args_t a, int
             for (int j = lane; j < k; j += 32) a.grad_topk[t * k + j] = etp__ep_slot_grad(&wa, t, j);
         }
     }
-    block_end(n, call_no);
+    wide_end(n, call_no);
 }
 
 template <typename A>
@@ -706,21 +876,35 @@ extern "C" int etp__cuda_nvl_max_ranks(void)
     return kMaxRanks;
 }
 
-extern "C" cudaError_t etp__cuda_nvl_t2e(cudaStream_t s, const etp__ep_t2e_args_t *a)
+extern "C" cudaError_t etp__cuda_nvl_t2e(cudaStream_t s, const etp__ep_t2e_args_t *a, int phase)
 {
     const int64_t rb = a->mx ? ETP__EP_MX_ROW_BYTES(a->hidden) : a->hidden * etp__ep_esize(a->dtype);
     /* 16-byte rows and buffers: vector copies (else bytes) */
     const int vec = rb % 16 == 0 && (a->tokens == nullptr || aligned16(a->tokens)) &&
                     aligned16(a->out) && (a->out_scales == nullptr || aligned16(a->out_scales));
-    return launch(t2e_kernel, (unsigned)a->nvl.blocks, s, *a, vec);
+    if (phase == ETP__EP_NVL_PHASE_SEND) return launch(t2e_send, (unsigned)a->nvl.blocks, s, *a, vec);
+    return launch(t2e_recv, (unsigned)a->nvl.wide_blocks, s, *a, vec);
 }
 
-extern "C" cudaError_t etp__cuda_nvl_e2t(cudaStream_t s, const etp__ep_e2t_args_t *a)
+extern "C" cudaError_t etp__cuda_nvl_prepare(cudaStream_t s, const etp__ep_xchg_args_t *a)
+{
+    etp__ep_xchg_args_t copy = *a;
+    void *args[] = {&copy};
+    return cudaLaunchKernel(reinterpret_cast<const void *>(xchg_kernel), dim3((unsigned)a->nvl.blocks),
+                            dim3(kThreads), args, 0, s);
+}
+
+extern "C" cudaError_t etp__cuda_nvl_e2t(cudaStream_t s, const etp__ep_e2t_args_t *a, int phase)
 {
     const int64_t es = etp__ep_esize(a->dtype), V = a->dtype == ETP__EP_BF16 ? 8 : 4;
     /* whole 16-byte groups of the input, aligned buffers, top-k that fits
      * the warp's shared rows */
     const int vec = a->hidden % V == 0 && (a->hidden * es) % 16 == 0 && a->k <= 64 &&
-                    (a->in == nullptr || aligned16(a->in)) && (a->out == nullptr || aligned16(a->out));
-    return launch(e2t_kernel, (unsigned)a->nvl.blocks, s, *a, vec);
+                    (a->in == nullptr || aligned16(a->in)) && (a->out == nullptr || aligned16(a->out)) &&
+                    (a->stage == nullptr || aligned16(a->stage));
+    if (phase == ETP__EP_NVL_PHASE_PRESUM && !a->in) return cudaSuccess;
+    if (phase == ETP__EP_NVL_PHASE_PRESUM)
+        return launch(e2t_presum, (unsigned)a->nvl.wide_blocks, s, *a, vec);
+    if (phase == ETP__EP_NVL_PHASE_SEND) return launch(e2t_send, (unsigned)a->nvl.blocks, s, *a, vec);
+    return launch(e2t_recv, (unsigned)a->nvl.wide_blocks, s, *a, vec);
 }

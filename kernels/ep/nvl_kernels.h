@@ -17,8 +17,10 @@ extern "C" {
 
 /* The largest group the kernels take. */
 int etp__cuda_nvl_max_ranks(void);
-cudaError_t etp__cuda_nvl_t2e(cudaStream_t s, const etp__ep_t2e_args_t *a);
-cudaError_t etp__cuda_nvl_e2t(cudaStream_t s, const etp__ep_e2t_args_t *a);
+/* phase: ETP__EP_NVL_PHASE_* (ep_args.h) */
+cudaError_t etp__cuda_nvl_t2e(cudaStream_t s, const etp__ep_t2e_args_t *a, int phase);
+cudaError_t etp__cuda_nvl_e2t(cudaStream_t s, const etp__ep_e2t_args_t *a, int phase);
+cudaError_t etp__cuda_nvl_prepare(cudaStream_t s, const etp__ep_xchg_args_t *a);
 
 /* Whether this build has NCCL's device API (LSA pointers). */
 int etp__cuda_nvl_built(void);

@@ -73,7 +73,8 @@ enum { ETP__EP_BF16 = 4, ETP__EP_F32 = 5 };
  * NVLINK has slab = T_max, so nothing is dropped here: clip does it as for
  * EXACT). slab_report: the slab's need goes into the report (CAPACITY).
  * Also counts one prepare in stats. A T outside [0, t_max] is clamped and
- * flagged. */
+ * flagged. send_meta NULL: no metadata rows (NVLINK's exchange kernel,
+ * etp__ep_xchg_args_t, stores them into the peers' windows). */
 typedef struct etp__ep_route_args {
     const int64_t *topk_idx;
     const int32_t *t_in;  /* T on the device, or NULL: t_value */
@@ -103,9 +104,17 @@ typedef struct etp__ep_clip_args {
  * The receive buffer has recv_rows token rows (EXACT: tok_cap back to back;
  * else R slabs of `slab` rows); tok_cap bounds what a rank accepts (EXACT's
  * rule, etp__ep_accepted; CAPACITY's slabs always fit it).
- * scratch: local_experts int32 of the layer's memory that a kernel may use
- * as it likes (the host's per-expert cursors), so that no backend needs
+ * scratch: ETP__EP_LAYOUT_SCRATCH(local_experts, recv_rows) int32 of the
+ * layer's memory that a kernel may use as it likes (the host's per-expert
+ * cursors; the CUDA kernels' per-chunk counts), so that no backend needs
  * memory sized by the experts on a stack or per call. */
+#define ETP__EP_LAYOUT_CHUNK 32  /* received rows a warp takes (CUDA, few experts) */
+#define ETP__EP_LAYOUT_FEW_L 64  /* "few experts": a bit each in a uint64 */
+#define ETP__EP_LAYOUT_FEW_K 32
+#define ETP__EP_LAYOUT_SCRATCH(L, recv_rows)                                                \
+    ((L) <= ETP__EP_LAYOUT_FEW_L && (recv_rows) > ETP__EP_LAYOUT_CHUNK                          \
+         ? ((recv_rows) + ETP__EP_LAYOUT_CHUNK - 1) / ETP__EP_LAYOUT_CHUNK * (L)                \
+         : (L))
 typedef struct etp__ep_layout_args {
     const int32_t *C, *recv_meta;
     int64_t tok_cap, recv_rows, slab, rows_cap, local_experts, alignment, fixed_slots;
@@ -202,7 +211,8 @@ typedef struct etp__ep_wscatter_args {
  * Each rank's window (an NCCL symmetric window, the same layout on every
  * rank) holds at sig_off the flag words, uint64: arrived[s] (blocks of rank
  * s that finished storing into this rank) and released[d] (blocks of rank
- * d that finished reading what this rank stored there), then at small_off
+ * d that finished reading what this rank stored there), at cnt_off the
+ * count matrix C (R x R int32, row s stored by rank s), then at small_off
  * R slabs of t_max rows of small_row_bytes (weights, weight gradients) and
  * at tok_off R slabs of t_max rows of tok_row_bytes (token rows, partial
  * sums). Source rank s's rows land in slab s, at its send position, as in
@@ -218,30 +228,57 @@ enum {
     ETP__EP_NVL_COMBINE = 2,
     ETP__EP_NVL_DISPATCH_BWD = 3,
     ETP__EP_NVL_COMBINE_BWD = 4,
-    ETP__EP_NVL_COMBINE_BWD_WEIGHTS = 5
+    ETP__EP_NVL_COMBINE_BWD_WEIGHTS = 5,
+    ETP__EP_NVL_PREPARE = 6
 };
+/* The kernels of a call, launched one by one (the backend's nvl_t2e and
+ * nvl_e2t take one): the pre-sums into the stage (e2t only), the stores to
+ * the peers, the receiving side's work. */
+enum { ETP__EP_NVL_PHASE_PRESUM = 0, ETP__EP_NVL_PHASE_SEND = 1, ETP__EP_NVL_PHASE_RECV = 2 };
 /* What it waited for (fault[2]). */
 enum { ETP__EP_NVL_WAIT_RELEASE = 1, ETP__EP_NVL_WAIT_ARRIVAL = 2 };
 
 typedef struct etp__ep_nvl {
     char *const *peers;    /* [R], on the device: every rank's window, this rank's included */
-    size_t sig_off, small_off, tok_off, small_row_bytes, tok_row_bytes;
+    size_t sig_off, cnt_off, small_off, tok_off, small_row_bytes, tok_row_bytes;
     uint64_t *calls;       /* this rank's: [0] calls completed, [1] blocks done in the current */
     /* host-mapped pinned words, written by a kernel that gave up waiting:
      * [0] 1 + the rank it waited for, [1] the call, [2] what for */
     int64_t *fault;
     int64_t timeout_ns;    /* 0: wait forever */
     int64_t t_max;
-    int blocks, me, ranks;
+    /* blocks: the sending kernels' (num_sms); wide_blocks: the local
+     * phases' (the whole device) */
+    int blocks, wide_blocks, me, ranks;
 } etp__ep_nvl_t;
 
-/* Token side to expert side in one kernel (dispatch, combine_bwd): each
- * block stores its tokens' rows into every destination's token slab (row
- * me*t_max + send_pos[t*R+d]; MXFP8: the wire row of etp__ep_mx_block) and,
- * when weights is set, the slot weights into the small slab
- * (etp__ep_slot_weight), signals, waits for every rank's arrival, then
- * writes the expand of etp__ep_expand_args_t (recv_tok and recv_w = its
- * own slabs; recv_w only when weights travel: carry). */
+/* NVLINK's prepare after route (positions, counts; route's metadata rows
+ * not written) in one kernel: each block stores its tokens' metadata rows
+ * (etp__ep_meta_row) into each destination's small slab (int32, row
+ * me*t_max + send_pos, k a row), and this rank's send_cnt into row `me` of
+ * every rank's count matrix; signals, waits for every rank, then copies
+ * the count matrix into C and the small slabs into recv_meta (R*t_max rows
+ * of k), applies the clip of etp__ep_clip_args_t to send_pos, and releases
+ * the window. */
+typedef struct etp__ep_xchg_args {
+    etp__ep_nvl_t nvl;
+    const int64_t *topk_idx;
+    const int32_t *t_dev, *slot_dest, *send_cnt;
+    int32_t *send_pos;
+    int64_t local_experts, tok_cap;
+    int k;
+    int32_t *C, *recv_meta;
+    int64_t *stats;
+} etp__ep_xchg_args_t;
+
+/* Token side to expert side (dispatch, combine_bwd) in two kernels: the
+ * sending one's `blocks` blocks store their tokens' rows into every
+ * destination's token slab (row me*t_max + send_pos[t*R+d]; MXFP8: the
+ * wire row of etp__ep_mx_block) and, when weights is set, the slot weights
+ * into the small slab (etp__ep_slot_weight), and signal; the receiving one
+ * (wide_blocks) waits for every rank's arrival, writes the expand of
+ * etp__ep_expand_args_t (recv_tok and recv_w = its own slabs; recv_w only
+ * when weights travel: carry) and releases. */
 typedef struct etp__ep_t2e_args {
     etp__ep_nvl_t nvl;
     int call;
@@ -258,16 +295,17 @@ typedef struct etp__ep_t2e_args {
     float *out_w, *keep_w;
 } etp__ep_t2e_args_t;
 
-/* Expert side to token side in one kernel (combine, dispatch_bwd, and the
- * weight gradients of combine_bwd): for every received token row i = s *
- * t_max + p with p < recv_cnt[s], the pre-sum of etp__ep_presum_args_t
- * (when `in` is set; rounded to the wire dtype) goes to rank s's token
- * slab me at row p, and (when g_pre or grad_row_w is set) its k weight
- * gradients to s's small slab: g_pre[i*k + j], or etp__ep_wgrad_args_t's
- * dot == 0 rule from grad_row_w. After every rank arrived, the token side
- * writes reduce's `out` (when `in` is set) and wscatter's grad_topk (when
- * weight gradients travel), reading its own slabs (send_base[d] =
- * d*t_max). */
+/* Expert side to token side (combine, dispatch_bwd, and the weight
+ * gradients of combine_bwd): for every received token row i = s * t_max +
+ * p with p < recv_cnt[s], the pre-sum of etp__ep_presum_args_t (when `in`
+ * is set; rounded to the wire dtype) goes to rank s's token slab me at row
+ * p, and (when g_pre or grad_row_w is set) its k weight gradients to s's
+ * small slab: g_pre[i*k + j], or etp__ep_wgrad_args_t's dot == 0 rule from
+ * grad_row_w. After every rank arrived, the token side writes reduce's
+ * `out` (when `in` is set) and wscatter's grad_topk (when weight gradients
+ * travel), reading its own slabs (send_base[d] = d*t_max). Three kernels:
+ * the pre-sums into row i of `stage` (wide_blocks; only local memory), the
+ * stores to the peers (`blocks`), the token side's sums (wide_blocks). */
 typedef struct etp__ep_e2t_args {
     etp__ep_nvl_t nvl;
     int call;
@@ -280,6 +318,7 @@ typedef struct etp__ep_e2t_args {
     const int32_t *t_dev, *slot_dest, *send_pos, *send_base;
     void *out;
     float *grad_topk;
+    void *stage; /* this rank's: R*t_max partials of the wire dtype (when `in` is set) */
 } etp__ep_e2t_args_t;
 
 #endif /* ETP__EP_ARGS_H */

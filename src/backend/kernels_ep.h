@@ -37,8 +37,11 @@ struct etp__ep_kernels {
                              void **handle, char *why, size_t why_bytes);
     /* Collective like nvl_open; waits for the window's enqueued work. */
     void (*nvl_close)(etp__be_t *be, etp__bcomm_t *c, void *handle);
-    etp_status_t (*nvl_t2e)(etp__be_t *be, etp__bstream_t *s, const etp__ep_t2e_args_t *a);
-    etp_status_t (*nvl_e2t)(etp__be_t *be, etp__bstream_t *s, const etp__ep_e2t_args_t *a);
+    etp_status_t (*nvl_t2e)(etp__be_t *be, etp__bstream_t *s, const etp__ep_t2e_args_t *a,
+                            int phase);
+    etp_status_t (*nvl_e2t)(etp__be_t *be, etp__bstream_t *s, const etp__ep_e2t_args_t *a,
+                            int phase);
+    etp_status_t (*nvl_prepare)(etp__be_t *be, etp__bstream_t *s, const etp__ep_xchg_args_t *a);
     /* Host memory the device can write with an async copy and the host can
      * read without a stream operation (pinned on CUDA; malloc on host). */
     etp_status_t (*pinned_alloc)(etp__be_t *be, size_t bytes, void **ptr);

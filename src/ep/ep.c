@@ -91,7 +91,7 @@ struct etp_ep_layer {
     void *state;                /* one device allocation, carved below */
     int32_t *t_dev, *slot_dest, *send_pos, *send_cnt, *send_base, *C, *recv_cnt, *recv_base;
     int32_t *counts, *offsets, *recv_row, *tok_rows, *row_src;
-    int32_t *layout_scratch;    /* [E/R] for the layout kernel (etp__ep_layout_args_t) */
+    int32_t *layout_scratch;    /* for the layout kernel (ETP__EP_LAYOUT_SCRATCH) */
     float *row_w;
     int64_t *stats;
     void *pinned;               /* host: stats mirror, then (EXACT) the count matrix */
@@ -437,7 +437,8 @@ etp_status_t etp_ep_group_create(etp_group_t *group, const etp_ep_group_config_t
         nv->sig_off = 0;
         nv->small_row_bytes = (size_t)K * 4;
         nv->tok_row_bytes = (tok_row + 15) / 16 * 16;
-        nv->small_off = ((size_t)2 * R * sizeof(uint64_t) + 255) / 256 * 256;
+        nv->cnt_off = (size_t)2 * R * sizeof(uint64_t);
+        nv->small_off = (nv->cnt_off + (size_t)R * R * sizeof(int32_t) + 255) / 256 * 256;
         nv->tok_off = (nv->small_off + (size_t)R * T * nv->small_row_bytes + 255) / 256 * 256;
         nv->t_max = T;
         const size_t bytes = nv->tok_off + (size_t)R * T * nv->tok_row_bytes;
@@ -494,8 +495,11 @@ etp_status_t etp_ep_group_create(etp_group_t *group, const etp_ep_group_config_t
     ep->send_rows = send_rows;
     ep->recv_rows = recv_rows;
     /* the fused kernels need only the prepare's metadata slabs (and
-     * combine_bwd's weight gradients in recv_small) */
-    size_t sizes[4] = {ep->fused ? 0 : (size_t)send_rows * H * 4, ep->fused ? 0 : (size_t)recv_rows * H * 4,
+     * combine_bwd's weight gradients in recv_small), and the stage of the
+     * partials they send (send_tok: a partial per received token row) */
+    const size_t send_bytes = ep->fused ? (size_t)recv_rows * H * etp_dtype_size(c.combine_wire)
+                                        : (size_t)send_rows * H * 4;
+    size_t sizes[4] = {send_bytes, ep->fused ? 0 : (size_t)recv_rows * H * 4,
                        (size_t)send_rows * (size_t)K * 4, (size_t)recv_rows * (size_t)K * 4};
     void **bufs[4] = {&ep->send_tok, &ep->recv_tok, &ep->send_small, &ep->recv_small};
     for (int i = 0; i < 4 && st == ETP_SUCCESS; i++) {
@@ -651,7 +655,7 @@ etp_status_t etp_ep_layer_create(etp_ep_group_t *ep, const etp_ep_layer_config_t
         {(void **)&ly->send_base, R, 4},      {(void **)&ly->C, (int64_t)R * R, 4},
         {(void **)&ly->recv_cnt, R, 4},       {(void **)&ly->recv_base, R, 4},
         {(void **)&ly->counts, L, 4},         {(void **)&ly->offsets, L + 1, 4},
-        {(void **)&ly->layout_scratch, L, 4},
+        {(void **)&ly->layout_scratch, ETP__EP_LAYOUT_SCRATCH(L, ep->recv_rows), 4},
         {(void **)&ly->recv_row, tc * k, 4},  {(void **)&ly->tok_rows, tc * k, 4},
         {(void **)&ly->row_src, rows, 4},     {(void **)&ly->row_w, rows, 4},
         {(void **)&ly->stats, ETP__EP_ST_COUNT, 8},
@@ -803,25 +807,38 @@ static etp_status_t ep_prepare_call(etp_ep_layer_t *ly, const void *topk_idx, et
         .slab_report = ep->cfg.transport == ETP_EP_TRANSPORT_CAPACITY, .slot_dest = ly->slot_dest,
         .send_pos = ly->send_pos, .send_cnt = ly->send_cnt, .send_base = ly->send_base,
         .send_meta = ep->send_small, .stats = ly->stats};
+    if (ep->fused) ra.send_meta = NULL; /* the exchange kernel stores the metadata rows */
     ETP__TRY(kt->route(be, s->bs, &ra));
-    ETP__TRY(etp_allgather(ep->group, ep->cfg.role, ly->send_cnt, ly->C, (size_t)ep->R,
-                           ETP_DTYPE_I32, s));
-    if (exact) {
-        /* EXACT: the exchange sizes come to the host (the one synchronization). */
-        ETP__TRY(etp_memcpy_async(s, ly->host_C, ly->C, (size_t)ep->R * ep->R * sizeof(int32_t)));
-        ETP__TRY(etp_stream_synchronize(s));
-        exact_rows(ly);
-        int clipped = 0;
-        for (int p = 0; p < ep->R; p++)
-            clipped |= ly->rows_host[p] != ly->host_C[(int64_t)ep->rank * ep->R + p];
-        if (clipped) ETP__TRY(clip(ly, s));
-    } else {
-        /* NVLINK drops what the receivers cannot take as EXACT does, on the
-         * device */
-        if (ep->nvl) ETP__TRY(clip(ly, s));
+    if (ep->fused) {
+        /* the counts, the metadata rows and the clip in one kernel on the
+         * window */
+        etp__ep_xchg_args_t xa = {
+            .nvl = ep->nv, .topk_idx = topk_idx, .t_dev = ly->t_dev, .slot_dest = ly->slot_dest,
+            .send_cnt = ly->send_cnt, .send_pos = ly->send_pos, .local_experts = ep->L,
+            .tok_cap = ep->tok_cap, .k = ly->k, .C = ly->C, .recv_meta = ep->recv_small,
+            .stats = ly->stats};
+        ETP__TRY(kt->nvl_prepare(be, s->bs, &xa));
         ly->ntok = ep->recv_rows;
+    } else {
+        ETP__TRY(etp_allgather(ep->group, ep->cfg.role, ly->send_cnt, ly->C, (size_t)ep->R,
+                               ETP_DTYPE_I32, s));
+        if (exact) {
+            /* EXACT: the exchange sizes come to the host (the one synchronization). */
+            ETP__TRY(etp_memcpy_async(s, ly->host_C, ly->C, (size_t)ep->R * ep->R * sizeof(int32_t)));
+            ETP__TRY(etp_stream_synchronize(s));
+            exact_rows(ly);
+            int clipped = 0;
+            for (int p = 0; p < ep->R; p++)
+                clipped |= ly->rows_host[p] != ly->host_C[(int64_t)ep->rank * ep->R + p];
+            if (clipped) ETP__TRY(clip(ly, s));
+        } else {
+            /* NVLINK drops what the receivers cannot take as EXACT does, on the
+             * device */
+            if (ep->nvl) ETP__TRY(clip(ly, s));
+            ly->ntok = ep->recv_rows;
+        }
+        ETP__TRY(exchange(ly, 1, ep->send_small, ep->recv_small, ly->k, ETP_DTYPE_I32, s));
     }
-    ETP__TRY(exchange(ly, 1, ep->send_small, ep->recv_small, ly->k, ETP_DTYPE_I32, s));
     etp__ep_layout_args_t la = {
         .C = ly->C, .recv_meta = ep->recv_small, .tok_cap = ep->tok_cap,
         .recv_rows = ep->recv_rows, .slab = ep->slab,
@@ -946,7 +963,7 @@ static etp__ep_e2t_args_t e2t_args(const etp_ep_layer_t *ly, int call)
         .nvl = ep->nv, .call = call, .tok_rows = ly->tok_rows, .recv_cnt = ly->recv_cnt,
         .recv_row = ly->recv_row, .hidden = ep->cfg.hidden, .k = ly->k, .dtype = (int)ep->dt,
         .wire = ep->wire, .t_dev = ly->t_dev, .slot_dest = ly->slot_dest,
-        .send_pos = ly->send_pos, .send_base = ly->send_base};
+        .send_pos = ly->send_pos, .send_base = ly->send_base, .stage = ep->send_tok};
     return a;
 }
 
@@ -990,7 +1007,7 @@ static etp_status_t dispatch(etp_ep_layer_t *ly, const etp_ep_dispatch_args_t *a
     etp__be_t *be = ep->be;
     ETP__TRY(join(ep, s));
     if (ep->fused) {
-        /* one kernel: its time falls in the exchange phase */
+        /* no pack: the sending kernel stores the caller's tokens */
         trace(ep, ETP_TRACE_EP_DISPATCH_PACK, s);
         trace(ep, ETP_TRACE_EP_DISPATCH_EXCHANGE, s);
         etp__ep_t2e_args_t ta = t2e_args(ly, ETP__EP_NVL_DISPATCH, a->tokens);
@@ -1001,8 +1018,9 @@ static etp_status_t dispatch(etp_ep_layer_t *ly, const etp_ep_dispatch_args_t *a
         ta.out_scales = a->recv_scales;
         ta.out_w = a->recv_weights;
         ta.keep_w = carry ? ly->row_w : NULL;
-        ETP__TRY(kt->nvl_t2e(be, s->bs, &ta));
+        ETP__TRY(kt->nvl_t2e(be, s->bs, &ta, ETP__EP_NVL_PHASE_SEND));
         trace(ep, ETP_TRACE_EP_DISPATCH_EXPAND, s);
+        ETP__TRY(kt->nvl_t2e(be, s->bs, &ta, ETP__EP_NVL_PHASE_RECV));
         trace(ep, ETP_TRACE_EP_DISPATCH_END, s);
         ly->weights_kept = carry;
         return leave(ep, s);
@@ -1077,8 +1095,6 @@ static etp_status_t rows_to_tokens(etp_ep_layer_t *ly, const void *in, const flo
     const etp__ep_kernels_t *kt = ep->kt;
     etp__be_t *be = ep->be;
     if (ep->fused) {
-        /* one kernel: its time falls in the exchange phase */
-        trace(ep, (etp_trace_point_t)(first + 1), s);
         etp__ep_e2t_args_t ea = e2t_args(ly, first == ETP_TRACE_EP_COMBINE_PRESUM
                                                  ? ETP__EP_NVL_COMBINE
                                                  : ETP__EP_NVL_DISPATCH_BWD);
@@ -1087,8 +1103,11 @@ static etp_status_t rows_to_tokens(etp_ep_layer_t *ly, const void *in, const flo
         ea.grad_row_w = wgrad ? grad_row_w : NULL;
         ea.out = out;
         ea.grad_topk = wgrad ? grad_topk_w : NULL;
-        ETP__TRY(kt->nvl_e2t(be, s->bs, &ea));
+        ETP__TRY(kt->nvl_e2t(be, s->bs, &ea, ETP__EP_NVL_PHASE_PRESUM));
+        trace(ep, (etp_trace_point_t)(first + 1), s);
+        ETP__TRY(kt->nvl_e2t(be, s->bs, &ea, ETP__EP_NVL_PHASE_SEND));
         trace(ep, (etp_trace_point_t)(first + 2), s);
+        ETP__TRY(kt->nvl_e2t(be, s->bs, &ea, ETP__EP_NVL_PHASE_RECV));
         trace(ep, (etp_trace_point_t)(first + 3), s);
         return ETP_SUCCESS;
     }
@@ -1236,7 +1255,8 @@ static etp_status_t ep_combine_bwd_call(etp_ep_layer_t *ly, const void *grad_out
         etp__ep_t2e_args_t ta = t2e_args(ly, ETP__EP_NVL_COMBINE_BWD, grad_out);
         ta.scale_w = ly->weighted ? ly->row_w : NULL;
         ta.out = grad_rows;
-        ETP__TRY(kt->nvl_t2e(be, s->bs, &ta));
+        ETP__TRY(kt->nvl_t2e(be, s->bs, &ta, ETP__EP_NVL_PHASE_SEND));
+        ETP__TRY(kt->nvl_t2e(be, s->bs, &ta, ETP__EP_NVL_PHASE_RECV));
         if (ly->weighted) {
             /* the dot products read the received grad_out rows in the
              * window: the peers store there again only after this rank's
@@ -1250,7 +1270,8 @@ static etp_status_t ep_combine_bwd_call(etp_ep_layer_t *ly, const void *grad_out
             etp__ep_e2t_args_t ea = e2t_args(ly, ETP__EP_NVL_COMBINE_BWD_WEIGHTS);
             ea.g_pre = ep->recv_small;
             ea.grad_topk = grad_topk_weights;
-            ETP__TRY(kt->nvl_e2t(be, s->bs, &ea));
+            ETP__TRY(kt->nvl_e2t(be, s->bs, &ea, ETP__EP_NVL_PHASE_SEND));
+            ETP__TRY(kt->nvl_e2t(be, s->bs, &ea, ETP__EP_NVL_PHASE_RECV));
         }
         return leave(ep, s);
     }

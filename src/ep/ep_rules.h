@@ -189,6 +189,17 @@ ETP__EP_HD int64_t etp__ep_accepted(const int32_t *C, int R, int64_t tok_cap, in
     return etp__ep_min(C[(int64_t)s * R + d], room);
 }
 
+/* EXACT's clip (NVLINK's too) of a token's copy to rank d, after the
+ * counts are known: at or beyond what d accepts from this rank (acc =
+ * etp__ep_accepted(C, R, tok_cap, me, d)) it loses its send position (*sp,
+ * the token's to d); returns the slots that dropped (sd: the token's). */
+ETP__EP_HD int etp__ep_clip_copy(int64_t acc, const int32_t *sd, int k, int d, int32_t *sp)
+{
+    if (*sp < acc) return 0;
+    *sp = -1;
+    return etp__ep_slots_to(sd, k, d);
+}
+
 /* The token rows every rank wanted to send to d: what d's receive buffer
  * would have needed. */
 ETP__EP_HD int64_t etp__ep_wanted_by(const int32_t *C, int R, int d)

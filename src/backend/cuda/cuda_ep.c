@@ -33,6 +33,7 @@ static const char *nvl_call_name(int64_t call)
     case ETP__EP_NVL_DISPATCH_BWD: return "dispatch_bwd";
     case ETP__EP_NVL_COMBINE_BWD: return "combine_bwd";
     case ETP__EP_NVL_COMBINE_BWD_WEIGHTS: return "combine_bwd (weight gradients)";
+    case ETP__EP_NVL_PREPARE: return "prepare";
     default: return "an EP call";
     }
 }
@@ -124,6 +125,7 @@ static etp_status_t cuda_nvl_open(etp__be_t *be, etp__bcomm_t *c, const char *na
      * fault and names the peer, instead of timing out on its own */
     nvl->timeout_ns = cb->base.cfg.timeout_s > 0 ? (int64_t)(cb->base.cfg.timeout_s * 0.5e9) : 0;
     nvl->blocks = blocks;
+    nvl->wide_blocks = 2 * sms;
     nvl->me = c->rank;
     nvl->ranks = R;
     n->next = cb->nvls;
@@ -174,18 +176,27 @@ CUDA_LAUNCHER(reduce, etp__ep_reduce_args_t)
 CUDA_LAUNCHER(wgrad, etp__ep_wgrad_args_t)
 CUDA_LAUNCHER(wscatter, etp__ep_wscatter_args_t)
 
-static etp_status_t cuda_nvl_t2e(etp__be_t *be, etp__bstream_t *s, const etp__ep_t2e_args_t *a)
+static etp_status_t cuda_nvl_t2e(etp__be_t *be, etp__bstream_t *s, const etp__ep_t2e_args_t *a,
+                                 int phase)
 {
     cudaStream_t cs;
     ETP__TRY(etp__cuda_stream_for_launch(be, s, &cs));
-    return launched(etp__cuda_nvl_t2e(cs, a), "nvlink token-to-expert");
+    return launched(etp__cuda_nvl_t2e(cs, a, phase), "nvlink token-to-expert");
 }
 
-static etp_status_t cuda_nvl_e2t(etp__be_t *be, etp__bstream_t *s, const etp__ep_e2t_args_t *a)
+static etp_status_t cuda_nvl_e2t(etp__be_t *be, etp__bstream_t *s, const etp__ep_e2t_args_t *a,
+                                 int phase)
 {
     cudaStream_t cs;
     ETP__TRY(etp__cuda_stream_for_launch(be, s, &cs));
-    return launched(etp__cuda_nvl_e2t(cs, a), "nvlink expert-to-token");
+    return launched(etp__cuda_nvl_e2t(cs, a, phase), "nvlink expert-to-token");
+}
+
+static etp_status_t cuda_nvl_prepare(etp__be_t *be, etp__bstream_t *s, const etp__ep_xchg_args_t *a)
+{
+    cudaStream_t cs;
+    ETP__TRY(etp__cuda_stream_for_launch(be, s, &cs));
+    return launched(etp__cuda_nvl_prepare(cs, a), "nvlink prepare");
 }
 
 static etp_status_t cuda_pinned_alloc(etp__be_t *be, size_t bytes, void **ptr)
@@ -221,6 +232,7 @@ const etp__ep_kernels_t etp__cuda_ep_kernels = {
     .nvl_close = cuda_nvl_close,
     .nvl_t2e = cuda_nvl_t2e,
     .nvl_e2t = cuda_nvl_e2t,
+    .nvl_prepare = cuda_nvl_prepare,
     .pinned_alloc = cuda_pinned_alloc,
     .pinned_free = cuda_pinned_free,
 };

@@ -90,11 +90,8 @@ static void clip_run(void *p)
         if (acc == a->C[(int64_t)a->me * R + d]) continue;
         stat_max(a->stats, ETP__EP_ST_TRANSPORT_NEEDED, etp__ep_wanted_by(a->C, R, d));
         for (int64_t t = 0; t < T; t++) {
-            int32_t *sp = a->send_pos + t * R + d;
-            if (*sp < acc) continue;
-            *sp = -1;
-            stat_drop(a->stats, ETP__EP_ST_TRANSPORT_DROPPED, ETP__EP_F_TRANSPORT_FULL,
-                      etp__ep_slots_to(a->slot_dest + t * k, k, d));
+            const int n = etp__ep_clip_copy(acc, a->slot_dest + t * k, k, d, a->send_pos + t * R + d);
+            if (n) stat_drop(a->stats, ETP__EP_ST_TRANSPORT_DROPPED, ETP__EP_F_TRANSPORT_FULL, n);
         }
     }
 }
