@@ -165,6 +165,41 @@ __global__ void route_scan(etp__ep_route_args_t a)
     }
 }
 
+/* CAPACITY and NVLINK (blocks at d*slab): route_scan, route_base and
+ * route_meta in one kernel, a block per destination d. */
+__global__ void route_scan_slab(etp__ep_route_args_t a)
+{
+    const int d = blockIdx.x, R = a.ranks, k = a.k;
+    const int64_t T = tokens_of(a.t_dev, a.t_max);
+    int64_t running = 0;
+    for (int64_t t0 = 0; t0 < T; t0 += kScanThreads) {
+        const int64_t t = t0 + threadIdx.x;
+        int32_t *sp = t < T ? a.send_pos + t * R + d : nullptr;
+        const int flag = sp ? *sp : 0;
+        int total = 0;
+        const int64_t pos = running + block_excl_scan(flag, &total);
+        if (sp) {
+            *sp = flag ? etp__ep_slab_pos(pos, a.slab) : -1;
+            if (flag && *sp < 0) {
+                stat_add(a.stats, ETP__EP_ST_TRANSPORT_DROPPED,
+                         etp__ep_slots_to(a.slot_dest + t * k, k, d));
+                stat_flag(a.stats, ETP__EP_F_TRANSPORT_FULL);
+            }
+            if (*sp >= 0 && a.send_meta)
+                etp__ep_meta_row(a.topk_idx + t * k, a.slot_dest + t * k, k, d, a.local_experts,
+                                 a.send_meta + ((int64_t)d * a.slab + *sp) * k);
+        }
+        running += total;
+    }
+    /* tokens past T: not sent */
+    for (int64_t t = T + threadIdx.x; t < a.t_max; t += blockDim.x) a.send_pos[t * R + d] = -1;
+    if (threadIdx.x == 0) {
+        if (a.slab_report) stat_max(a.stats, ETP__EP_ST_TRANSPORT_NEEDED, running);
+        a.send_cnt[d] = (int32_t)etp__ep_min(running, a.slab);
+        a.send_base[d] = (int32_t)((int64_t)d * a.slab);
+    }
+}
+
 __global__ void route_base(etp__ep_route_args_t a)
 {
     etp__ep_block_bases(a.send_cnt, a.ranks, a.exact, a.slab, a.send_base);
@@ -286,11 +321,12 @@ __global__ void layout_sort(etp__ep_layout_args_t a)
  * order and drops as the per-expert scans above, in three kernels instead
  * of one pass per expert over every received row. */
 
-/* The local experts received row i selects, as bits (0: not a valid row). */
-__device__ __forceinline__ uint64_t row_experts(const etp__ep_layout_args_t &a, int64_t i)
+/* The local experts received row i selects, as bits (0: not a valid row);
+ * base, cnt: recv_base, recv_cnt. */
+__device__ __forceinline__ uint64_t row_experts(const etp__ep_layout_args_t &a, int64_t i,
+                                               const int32_t *base, const int32_t *cnt)
 {
-    if (i >= a.recv_rows || !etp__ep_recv_valid(a.recv_base, a.recv_cnt, a.ranks, a.exact, a.slab, i))
-        return 0;
+    if (i >= a.recv_rows || !etp__ep_recv_valid(base, cnt, a.ranks, a.exact, a.slab, i)) return 0;
     uint64_t m = 0;
     for (int j = 0; j < a.k; j++) {
         const int32_t e = etp__ep_recv_expert(a.recv_meta, a.k, a.local_experts, i, j);
@@ -299,16 +335,29 @@ __device__ __forceinline__ uint64_t row_experts(const etp__ep_layout_args_t &a, 
     return m;
 }
 
-/* Per chunk and expert, the rows that select it; row_src emptied. */
+/* Per chunk and expert, the rows that select it; row_src emptied; the
+ * received counts and bases (layout_bases, in every block). */
 __global__ void layout_chunks(etp__ep_layout_args_t a)
 {
+    __shared__ int32_t cnt[ETP__EP_LAYOUT_FEW_R], base[ETP__EP_LAYOUT_FEW_R];
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < a.ranks; s++)
+            cnt[s] = (int32_t)etp__ep_accepted(a.C, a.ranks, a.tok_cap, s, a.me);
+        etp__ep_block_bases(cnt, a.ranks, a.exact, a.slab, base);
+        if (blockIdx.x == 0)
+            for (int s = 0; s < a.ranks; s++) {
+                a.recv_cnt[s] = cnt[s];
+                a.recv_base[s] = base[s];
+            }
+    }
+    __syncthreads();
     const int lane = threadIdx.x & 31, L = (int)a.local_experts;
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     const int64_t nth = (int64_t)gridDim.x * blockDim.x;
     for (int64_t r = tid; r < a.rows_cap; r += nth) a.row_src[r] = -1;
     const int64_t nch = (a.recv_rows + ETP__EP_LAYOUT_CHUNK - 1) / ETP__EP_LAYOUT_CHUNK;
     for (int64_t c = tid >> 5; c < nch; c += nth >> 5) {
-        const uint64_t m = row_experts(a, c * ETP__EP_LAYOUT_CHUNK + lane);
+        const uint64_t m = row_experts(a, c * ETP__EP_LAYOUT_CHUNK + lane, base, cnt);
         int lo = 0, hi = 0;
         for (int e = 0; e < L; e++) {
             const int n = __popc(__ballot_sync(kFull, (unsigned)(m >> e) & 1u));
@@ -365,7 +414,7 @@ __global__ void layout_place(etp__ep_layout_args_t a)
     const unsigned below = (1u << lane) - 1u;
     for (int64_t c = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5; c < nch; c += nth >> 5) {
         const int64_t i = c * ETP__EP_LAYOUT_CHUNK + lane;
-        const uint64_t m = row_experts(a, i);
+        const uint64_t m = row_experts(a, i, a.recv_base, a.recv_cnt);
         int32_t *rr = a.recv_row + i * k;
         if (i < a.recv_rows)
             for (int j = 0; j < k; j++) rr[j] = -1;
@@ -726,6 +775,7 @@ __global__ void wscatter_kernel(etp__ep_wscatter_args_t a)
 extern "C" cudaError_t etp__cuda_ep_route(cudaStream_t s, const etp__ep_route_args_t *a)
 {
     ETP__TRY_CUDA(launch(route_mark, blocks_for(a->t_max, kThreads), kThreads, s, *a));
+    if (!a->exact) return launch(route_scan_slab, (unsigned)a->ranks, kScanThreads, s, *a);
     ETP__TRY_CUDA(launch(route_scan, (unsigned)a->ranks, kScanThreads, s, *a));
     ETP__TRY_CUDA(launch(route_base, 1, 1, s, *a));
     if (!a->send_meta) return cudaSuccess;
@@ -741,9 +791,8 @@ extern "C" cudaError_t etp__cuda_ep_layout(cudaStream_t s, const etp__ep_layout_
 {
     /* the scratch holds the chunks' counts (ETP__EP_LAYOUT_SCRATCH) */
     if (a->local_experts <= ETP__EP_LAYOUT_FEW_L && a->k <= ETP__EP_LAYOUT_FEW_K &&
-        a->recv_rows > ETP__EP_LAYOUT_CHUNK) {
+        a->ranks <= ETP__EP_LAYOUT_FEW_R && a->recv_rows > ETP__EP_LAYOUT_CHUNK) {
         const int64_t nch = (a->recv_rows + ETP__EP_LAYOUT_CHUNK - 1) / ETP__EP_LAYOUT_CHUNK;
-        ETP__TRY_CUDA(launch(layout_bases, 1, 1, s, *a));
         ETP__TRY_CUDA(launch(layout_chunks, blocks_for(nch * 32, kThreads), kThreads, s, *a));
         ETP__TRY_CUDA(launch(layout_chunk_scan, 1, kScanThreads, s, *a));
         return launch(layout_place, blocks_for(nch * 32, kThreads), kThreads, s, *a);

@@ -61,11 +61,15 @@ __device__ bool wait_for(const etp__ep_nvl_t &n, const uint64_t *p, uint64_t v, 
 {
     while (load_acquire(p) < v) {
         if (n.timeout_ns > 0 && now_ns() - t0 > n.timeout_ns) {
-            unsigned long long *f = reinterpret_cast<unsigned long long *>(n.fault);
-            if (atomicCAS(f, 0ull, (unsigned long long)(peer + 1)) == 0ull) {
+            /* the first to give up claims the record (word 3) and fills
+             * it; word 0, which the host polls, is written last */
+            unsigned long long *claim = reinterpret_cast<unsigned long long *>(n.fault + 3);
+            if (atomicCAS(claim, 0ull, 1ull) == 0ull) {
                 volatile int64_t *vf = n.fault;
                 vf[1] = call;
                 vf[2] = what;
+                __threadfence_system();
+                vf[0] = peer + 1;
                 __threadfence_system();
             }
             return false;
@@ -255,6 +259,28 @@ __device__ __forceinline__ unsigned dest_mask(const etp__ep_t2e_args_t &a, int64
     return __ballot_sync(kFull, pos >= 0);
 }
 
+/* 16-byte words [0, nc) of src into each of the nd rows dst, a warp: 8
+ * words a lane loaded before their stores, so that a warp keeps 4 KB of
+ * reads in flight (one 14 KB row is 3.5 rounds). */
+constexpr int kCopyUnroll = 8;
+
+__device__ __forceinline__ void warp_copy16(const uint4 *src, char *const *dst, int nd, int64_t nc)
+{
+    const int lane = threadIdx.x & 31;
+    for (int64_t c0 = lane; c0 < nc; c0 += 32 * kCopyUnroll) {
+        uint4 v[kCopyUnroll];
+#pragma unroll
+        for (int u = 0; u < kCopyUnroll; u++)
+            if (c0 + 32 * u < nc) v[u] = __ldg(src + c0 + 32 * u);
+        for (int q = 0; q < nd; q++) {
+            uint4 *d4 = reinterpret_cast<uint4 *>(dst[q]);
+#pragma unroll
+            for (int u = 0; u < kCopyUnroll; u++)
+                if (c0 + 32 * u < nc) d4[c0 + 32 * u] = v[u];
+        }
+    }
+}
+
 /* Token t's row (rb bytes) into every destination's token slab. */
 __device__ void store_token(const etp__ep_t2e_args_t &a, int64_t t, unsigned mask, int64_t row,
                             int64_t rb, bool vec)
@@ -269,24 +295,7 @@ __device__ void store_token(const etp__ep_t2e_args_t &a, int64_t t, unsigned mas
         dst[nd++] = a.nvl.peers[d] + a.nvl.tok_off + r * rb;
     }
     if (vec) {
-        const int64_t nc = rb / 16;
-        const uint4 *s4 = reinterpret_cast<const uint4 *>(src);
-        int64_t c = lane;
-        for (; c + 96 < nc; c += 128) {
-            const uint4 v0 = __ldg(s4 + c), v1 = __ldg(s4 + c + 32), v2 = __ldg(s4 + c + 64),
-                        v3 = __ldg(s4 + c + 96);
-            for (int q = 0; q < nd; q++) {
-                uint4 *d4 = reinterpret_cast<uint4 *>(dst[q]);
-                d4[c] = v0;
-                d4[c + 32] = v1;
-                d4[c + 64] = v2;
-                d4[c + 96] = v3;
-            }
-        }
-        for (; c < nc; c += 32) {
-            const uint4 v = __ldg(s4 + c);
-            for (int q = 0; q < nd; q++) reinterpret_cast<uint4 *>(dst[q])[c] = v;
-        }
+        warp_copy16(reinterpret_cast<const uint4 *>(src), dst, nd, rb / 16);
     } else {
         for (int64_t b = lane; b < rb; b += 32) {
             const char v = src[b];
@@ -731,8 +740,7 @@ __global__ void __launch_bounds__(kThreads) e2t_presum(etp__ep_e2t_args_t a, int
 
 /* The sending half (n.blocks blocks): every received token row's partial
  * (from the stage) and weight gradients into its rank's slabs, then this
- * rank's arrival there. A warp copies a row, 4 x 16 bytes a lane in
- * flight. */
+ * rank's arrival there. */
 __global__ void __launch_bounds__(kThreads) e2t_send(etp__ep_e2t_args_t a, int vec)
 {
     const etp__ep_nvl_t &n = a.nvl;
@@ -754,18 +762,7 @@ __global__ void __launch_bounds__(kThreads) e2t_send(etp__ep_e2t_args_t a, int v
             const char *src = static_cast<const char *>(a.stage) + i * wb;
             char *dst = n.peers[s] + n.tok_off + back * wb;
             if (vec && wb % 16 == 0) {
-                const uint4 *s4 = reinterpret_cast<const uint4 *>(src);
-                uint4 *d4 = reinterpret_cast<uint4 *>(dst);
-                const int64_t nc = wb / 16;
-                int64_t c = lane;
-                for (; c + 96 < nc; c += 128) {
-                    const uint4 v0 = s4[c], v1 = s4[c + 32], v2 = s4[c + 64], v3 = s4[c + 96];
-                    d4[c] = v0;
-                    d4[c + 32] = v1;
-                    d4[c + 64] = v2;
-                    d4[c + 96] = v3;
-                }
-                for (; c < nc; c += 32) d4[c] = s4[c];
+                warp_copy16(reinterpret_cast<const uint4 *>(src), &dst, 1, wb / 16);
             } else {
                 for (int64_t b = lane; b < wb; b += 32) dst[b] = src[b];
             }

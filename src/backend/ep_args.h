@@ -111,6 +111,7 @@ typedef struct etp__ep_clip_args {
 #define ETP__EP_LAYOUT_CHUNK 32  /* received rows a warp takes (CUDA, few experts) */
 #define ETP__EP_LAYOUT_FEW_L 64  /* "few experts": a bit each in a uint64 */
 #define ETP__EP_LAYOUT_FEW_K 32
+#define ETP__EP_LAYOUT_FEW_R 64
 #define ETP__EP_LAYOUT_SCRATCH(L, recv_rows)                                                \
     ((L) <= ETP__EP_LAYOUT_FEW_L && (recv_rows) > ETP__EP_LAYOUT_CHUNK                          \
          ? ((recv_rows) + ETP__EP_LAYOUT_CHUNK - 1) / ETP__EP_LAYOUT_CHUNK * (L)                \
@@ -243,7 +244,8 @@ typedef struct etp__ep_nvl {
     size_t sig_off, cnt_off, small_off, tok_off, small_row_bytes, tok_row_bytes;
     uint64_t *calls;       /* this rank's: [0] calls completed, [1] blocks done in the current */
     /* host-mapped pinned words, written by a kernel that gave up waiting:
-     * [0] 1 + the rank it waited for, [1] the call, [2] what for */
+     * [0] 1 + the rank it waited for (written last), [1] the call, [2] what
+     * for, [3] claimed (the first kernel to give up writes the record) */
     int64_t *fault;
     int64_t timeout_ns;    /* 0: wait forever */
     int64_t t_max;
