@@ -317,7 +317,7 @@ __global__ void layout_sort(etp__ep_layout_args_t a)
  * L <= ETP__EP_LAYOUT_FEW_L, k <= ETP__EP_LAYOUT_FEW_K: a warp takes a chunk
  * of 32 received rows, a lane one row; one ballot per expert gives each
  * row's rank among the chunk's rows that select it, and the chunks' counts
- * (scratch [chunks][L]) are scanned per expert in between. The same rows,
+ * (scratch [L][chunks]) are scanned per expert in between. The same rows,
  * order and drops as the per-expert scans above, in three kernels instead
  * of one pass per expert over every received row. */
 
@@ -364,8 +364,8 @@ __global__ void layout_chunks(etp__ep_layout_args_t a)
             if (e == lane) lo = n;
             if (e == lane + 32) hi = n;
         }
-        if (lane < L) a.scratch[c * L + lane] = lo;
-        if (lane + 32 < L) a.scratch[c * L + lane + 32] = hi;
+        if (lane < L) a.scratch[(int64_t)lane * nch + c] = lo;
+        if (lane + 32 < L) a.scratch[(int64_t)(lane + 32) * nch + c] = hi;
     }
 }
 
@@ -376,18 +376,28 @@ __global__ void layout_chunk_scan(etp__ep_layout_args_t a)
     const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
     const int L = (int)a.local_experts;
     const int64_t nch = (a.recv_rows + ETP__EP_LAYOUT_CHUNK - 1) / ETP__EP_LAYOUT_CHUNK;
+    constexpr int kBatch = 8; /* loads in flight a lane */
     for (int e = w; e < L; e += nw) {
+        int32_t *h = a.scratch + (int64_t)e * nch;
         int running = 0;
-        for (int64_t c0 = 0; c0 < nch; c0 += 32) {
-            const int64_t c = c0 + lane;
-            const int v = c < nch ? a.scratch[c * L + e] : 0;
-            int x = v;
-            for (int o = 1; o < 32; o <<= 1) {
-                const int y = __shfl_up_sync(kFull, x, o);
-                if (lane >= o) x += y;
+        for (int64_t b0 = 0; b0 < nch; b0 += 32 * kBatch) {
+            int v[kBatch];
+#pragma unroll
+            for (int u = 0; u < kBatch; u++) {
+                const int64_t c = b0 + 32 * u + lane;
+                v[u] = c < nch ? h[c] : 0;
             }
-            if (c < nch) a.scratch[c * L + e] = running + x - v;
-            running += __shfl_sync(kFull, x, 31);
+#pragma unroll
+            for (int u = 0; u < kBatch; u++) {
+                const int64_t c = b0 + 32 * u + lane;
+                int x = v[u];
+                for (int o = 1; o < 32; o <<= 1) {
+                    const int y = __shfl_up_sync(kFull, x, o);
+                    if (lane >= o) x += y;
+                }
+                if (c < nch) h[c] = running + x - v[u];
+                running += __shfl_sync(kFull, x, 31);
+            }
         }
         if (lane == 0) a.counts[e] = running;
     }
@@ -422,7 +432,7 @@ __global__ void layout_place(etp__ep_layout_args_t a)
             const unsigned sel = (unsigned)(m >> e) & 1u;
             const unsigned b = __ballot_sync(kFull, sel);
             if (!sel) continue;
-            const int64_t q = (int64_t)a.scratch[c * L + e] + __popc(b & below);
+            const int64_t q = (int64_t)a.scratch[(int64_t)e * nch + c] + __popc(b & below);
             const int32_t row = q < a.counts[e] ? (int32_t)(a.offsets[e] + q) : -1;
             for (int j = 0; j < k; j++) {
                 if (etp__ep_recv_expert(a.recv_meta, k, a.local_experts, i, j) != e) continue;

@@ -753,9 +753,11 @@ __global__ void __launch_bounds__(kThreads) e2t_send(etp__ep_e2t_args_t a, int v
     const int64_t H = a.hidden, tm = n.t_max;
     const int64_t wb = H * etp__ep_esize(a.wire);
     const bool g_travels = a.g_pre != nullptr || a.grad_row_w != nullptr;
-    for (int64_t i = gw; i < (int64_t)n.ranks * tm; i += nw) {
-        const int s = (int)(i / tm);
-        const int64_t p = i % tm;
+    /* the rows in the order (position, source): warps side by side store
+     * to every peer at once, not to one peer's slab after another's */
+    for (int64_t x = gw; x < (int64_t)n.ranks * tm; x += nw) {
+        const int s = (int)(x % n.ranks);
+        const int64_t p = x / n.ranks, i = (int64_t)s * tm + p;
         if (p >= a.recv_cnt[s]) continue;
         const int64_t back = etp__ep_nvl_row(n.me, tm, p);
         if (a.in) {
