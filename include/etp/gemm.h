@@ -38,9 +38,10 @@
  * descriptors and layouts, its workspace (from the context allocator,
  * owner ETP_MEM_WORKSPACE), and the algorithm cuBLASLt's heuristic picks
  * (PACKED: one per row-count bucket, the counts 1 to 4 and then each
- * quarter of an octave, (2^b, 1.25 x 2^b] and so on, up to config.rows,
- * each asked for the bucket's largest count). etp_gemm_run then allocates
- * nothing and never synchronizes the host.
+ * quarter of an octave, (2^b, 1.25 x 2^b] and so on, each asked by the
+ * etp_gemm_run that first meets a count of the bucket, for that count; a
+ * shape with no algorithm at config.rows is refused here). etp_gemm_run
+ * allocates nothing and never synchronizes the host.
  *
  * Streams: etp_gemm_run enqueues on the stream it is given (the host
  * backend runs its GEMMs there in stream order, shuffle mode included).

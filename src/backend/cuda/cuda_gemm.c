@@ -33,7 +33,10 @@
 #include "kernels/gemm/gemm_ptrs.h"
 
 /* PACKED algorithm buckets: counts 1 .. 4 each alone, then every octave
- * (2^b, 2^(b+1)] in quarters, up to 2^31 */
+ * (2^b, 2^(b+1)] in quarters, up to 2^31. A bucket's algorithm is the
+ * heuristic's for the first count of it a call runs: the heuristic's pick
+ * for a count (2041, say) can be faster for it than its pick for a round
+ * bound (2048) of the bucket. */
 enum { BUCKETS = 4 + 29 * 4 };
 
 typedef enum { MODE_SERIAL, MODE_STREAMS, MODE_GROUPED } packed_mode_t;
@@ -69,9 +72,12 @@ typedef struct {
     void *ws;
     size_t ws_bytes;
     size_t lane_bytes; /* the workspace one matmul may use (streams: a slice) */
-    /* algo[b]: the heuristic's pick for the counts of bucket b (PACKED),
-     * asked at the bucket's largest count; for the plan's M in algo[0] */
+    /* algo[b]: the heuristic's pick for the counts of bucket b (PACKED:
+     * asked when have[b] is 0, then 1; 2: it had none, cuBLASLt chooses
+     * per call); for the plan's M in algo[0] */
     cublasLtMatmulAlgo_t algo[BUCKETS];
+    unsigned char have[BUCKETS];
+    cublasLtMatmulPreference_t pref; /* PACKED: for the buckets' heuristics */
     int64_t cur_m; /* PACKED: the M the layouts hold now */
     packed_mode_t mode;
     lanes_t lanes;   /* MODE_STREAMS */
@@ -128,6 +134,7 @@ static void plan_free(cplan_t *p)
     if (p->lb) released(log, cublasLtMatrixLayoutDestroy(p->lb), "cublasLtMatrixLayoutDestroy");
     if (p->ld) released(log, cublasLtMatrixLayoutDestroy(p->ld), "cublasLtMatrixLayoutDestroy");
     if (p->desc) released(log, cublasLtMatmulDescDestroy(p->desc), "cublasLtMatmulDescDestroy");
+    if (p->pref) released(log, cublasLtMatmulPreferenceDestroy(p->pref), "cublasLtMatmulPreferenceDestroy");
     if (p->lt) released(log, cublasLtDestroy(p->lt), "cublasLtDestroy");
     for (int i = 0; i < LANES - 1; i++) {
         if (p->lanes.aux[i]) cuda_released(log, cudaStreamDestroy(p->lanes.aux[i]), "cudaStreamDestroy");
@@ -179,17 +186,9 @@ static uint32_t align_of(int64_t bytes)
     return a;
 }
 
-/* The largest count of bucket b (see BUCKETS). */
-static int64_t bucket_top(int b)
-{
-    if (b < 4) return b + 1;
-    const int oct = 2 + (b - 4) / 4, quarter = (b - 4) % 4 + 1;
-    return ((int64_t)1 << oct) + quarter * ((int64_t)1 << (oct - 2));
-}
-
-/* The bucket of count m >= 1: the counts above a power of two by up to a
- * quarter of it take an algorithm asked for at most a quarter more rows,
- * not twice as many */
+/* The bucket of count m >= 1 (see BUCKETS): the counts above a power of
+ * two by up to a quarter of it share an algorithm, not those up to twice
+ * as many */
 static int bucket_of(int64_t m)
 {
     if (m <= 4) return (int)m - 1;
@@ -304,14 +303,13 @@ static etp_status_t build(cplan_t *p, const etp__gemm_shape_t *s)
         }
     }
     if (cs != CUBLAS_STATUS_SUCCESS) st = lt_err(cs, s->name, "matmul preference");
-    if (st == ETP_SUCCESS && s->layout != ETP_GEMM_PACKED) st = heuristic(p, s, pref, &p->algo[0]);
-    for (int b = 0; st == ETP_SUCCESS && s->layout == ETP_GEMM_PACKED && b < BUCKETS; b++) {
-        const int64_t m = bucket_top(b) < M ? bucket_top(b) : M;
-        st = set_m(p, s, m);
-        if (st == ETP_SUCCESS) st = heuristic(p, s, pref, &p->algo[b]);
-        if (m == M) break;
-    }
-    released(p->log, cublasLtMatmulPreferenceDestroy(pref), "cublasLtMatmulPreferenceDestroy");
+    /* PACKED: a shape cuBLASLt cannot do is refused now, at the most rows;
+     * the buckets' algorithms come with their first counts */
+    if (st == ETP_SUCCESS) st = heuristic(p, s, pref, &p->algo[0]);
+    if (s->layout == ETP_GEMM_PACKED && st == ETP_SUCCESS)
+        p->pref = pref;
+    else
+        released(p->log, cublasLtMatmulPreferenceDestroy(pref), "cublasLtMatmulPreferenceDestroy");
     return st;
 }
 
@@ -461,7 +459,24 @@ static etp_status_t packed_expert(cplan_t *p, const etp__gemm_shape_t *s, const 
     const size_t osz = etp_dtype_size(s->out_dtype);
     const int64_t n = s->n, k = s->k, m = c->counts[e], r0 = c->offsets[e];
     ETP__TRY(set_m(p, s, m));
-    const cublasLtMatmulAlgo_t *algo = &p->algo[bucket_of(m)];
+    const int b = bucket_of(m);
+    if (!p->have[b]) {
+        /* the bucket's first count: the heuristic, host work only (no
+         * device work, no synchronization), once per bucket and plan */
+        cublasLtMatmulHeuristicResult_t h;
+        int found = 0;
+        cublasStatus_t hs = cublasLtMatmulAlgoGetHeuristic(p->lt, p->desc, p->la, p->lb, p->ld, p->ld,
+                                                           p->pref, 1, &h, &found);
+        if (hs != CUBLAS_STATUS_SUCCESS) {
+            char what[96];
+            snprintf(what, sizeof what, "cublasLtMatmulAlgoGetHeuristic (expert %lld, rows %lld)",
+                     (long long)e, (long long)m);
+            return lt_err_as(hs, 0, s->name, what);
+        }
+        if (found > 0) p->algo[b] = h.algo;
+        p->have[b] = found > 0 ? 1 : 2;
+    }
+    const cublasLtMatmulAlgo_t *algo = p->have[b] == 1 ? &p->algo[b] : NULL;
     const uint16_t *a = c->a, *x = c->b, *w = (const uint16_t *)c->w + e * s->w_stride;
     switch (s->op) {
     case ETP_GEMM_FORWARD:
