@@ -70,7 +70,9 @@ static void test_packed_larger(void **state)
                 c.max_count = 700;
                 c.graph = (int)(tag % 2);
                 print_message("mode %s: packed %s%s, beta %d, n %lld, k %lld\n", g_modes[i],
-                              op == 0 ? "forward" : op == 1 ? "dgrad" : "wgrad",
+                              op == 0   ? "forward"
+                              : op == 1 ? "dgrad"
+                                        : "wgrad",
                               c.graph ? " (graph)" : "", bi, (long long)c.n, (long long)c.k);
                 g_run_checked(ctx, s0, s1, &c);
             }

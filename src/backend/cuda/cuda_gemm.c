@@ -57,12 +57,12 @@ typedef struct {
  * groups), written on the stream by etp__cuda_store_u64 */
 typedef struct {
     cublasHandle_t h;
-    uint64_t *dev_ptrs;  /* device, 3 x experts */
-    uint64_t *host_ptrs; /* 3 x experts */
-    int *ints;           /* m, n, k, lda, ldb, ldc, group size: 7 x experts */
+    uint64_t *dev_ptrs;     /* device, 3 x experts */
+    uint64_t *host_ptrs;    /* 3 x experts */
+    int *ints;              /* m, n, k, lda, ldb, ldc, group size: 7 x experts */
     cublasOperation_t *ops; /* transa, transb: 2 x experts */
-    float *scal;         /* alpha, beta: 2 x experts */
-    int refused;         /* cuBLAS refused the call once: serial from then on */
+    float *scal;            /* alpha, beta: 2 x experts */
+    int refused;            /* cuBLAS refused the call once: serial from then on */
 } grouped_t;
 
 typedef struct {
@@ -80,8 +80,8 @@ typedef struct {
     cublasLtMatmulPreference_t pref; /* PACKED: for the buckets' heuristics */
     int64_t cur_m; /* PACKED: the M the layouts hold now */
     packed_mode_t mode;
-    lanes_t lanes;   /* MODE_STREAMS */
-    grouped_t grp;   /* MODE_GROUPED */
+    lanes_t lanes; /* MODE_STREAMS */
+    grouped_t grp; /* MODE_GROUPED */
     const etp__logger_t *log;
 } cplan_t;
 
@@ -134,11 +134,14 @@ static void plan_free(cplan_t *p)
     if (p->lb) released(log, cublasLtMatrixLayoutDestroy(p->lb), "cublasLtMatrixLayoutDestroy");
     if (p->ld) released(log, cublasLtMatrixLayoutDestroy(p->ld), "cublasLtMatrixLayoutDestroy");
     if (p->desc) released(log, cublasLtMatmulDescDestroy(p->desc), "cublasLtMatmulDescDestroy");
-    if (p->pref) released(log, cublasLtMatmulPreferenceDestroy(p->pref), "cublasLtMatmulPreferenceDestroy");
+    if (p->pref)
+        released(log, cublasLtMatmulPreferenceDestroy(p->pref), "cublasLtMatmulPreferenceDestroy");
     if (p->lt) released(log, cublasLtDestroy(p->lt), "cublasLtDestroy");
     for (int i = 0; i < LANES - 1; i++) {
-        if (p->lanes.aux[i]) cuda_released(log, cudaStreamDestroy(p->lanes.aux[i]), "cudaStreamDestroy");
-        if (p->lanes.join[i]) cuda_released(log, cudaEventDestroy(p->lanes.join[i]), "cudaEventDestroy");
+        if (p->lanes.aux[i])
+            cuda_released(log, cudaStreamDestroy(p->lanes.aux[i]), "cudaStreamDestroy");
+        if (p->lanes.join[i])
+            cuda_released(log, cudaEventDestroy(p->lanes.join[i]), "cudaEventDestroy");
     }
     if (p->lanes.fork) cuda_released(log, cudaEventDestroy(p->lanes.fork), "cudaEventDestroy");
     if (p->grp.h) released(log, cublasDestroy(p->grp.h), "cublasDestroy");
@@ -279,8 +282,9 @@ static etp_status_t build(cplan_t *p, const etp__gemm_shape_t *s)
     cublasLtMatmulPreference_t pref;
     LT(cublasLtMatmulPreferenceCreate(&pref), "cublasLtMatmulPreferenceCreate");
     etp_status_t st = ETP_SUCCESS;
-    cublasStatus_t cs = cublasLtMatmulPreferenceSetAttribute(
-        pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &p->lane_bytes, sizeof p->lane_bytes);
+    cublasStatus_t cs =
+        cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                             &p->lane_bytes, sizeof p->lane_bytes);
     if (cs == CUBLAS_STATUS_SUCCESS && s->layout == ETP_GEMM_PACKED) {
         /* an expert's block starts at a whole row: its pointer is aligned
          * to the row bytes' power of two (the base to 256 bytes); a
@@ -341,10 +345,12 @@ static etp_status_t lanes_create(cplan_t *p, const etp__gemm_shape_t *s)
     cudaError_t e = cudaEventCreateWithFlags(&p->lanes.fork, cudaEventDisableTiming);
     for (int i = 0; i < LANES - 1 && e == cudaSuccess; i++) {
         e = cudaStreamCreateWithFlags(&p->lanes.aux[i], cudaStreamNonBlocking);
-        if (e == cudaSuccess) e = cudaEventCreateWithFlags(&p->lanes.join[i], cudaEventDisableTiming);
+        if (e == cudaSuccess)
+            e = cudaEventCreateWithFlags(&p->lanes.join[i], cudaEventDisableTiming);
     }
     if (e == cudaSuccess) return ETP_SUCCESS;
-    snprintf(what, sizeof what, "gemm '%s': the auxiliary streams and events of its experts", s->name);
+    snprintf(what, sizeof what, "gemm '%s': the auxiliary streams and events of its experts",
+             s->name);
     return etp__cuda_error(what, e);
 }
 
@@ -362,7 +368,8 @@ static etp_status_t grouped_create(cplan_t *p, const etp__gemm_shape_t *s)
     g->ops = malloc(2 * E * sizeof *g->ops);
     g->scal = malloc(2 * E * sizeof *g->scal);
     if (!g->host_ptrs || !g->ints || !g->ops || !g->scal)
-        return etp__err(ETP_ERR_OUT_OF_MEMORY, "gemm '%s': out of memory (%zu experts)", s->name, E);
+        return etp__err(ETP_ERR_OUT_OF_MEMORY, "gemm '%s': out of memory (%zu experts)", s->name,
+                        E);
     cudaError_t e = cudaMalloc((void **)&g->dev_ptrs, 3 * E * sizeof *g->dev_ptrs);
     if (e != cudaSuccess) {
         char what[96];
@@ -371,7 +378,8 @@ static etp_status_t grouped_create(cplan_t *p, const etp__gemm_shape_t *s)
     }
     LT(cublasCreate(&g->h), "cublasCreate");
     /* FP32 sums to the end, as cuBLASLt's matmuls and the header promise */
-    LT(cublasSetMathMode(g->h, CUBLAS_DEFAULT_MATH | CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION),
+    LT(cublasSetMathMode(g->h,
+                         CUBLAS_DEFAULT_MATH | CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION),
        "cublasSetMathMode");
     return ETP_SUCCESS;
 }
@@ -465,8 +473,8 @@ static etp_status_t packed_expert(cplan_t *p, const etp__gemm_shape_t *s, const 
          * device work, no synchronization), once per bucket and plan */
         cublasLtMatmulHeuristicResult_t h;
         int found = 0;
-        cublasStatus_t hs = cublasLtMatmulAlgoGetHeuristic(p->lt, p->desc, p->la, p->lb, p->ld, p->ld,
-                                                           p->pref, 1, &h, &found);
+        cublasStatus_t hs = cublasLtMatmulAlgoGetHeuristic(p->lt, p->desc, p->la, p->lb, p->ld,
+                                                           p->ld, p->pref, 1, &h, &found);
         if (hs != CUBLAS_STATUS_SUCCESS) {
             char what[96];
             snprintf(what, sizeof what, "cublasLtMatmulAlgoGetHeuristic (expert %lld, rows %lld)",
@@ -509,8 +517,8 @@ static etp_status_t packed_serial(cplan_t *p, const etp__gemm_shape_t *s, const 
  * on a lane). Running experts at once is safe: their output blocks (Y, dX)
  * or dW are disjoint. Empty experts' dW zeroing runs on lane 0. Two calls
  * of the plan share the lanes, so their lane work is in call order. */
-static etp_status_t packed_streams(cplan_t *p, const etp__gemm_shape_t *s, const etp__gemm_call_t *c,
-                                   cudaStream_t cs)
+static etp_status_t packed_streams(cplan_t *p, const etp__gemm_shape_t *s,
+                                   const etp__gemm_call_t *c, cudaStream_t cs)
 {
     int64_t busy = 0;
     for (int64_t e = 0; e < s->experts; e++) busy += c->counts[e] > 0;
@@ -558,9 +566,12 @@ static etp_status_t packed_streams(cplan_t *p, const etp__gemm_shape_t *s, const
  * that carries them as arguments (capture-safe: a graph replays the
  * values of the captured call). A later call on another stream would
  * overwrite the arrays while this one reads them: calls of one plan are in
- * stream order, as they already are for its one workspace. */
-static etp_status_t packed_grouped(cplan_t *p, const etp__gemm_shape_t *s, const etp__gemm_call_t *c,
-                                   cudaStream_t cs)
+ * stream order, as they already are for its one workspace. cuBLAS itself
+ * copies the groups' sizes from the host in a captured call (a memcpy
+ * node): whether a replay still finds them after later calls is cuBLAS's
+ * to keep. */
+static etp_status_t packed_grouped(cplan_t *p, const etp__gemm_shape_t *s,
+                                   const etp__gemm_call_t *c, cudaStream_t cs)
 {
     grouped_t *g = &p->grp;
     if (!g->h || g->refused) return packed_serial(p, s, c, cs);
@@ -632,8 +643,8 @@ static etp_status_t packed_grouped(cplan_t *p, const etp__gemm_shape_t *s, const
     const void *const *B = (const void *const *)(g->dev_ptrs + G);
     void *const *C = (void *const *)(g->dev_ptrs + 2 * G);
     st = cublasGemmGroupedBatchedEx(g->h, ta, tb, gm, gn, gk, alpha, A, CUDA_R_16BF, lda, B,
-                                    CUDA_R_16BF, ldb, beta, C, cuda_type(s->out_dtype), ldc, G, size,
-                                    CUBLAS_COMPUTE_32F);
+                                    CUDA_R_16BF, ldb, beta, C, cuda_type(s->out_dtype), ldc, G,
+                                    size, CUBLAS_COMPUTE_32F);
     if (st == CUBLAS_STATUS_SUCCESS) return ETP_SUCCESS;
     if (st == CUBLAS_STATUS_NOT_SUPPORTED) {
         /* a product or shape this cuBLAS has no grouped kernel for: the
@@ -649,8 +660,10 @@ static etp_status_t packed_grouped(cplan_t *p, const etp__gemm_shape_t *s, const
     char what[160];
     snprintf(what, sizeof what,
              "cublasGemmGroupedBatchedEx (%s, %d experts from expert %lld, n %lld, k %lld)",
-             s->op == ETP_GEMM_FORWARD ? "forward" : s->op == ETP_GEMM_DGRAD ? "dgrad" : "wgrad", G,
-             (long long)first, (long long)n, (long long)k);
+             s->op == ETP_GEMM_FORWARD ? "forward"
+             : s->op == ETP_GEMM_DGRAD ? "dgrad"
+                                       : "wgrad",
+             G, (long long)first, (long long)n, (long long)k);
     return lt_err_as(st, 0, s->name, what);
 }
 
