@@ -27,16 +27,21 @@
  *   the call may be captured into a graph.
  * - PACKED: expert e's rows are [offsets[e], offsets[e] + counts[e]), from
  *   host arrays: etp_ep_layout_host() of a layer on the EXACT transport.
- *   One call per non-empty expert; rows outside every expert's block are
- *   not touched (Y, dX). An expert with no rows still gets its dW: zero
- *   with beta 0, left as it was with beta 1.
+ *   One GEMM per non-empty expert (on CUDA, several at once: the caller's
+ *   stream forks to the plan's own streams and joins them back before the
+ *   call's work ends, so stream order and graph capture hold as for one
+ *   call); rows outside every expert's block are not touched (Y, dX). An
+ *   expert with no rows still gets its dW: zero with beta 0, left as it
+ *   was with beta 1.
  *
  * A plan (etp_gemm_plan_t) is made once per shape and product: cuBLASLt's
  * descriptors and layouts, its workspace (from the context allocator,
  * owner ETP_MEM_WORKSPACE), and the algorithm cuBLASLt's heuristic picks
- * (PACKED: one per row-count bucket, the powers of two up to config.rows,
- * each asked for the bucket's largest count). etp_gemm_run then allocates
- * nothing and never synchronizes the host.
+ * (PACKED: one per row-count bucket, the counts 1 to 4 and then each
+ * quarter of an octave, (2^b, 1.25 x 2^b] and so on, each asked by the
+ * etp_gemm_run that first meets a count of the bucket, for that count; a
+ * shape with no algorithm at config.rows is refused here). etp_gemm_run
+ * allocates nothing and never synchronizes the host.
  *
  * Streams: etp_gemm_run enqueues on the stream it is given (the host
  * backend runs its GEMMs there in stream order, shuffle mode included).
@@ -93,7 +98,9 @@ typedef struct etp_gemm_config {
 
 /* Make a plan for one product of one shape. Local (no communication).
  * Allocates the workspace (ETP_MEM_WORKSPACE) and, on CUDA, a cuBLASLt
- * handle, descriptors, and the heuristic's algorithms. *plan is destroyed
+ * handle, descriptors, and the heuristic's algorithms (PACKED: also the
+ * streams and events its experts' GEMMs run on, which share the workspace
+ * in equal parts). *plan is destroyed
  * with etp_gemm_plan_destroy, before the context.
  * Errors: ETP_ERR_INVALID_ARGUMENT (NULLs, a config of the wrong size, an
  * unknown op or layout, sizes <= 0 or past 2^31 rows, DENSE with experts

@@ -3,7 +3,8 @@
  * tests/gpu/test_gemm_gpu.c (CUDA backend): random layouts (PACKED with
  * empty experts, one-row experts and counts that are not multiples of 16;
  * FIXED_SLOTS; DENSE), all three products, BF16 and FP32 outputs, beta 0
- * and 1, weights with padded rows. Every output is poisoned first and
+ * and 1, weights with padded rows; PACKED also with up to 15 experts and
+ * captured into a graph. Every output is poisoned first and
  * compared with a double-precision reference computed here, on fresh
  * random BF16 data of the printed seed. What the library must not write
  * (rows outside every PACKED block, weight row padding) must still hold
@@ -95,6 +96,11 @@ typedef struct {
     int64_t experts, n, k, ld; /* ld: weight row stride (>= k) */
     int64_t slots;             /* FIXED_SLOTS: S */
     uint64_t tag;              /* names this case's random streams */
+    /* 1: the run is captured into a graph, which is launched twice: on the
+     * buffers before the inputs are copied in, then (the checked launch)
+     * after */
+    int graph;
+    int32_t max_count;         /* PACKED: counts 0 .. max_count (0: 40) */
 } gcase_t;
 
 /* The row space of a case: per expert [offsets[e], offsets[e] + counts[e]),
@@ -122,12 +128,13 @@ static void g_make_layout(const gcase_t *c, glayout_t *L)
         L->rows = c->experts * c->slots;
         return;
     }
-    /* PACKED: expert 0 empty, expert 1 one row, the rest 0 .. 40 rows
+    /* PACKED: expert 0 empty, expert 1 one row, the rest 0 .. max_count rows
      * (mostly not multiples of 16), blocks padded to 8 rows like an EP
      * layer's alignment, and slack rows after the last block */
     int64_t off = 0;
     for (int64_t e = 0; e < c->experts; e++) {
-        int32_t cnt = e == 0 ? 0 : e == 1 ? 1 : (int32_t)(tu_rand(g_seed, c->tag, 2, (uint64_t)e) % 41);
+        const uint64_t top = c->max_count ? (uint64_t)c->max_count : 40;
+        int32_t cnt = e == 0 ? 0 : e == 1 ? 1 : (int32_t)(tu_rand(g_seed, c->tag, 2, (uint64_t)e) % (top + 1));
         L->counts[e] = cnt;
         L->offsets[e] = (int32_t)off;
         off += (cnt + 7) / 8 * 8;
@@ -183,11 +190,6 @@ static int64_t g_run_case(etp_context_t *ctx, etp_stream_t *s0, etp_stream_t *s1
     ETP_OK(etp_mem_alloc(ctx, (size_t)(R * N) * 2, ETP_MEM_USER, &ddy));
     ETP_OK(etp_mem_alloc(ctx, (size_t)welems * 2, ETP_MEM_USER, &dw));
     ETP_OK(etp_mem_alloc(ctx, (size_t)out_elems * osz, ETP_MEM_USER, &dout));
-    ETP_OK(etp_memcpy_async(s0, dx, hx, (size_t)(R * K) * 2));
-    ETP_OK(etp_memcpy_async(s0, ddy, hdy, (size_t)(R * N) * 2));
-    ETP_OK(etp_memcpy_async(s0, dw, hw, (size_t)welems * 2));
-    ETP_OK(etp_memcpy_async(s0, dout, hout0, (size_t)out_elems * osz));
-
     etp_gemm_config_t cfg = ETP_GEMM_CONFIG_INIT;
     cfg.name = "case";
     cfg.op = c->op;
@@ -224,15 +226,47 @@ static int64_t g_run_case(etp_context_t *ctx, etp_stream_t *s0, etp_stream_t *s1
     }
     etp_event_t *ev;
     ETP_OK(etp_event_create(ctx, &ev));
+    etp_graph_t *graph = NULL;
+    if (c->graph) {
+        /* the first launch reads poison, and writes what the copies below
+         * overwrite */
+        size_t in_max = (size_t)(R * K) * 2;
+        if ((size_t)(R * N) * 2 > in_max) in_max = (size_t)(R * N) * 2;
+        if ((size_t)welems * 2 > in_max) in_max = (size_t)welems * 2;
+        unsigned char *hp = malloc(in_max);
+        assert_non_null(hp);
+        tu_poison(hp, in_max);
+        ETP_OK(etp_memcpy_async(s1, dx, hp, (size_t)(R * K) * 2));
+        ETP_OK(etp_memcpy_async(s1, ddy, hp, (size_t)(R * N) * 2));
+        ETP_OK(etp_memcpy_async(s1, dw, hp, (size_t)welems * 2));
+        ETP_OK(etp_memcpy_async(s1, dout, hout0, (size_t)out_elems * osz));
+        ETP_OK(etp_stream_synchronize(s1));
+        free(hp);
+        ETP_OK(etp_stream_begin_capture(s1));
+        ETP_OK(etp_gemm_run(plan, &a, s1));
+        ETP_OK(etp_stream_end_capture(s1, &graph));
+        /* the copies wait for the launch on the poison */
+        ETP_OK(etp_graph_launch(graph, s1));
+        ETP_OK(etp_event_record(ev, s1));
+        ETP_OK(etp_stream_wait_event(s0, ev));
+    }
+    ETP_OK(etp_memcpy_async(s0, dx, hx, (size_t)(R * K) * 2));
+    ETP_OK(etp_memcpy_async(s0, ddy, hdy, (size_t)(R * N) * 2));
+    ETP_OK(etp_memcpy_async(s0, dw, hw, (size_t)welems * 2));
+    ETP_OK(etp_memcpy_async(s0, dout, hout0, (size_t)out_elems * osz));
     ETP_OK(etp_event_record(ev, s0));
     ETP_OK(etp_stream_wait_event(s1, ev));
-    ETP_OK(etp_gemm_run(plan, &a, s1));
+    if (graph)
+        ETP_OK(etp_graph_launch(graph, s1));
+    else
+        ETP_OK(etp_gemm_run(plan, &a, s1));
     ETP_OK(etp_event_record(ev, s1));
     ETP_OK(etp_stream_wait_event(s0, ev));
     tu_poison(hout, (size_t)out_elems * osz);
     ETP_OK(etp_memcpy_async(s0, hout, dout, (size_t)out_elems * osz));
     ETP_OK(etp_stream_synchronize(s0));
     ETP_OK(etp_event_destroy(ev));
+    ETP_OK(etp_graph_destroy(graph));
     ETP_OK(etp_gemm_plan_destroy(plan));
 
     /* which rows of the row space belong to an expert, and to which */
@@ -322,15 +356,40 @@ static int64_t g_run_case(etp_context_t *ctx, etp_stream_t *s0, etp_stream_t *s1
     return bad;
 }
 
-/* Every combination on ctx; fails the cmocka test on the first bad case. */
+/* Run case c; fail the cmocka test, naming the case, on a bad element. */
+static void g_run_checked(etp_context_t *ctx, etp_stream_t *s0, etp_stream_t *s1, const gcase_t *c)
+{
+    const char *lname[] = {"dense", "fixed_slots", "packed"};
+    const char *oname[] = {"forward", "dgrad", "wgrad"};
+    const int64_t bad = g_run_case(ctx, s0, s1, c);
+    if (bad)
+        fail_msg("%s %s%s, %s out, beta %g, experts %lld, n %lld, k %lld, ld %lld, slots %lld: "
+                 "%lld bad element(s)",
+                 lname[c->layout], oname[c->op], c->graph ? " (graph)" : "",
+                 c->out == ETP_DTYPE_F32 ? "f32" : "bf16", (double)c->beta, (long long)c->experts,
+                 (long long)c->n, (long long)c->k, (long long)c->ld, (long long)c->slots,
+                 (long long)bad);
+}
+
+/* Random n, k and weight ld of case c: small, odd or even, not multiples
+ * of 16 */
+static void g_random_nk(gcase_t *c)
+{
+    const int64_t al = GEMM_NK_ALIGN;
+    c->n = (8 + (int64_t)(tu_rand(g_seed, c->tag, 4, 0) % 89)) / al * al;
+    c->k = (8 + (int64_t)(tu_rand(g_seed, c->tag, 5, 0) % 89)) / al * al;
+    c->ld = c->k + (int64_t)(tu_rand(g_seed, c->tag, 6, 0) % 3) * 8;
+}
+
+/* Every combination on ctx; fails the cmocka test on the first bad case.
+ * Then PACKED with 9 to 15 experts (more than a few run at once), each
+ * product run directly and captured into a graph. */
 static void g_run_all(etp_context_t *ctx)
 {
     etp_stream_t *s0, *s1;
     ETP_OK(etp_stream_create(ctx, ETP_STREAM_PRIORITY_NORMAL, &s0));
     ETP_OK(etp_stream_create(ctx, ETP_STREAM_PRIORITY_NORMAL, &s1));
     const etp_gemm_layout_t layouts[] = {ETP_GEMM_DENSE, ETP_GEMM_FIXED_SLOTS, ETP_GEMM_PACKED};
-    const char *lname[] = {"dense", "fixed_slots", "packed"};
-    const char *oname[] = {"forward", "dgrad", "wgrad"};
     uint64_t tag = 1;
     for (int li = 0; li < 3; li++)
         for (int op = 0; op < 3; op++)
@@ -344,20 +403,25 @@ static void g_run_all(etp_context_t *ctx)
                     c.out = oi ? ETP_DTYPE_F32 : ETP_DTYPE_BF16;
                     c.beta = (float)bi;
                     c.experts = c.layout == ETP_GEMM_DENSE ? 1 : 2 + (int64_t)(tu_rand(g_seed, c.tag, 3, 0) % 5);
-                    /* n, k: small, odd or even, not multiples of 16 */
-                    const int64_t al = GEMM_NK_ALIGN;
-                    c.n = (8 + (int64_t)(tu_rand(g_seed, c.tag, 4, 0) % 89)) / al * al;
-                    c.k = (8 + (int64_t)(tu_rand(g_seed, c.tag, 5, 0) % 89)) / al * al;
-                    c.ld = c.k + (int64_t)(tu_rand(g_seed, c.tag, 6, 0) % 3) * 8;
+                    g_random_nk(&c);
                     c.slots = 1 + (int64_t)(tu_rand(g_seed, c.tag, 7, 0) % 40);
-                    const int64_t bad = g_run_case(ctx, s0, s1, &c);
-                    if (bad)
-                        fail_msg("%s %s, %s out, beta %g, experts %lld, n %lld, k %lld, ld %lld, "
-                                 "slots %lld: %lld bad element(s)",
-                                 lname[li], oname[op], oi ? "f32" : "bf16", (double)c.beta,
-                                 (long long)c.experts, (long long)c.n, (long long)c.k,
-                                 (long long)c.ld, (long long)c.slots, (long long)bad);
+                    g_run_checked(ctx, s0, s1, &c);
                 }
+    for (int op = 0; op < 3; op++)
+        for (int bi = 0; bi < (op == ETP_GEMM_WGRAD ? 2 : 1); bi++)
+            for (int gi = 0; gi < 2; gi++) {
+                gcase_t c;
+                memset(&c, 0, sizeof c);
+                c.tag = tag++ * 1000 + (uint64_t)g_rank;
+                c.layout = ETP_GEMM_PACKED;
+                c.op = (etp_gemm_op_t)op;
+                c.out = tu_rand(g_seed, c.tag, 8, 0) % 2 ? ETP_DTYPE_F32 : ETP_DTYPE_BF16;
+                c.beta = (float)bi;
+                c.experts = 9 + (int64_t)(tu_rand(g_seed, c.tag, 3, 0) % 7);
+                g_random_nk(&c);
+                c.graph = gi;
+                g_run_checked(ctx, s0, s1, &c);
+            }
     ETP_OK(etp_stream_destroy(s0));
     ETP_OK(etp_stream_destroy(s1));
 }
