@@ -22,11 +22,13 @@
 #include "ep/ep_rules.h"
 #include "ep_vec.cuh"
 #include "nvl_kernels.h"
+#include "nvl_sync.cuh"
 
 namespace {
 
 using etp_ep_vec::store_bf16;
 using etp_ep_vec::unpack16;
+using namespace etp_nvl_sync;
 
 constexpr int kThreads = 512;
 constexpr int kWarps = kThreads / 32;
@@ -34,98 +36,6 @@ constexpr unsigned kFull = 0xffffffffu;
 /* ranks a warp keeps in registers (per lane: one peer); larger groups are
  * refused by the launcher */
 constexpr int kMaxRanks = 32;
-
-__device__ __forceinline__ uint64_t load_acquire(const uint64_t *p)
-{
-    uint64_t v;
-    asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
-    return v;
-}
-
-__device__ __forceinline__ int64_t now_ns()
-{
-    uint64_t t;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-    return (int64_t)t;
-}
-
-__device__ __forceinline__ uint64_t *sig(const etp__ep_nvl_t &n, int rank)
-{
-    return reinterpret_cast<uint64_t *>(n.peers[rank] + n.sig_off);
-}
-
-/* Wait until *p >= v, at most the timeout; on giving up, record (once per
- * rank) who was waited for. Returns 0 when it gave up. */
-__device__ bool wait_for(const etp__ep_nvl_t &n, const uint64_t *p, uint64_t v, int64_t t0,
-                         int peer, int call, int what)
-{
-    while (load_acquire(p) < v) {
-        if (n.timeout_ns > 0 && now_ns() - t0 > n.timeout_ns) {
-            unsigned long long *f = reinterpret_cast<unsigned long long *>(n.fault);
-            if (atomicCAS(f, 0ull, (unsigned long long)(peer + 1)) == 0ull) {
-                volatile int64_t *vf = n.fault;
-                vf[1] = call;
-                vf[2] = what;
-                __threadfence_system();
-            }
-            return false;
-        }
-        __nanosleep(64);
-    }
-    return true;
-}
-
-/* Every rank's flag word `which` (0: arrived, 1: released) at this rank's
- * index, in each rank's window, gets one more: this block is done. */
-__device__ __forceinline__ void signal_all(const etp__ep_nvl_t &n, int which)
-{
-    __threadfence_system();
-    for (int d = 0; d < n.ranks; d++)
-        atomicAdd_system(reinterpret_cast<unsigned long long *>(sig(n, d) + which * n.ranks + n.me),
-                         1ull);
-}
-
-/* Phase boundaries of a block: threads r < R wait on this rank's word
- * `which` for rank r; ok becomes 0 for the block when any gave up. */
-__device__ bool block_wait(const etp__ep_nvl_t &n, int which, uint64_t v, int call, int what,
-                           int64_t t0)
-{
-    __shared__ int ok;
-    if (threadIdx.x == 0) ok = 1;
-    __syncthreads();
-    if ((int)threadIdx.x < n.ranks) {
-        const uint64_t *w = sig(n, n.me) + which * n.ranks + threadIdx.x;
-        if (!wait_for(n, w, v, t0, (int)threadIdx.x, call, what)) ok = 0;
-    }
-    __syncthreads();
-    return ok != 0;
-}
-
-/* The call's start: its number (counted on the device), the clock its
- * waits are bounded from, and the wait until every peer has released what
- * this rank stored in the previous call. false: gave up (recorded). */
-__device__ bool call_begin(const etp__ep_nvl_t &n, int call, uint64_t *call_no, int64_t *t0)
-{
-    *call_no = n.calls[0] + 1;
-    *t0 = now_ns();
-    return block_wait(n, 1, etp__ep_nvl_mark(*call_no - 1, n.blocks), call, ETP__EP_NVL_WAIT_RELEASE,
-                      *t0);
-}
-
-/* The call's end: this block released what it read; the last block of the
- * rank counts the call. */
-__device__ void block_end(const etp__ep_nvl_t &n, uint64_t call_no)
-{
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        signal_all(n, 1);
-        if (atomicAdd(reinterpret_cast<unsigned long long *>(n.calls + 1), 1ull) ==
-            (unsigned long long)(n.blocks - 1)) {
-            n.calls[1] = 0;
-            n.calls[0] = call_no;
-        }
-    }
-}
 
 __device__ __forceinline__ int64_t tokens_of(const int32_t *t_dev, int64_t t_max)
 {
