@@ -294,6 +294,7 @@ __global__ void __launch_bounds__(kThreads) ll_dispatch_kernel(etp__ep_ll_args_t
     }
     if (!block_barrier(n, call_no, 0, t0)) return;
     if (lead && threadIdx.x == 0) {
+        for (int64_t e = 0; e < L; e++) a.counts[e] = __ldcg(a.counts + e);
         const etp__ep_layout_need_t need = etp__ep_layout_offsets(
             a.counts, a.offsets, L, a.alignment, a.fixed_slots, a.rows_cap);
         stat_max(a.stats, ETP__EP_ST_ROWS_NEEDED, need.needed);
@@ -303,8 +304,9 @@ __global__ void __launch_bounds__(kThreads) ll_dispatch_kernel(etp__ep_ll_args_t
         }
     }
     if (!block_barrier(n, call_no, 1, t0)) return;
+    /* what other blocks wrote before a barrier is read past L1 (__ldcg) */
     for (int64_t e = blockIdx.x; e < L; e += n.blocks) {
-        const int64_t kept = a.counts[e], base = a.offsets[e];
+        const int64_t kept = __ldcg(a.counts + e), base = __ldcg(a.offsets + e);
         int64_t running = 0;
         for (int64_t i0 = 0; i0 < nrecv && running < kept; i0 += kThreads) {
             const int64_t i = i0 + threadIdx.x;
@@ -320,12 +322,16 @@ __global__ void __launch_bounds__(kThreads) ll_dispatch_kernel(etp__ep_ll_args_t
         }
     }
     if (!block_barrier(n, call_no, 2, t0)) return;
-    for (int64_t i = gt; i < nrecv; i += nt) etp__ep_sort_rows(a.recv_row + i * k, k, a.tok_rows + i * k);
+    for (int64_t i = gt; i < nrecv; i += nt) {
+        int32_t rr[kMaxTopk];
+        for (int j = 0; j < k; j++) rr[j] = __ldcg(a.recv_row + i * k + j);
+        etp__ep_sort_rows(rr, k, a.tok_rows + i * k);
+    }
     /* the expand: each row of the layout from its received token row */
     const char *slab = n.peers[me] + n.tok_off;
     const float *recv_w = a.carry ? reinterpret_cast<const float *>(n.peers[me] + a.w_off) : nullptr;
     for (int64_t r = gw; r < a.rows_cap; r += nw) {
-        const int32_t src = a.row_src[r];
+        const int32_t src = __ldcg(a.row_src + r);
         char *o = static_cast<char *>(a.out) + r * in_rb;
         if (lane == 0 && a.out_w) a.out_w[r] = etp__ep_row_weight(recv_w, src);
         if (src < 0)

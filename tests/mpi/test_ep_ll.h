@@ -176,18 +176,23 @@ static inline void ll_check_rows(const gcfg_t *g, const lcfg_t *l, const ll_in_t
     int64_t bad = 0;
     for (int64_t e = 0; e < L; e++) bad += cnt[e] != rf->counts[me][e] || off[e] != rf->offsets[me][e];
     bad += off[L] != rf->offsets[me][L];
+    /* the (source rank, token, slot) each row holds, -1: none */
+    int64_t *src = malloc((size_t)rows * 3 * sizeof *src);
+    for (int64_t r = 0; r < rows; r++) src[3 * r] = -1;
+    for (int s2 = 0; s2 < g->R; s2++)
+        for (int64_t t = 0; t < rf->T[s2]; t++)
+            for (int j = 0; j < k; j++)
+                if (rf->dest[s2][t * k + j] == me && rf->row[s2][t * k + j] >= 0) {
+                    const int64_t r = rf->row[s2][t * k + j];
+                    assert_true(src[3 * r] == -1);
+                    src[3 * r] = s2;
+                    src[3 * r + 1] = t;
+                    src[3 * r + 2] = j;
+                }
     for (int64_t r = 0; r < rows; r++) {
-        int sr = -1;
-        int64_t st = 0;
-        int sj = 0;
-        for (int s2 = 0; s2 < g->R && sr < 0; s2++)
-            for (int64_t t = 0; t < rf->T[s2] && sr < 0; t++)
-                for (int j = 0; j < k; j++)
-                    if (rf->dest[s2][t * k + j] == me && rf->row[s2][t * k + j] == r) {
-                        sr = s2;
-                        st = t;
-                        sj = j;
-                    }
+        const int sr = (int)src[3 * r];
+        const int64_t st = sr < 0 ? 0 : src[3 * r + 1];
+        const int sj = sr < 0 ? 0 : (int)src[3 * r + 2];
         for (int64_t h = 0; h < H; h++) {
             float want = sr < 0 ? 0.0f : ep_tok(tag * 16 + TAG_TOK, (uint64_t)sr, (uint64_t)(st * H + h), 0);
             if (g->dt == ETP_DTYPE_BF16) want = etp__bf16_to_f32(etp__f32_to_bf16(want));
@@ -201,6 +206,7 @@ static inline void ll_check_rows(const gcfg_t *g, const lcfg_t *l, const ll_in_t
     if (bad) print_error("rank %d low-latency dispatch (half %d): %lld wrong values\n", me, v->half,
                          (long long)bad);
     assert_int_equal(bad, 0);
+    free(src);
     free(hr);
     free(hw);
     free(cnt);
