@@ -119,13 +119,24 @@ __device__ __forceinline__ int slot_of(const etp__ep_ll_args_t &a, const int32_t
     return -1;
 }
 
+/* A warp copies rb bytes: 16 bytes a lane, 8 loads in flight (a row is
+ * latency-bound, not bandwidth-bound, at a few rows a warp), else bytes. */
 __device__ void copy_bytes(char *dst, const char *src, int64_t rb, bool vec)
 {
     const int lane = threadIdx.x & 31;
     if (vec) {
         const uint4 *s4 = reinterpret_cast<const uint4 *>(src);
         uint4 *d4 = reinterpret_cast<uint4 *>(dst);
-        for (int64_t c = lane; c < rb / 16; c += 32) d4[c] = s4[c];
+        const int64_t nc = rb / 16;
+        int64_t c = lane;
+        for (; c + 7 * 32 < nc; c += 8 * 32) {
+            uint4 v[8];
+#pragma unroll
+            for (int u = 0; u < 8; u++) v[u] = s4[c + u * 32];
+#pragma unroll
+            for (int u = 0; u < 8; u++) d4[c + u * 32] = v[u];
+        }
+        for (; c < nc; c += 32) d4[c] = s4[c];
     } else {
         for (int64_t b = lane; b < rb; b += 32) dst[b] = src[b];
     }
