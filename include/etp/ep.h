@@ -315,16 +315,23 @@ typedef struct etp_ep_layer_config {
 #define ETP_EP_LAYER_CONFIG_INIT \
     {sizeof(etp_ep_layer_config_t), NULL, 1, 1, ETP_EP_LAYOUT_PACKED, 1, 0, 0, 0}
 
-/* Make a layer handle (local: no communication). Allocates its routing
- * state (ETP_MEM_EP_BUFFERS), pinned host memory for its report (not in the
- * memory report: a few hundred bytes), and an event.
+/* Make a layer handle (local: no communication, except a low-latency layer
+ * on CUDA: its window is registered collectively, so every rank makes the
+ * same low-latency layers in the same order). Allocates its routing state
+ * (ETP_MEM_EP_BUFFERS; a low-latency layer also its two halves and, on
+ * CUDA, its window), pinned host memory for its report (not in the memory
+ * report: a few hundred bytes), and an event.
  * Errors: ETP_ERR_INVALID_ARGUMENT (NULLs, wrong config size, topk out of
- * range, alignment < 0 or not dividing the capacity, bad slots_per_expert),
- * ETP_ERR_OUT_OF_MEMORY, ETP_ERR_ABORTED. */
+ * range, alignment < 0 or not dividing the capacity, bad slots_per_expert,
+ * low_latency not 0 or 1, max_tokens_per_rank out of range or set on an
+ * ordinary layer), ETP_ERR_UNSUPPORTED (a low-latency layer in a group
+ * that is not NVLINK, an MXFP8 group, top-k above 16 or more than 32
+ * ranks), ETP_ERR_OUT_OF_MEMORY, ETP_ERR_ABORTED. */
 ETP_API etp_status_t etp_ep_layer_create(etp_ep_group_t *ep, const etp_ep_layer_config_t *config,
                                          etp_ep_layer_t **layer);
 
-/* Destroy a layer handle; waits for its enqueued work. ETP_ERR_BUSY while
+/* Destroy a layer handle; waits for its enqueued work (collective for a
+ * low-latency layer on CUDA, like its creation). ETP_ERR_BUSY while
  * graphs that captured its calls live; ETP_ERR_INVALID_STATE
  * while a graph capture is in progress on the context (nothing is
  * destroyed). NULL is a no-op. */
