@@ -45,7 +45,6 @@ struct etp__ep_ll {
     int64_t tmax, rows, H;
     int R, k;
     void *mem; /* the halves and the device counters, one allocation */
-    size_t mem_bytes;
     ll_half_t half[2];
     uint64_t *dcalls; /* CUDA: dispatch [0..2], combine [4..5] */
     /* CUDA: the layer's window, as the dispatch and combine kernels see it */
@@ -141,7 +140,6 @@ etp_status_t etp__ep_ll_create(const etp__ep_ll_env_t *env, int64_t t_max, etp__
         free(ll);
         return st;
     }
-    ll->mem_bytes = total;
     for (int h = 0; h < 2; h++) {
         void **p = (void **)&ll->half[h];
         for (size_t i = 0; i < sizeof(ll_half_t) / sizeof(void *); i++)
@@ -229,11 +227,6 @@ void etp__ep_ll_layout(const etp__ep_ll_t *ll, const int32_t **counts, const int
     const ll_half_t *x = &ll->half[ll->dispatches > 0 ? (ll->dispatches - 1) % 2 : 0];
     if (counts) *counts = x->counts;
     if (offsets) *offsets = x->offsets;
-}
-
-size_t etp__ep_ll_bytes(const etp__ep_ll_t *ll)
-{
-    return ll->mem_bytes + ll->win_bytes;
 }
 
 /* ---- dispatch ------------------------------------------------------------ */

@@ -49,8 +49,6 @@ etp_status_t etp__ep_ll_create(const etp__ep_ll_env_t *env, int64_t t_max, etp__
 void etp__ep_ll_destroy(etp__ep_ll_t *ll);
 /* The layout arrays of the last dispatch's half (half 0 before any). */
 void etp__ep_ll_layout(const etp__ep_ll_t *ll, const int32_t **counts, const int32_t **offsets);
-/* The layer's bytes of device memory (its window included), for info. */
-size_t etp__ep_ll_bytes(const etp__ep_ll_t *ll);
 
 /* ep.c's side: the checks every EP call of a layer makes (a stream of the
  * group's context, not inside the trace callback, no batch, the capture
