@@ -9,9 +9,9 @@
  *    the routing and stores this rank's count row into every rank's
  *    window and signals;
  * 2. once every rank's counts are here, the receive-capacity clip
- *    (EXACT's rule) is known everywhere; each warp stores its tokens' rows,
- *    metadata and weights into their destinations' slabs and each block
- *    signals;
+ *    (EXACT's rule) is known everywhere; a warp per (token, destination)
+ *    stores the token's row, metadata and weights into the destination's
+ *    slab, and each block signals;
  * 3. once every block of every rank has stored, the blocks lay out the
  *    received rows (per local expert counts, offsets, rows in (source rank,
  *    token) order; a rank-local block barrier between the steps) and expand
@@ -264,21 +264,22 @@ __global__ void __launch_bounds__(kThreads) ll_dispatch_kernel(etp__ep_ll_args_t
     const int64_t rb = n.tok_row_bytes;
     const int64_t in_rb = a.hidden * etp__ep_esize(a.dtype);
     const int64_t gw = (int64_t)blockIdx.x * kWarps + warp, nw = (int64_t)n.blocks * kWarps;
-    for (int64_t t = gw; t < T; t += nw) {
-        const char *src = static_cast<const char *>(a.tokens) + t * in_rb;
-        for (int d = 0; d < R; d++) {
-            const int p = pos_s[t * R + d];
-            if (p < 0 || p >= acc_s[d]) continue;
-            const int64_t row = etp__ep_nvl_row(me, tm, p);
-            copy_bytes(n.peers[d] + n.tok_off + row * rb, src, in_rb, vec != 0);
-            if (lane == 0)
-                etp__ep_meta_row(a.topk_idx + t * k, sd_s + t * k, k, d, L,
-                                 reinterpret_cast<int32_t *>(n.peers[d] + n.small_off) + row * k);
-            if (a.carry)
-                for (int j = lane; j < k; j += 32)
-                    reinterpret_cast<float *>(n.peers[d] + a.w_off)[row * k + j] =
-                        etp__ep_slot_weight(sd_s + t * k, a.weights + t * k, j, d);
-        }
+    /* a warp per (token, destination): a token's copies go out in parallel */
+    for (int64_t x = gw; x < T * R; x += nw) {
+        const int64_t t = x / R;
+        const int d = (int)(x % R);
+        const int p = pos_s[x];
+        if (p < 0 || p >= acc_s[d]) continue;
+        const int64_t row = etp__ep_nvl_row(me, tm, p);
+        copy_bytes(n.peers[d] + n.tok_off + row * rb, static_cast<const char *>(a.tokens) + t * in_rb,
+                   in_rb, vec != 0);
+        if (lane == 0)
+            etp__ep_meta_row(a.topk_idx + t * k, sd_s + t * k, k, d, L,
+                             reinterpret_cast<int32_t *>(n.peers[d] + n.small_off) + row * k);
+        if (a.carry)
+            for (int j = lane; j < k; j += 32)
+                reinterpret_cast<float *>(n.peers[d] + a.w_off)[row * k + j] =
+                    etp__ep_slot_weight(sd_s + t * k, a.weights + t * k, j, d);
     }
     __syncthreads();
     if (threadIdx.x == 0) signal_all(n, 1);
