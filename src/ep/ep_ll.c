@@ -103,49 +103,53 @@ etp_status_t etp__ep_ll_create(const etp__ep_ll_env_t *env, int64_t t_max, etp__
     const int R = env->R, k = env->k;
     const int64_t L = env->L, rows = env->rows, nrecv = (int64_t)R * T;
     const size_t es = etp_dtype_size(env->dt);
-    /* both halves' arrays, then the device call counters */
-    size_t total = 0;
+    /* both halves' arrays, then the device call counters: sized first,
+     * placed (256-byte aligned) once the one allocation exists */
+    enum { NPARTS = 16 };
+    struct {
+        void **p;
+        size_t bytes;
+    } parts[2 * NPARTS + 1];
+    int np = 0;
     for (int h = 0; h < 2; h++) {
         ll_half_t *x = &ll->half[h];
-        struct {
-            void **p;
-            size_t bytes;
-        } parts[] = {
-            {(void **)&x->t_dev, 4},
-            {(void **)&x->slot_dest, (size_t)(T * k) * 4},
-            {(void **)&x->send_pos, (size_t)(T * R) * 4},
-            {(void **)&x->send_cnt, (size_t)R * 4},
-            {(void **)&x->send_base, (size_t)R * 4},
-            {(void **)&x->C, (size_t)R * R * 4},
-            {(void **)&x->recv_cnt, (size_t)R * 4},
-            {(void **)&x->recv_base, (size_t)R * 4},
-            {(void **)&x->counts, (size_t)L * 4},
-            {(void **)&x->offsets, (size_t)(L + 1) * 4},
-            {(void **)&x->scratch, (size_t)L * 4},
-            {(void **)&x->recv_row, (size_t)(nrecv * k) * 4},
-            {(void **)&x->tok_rows, (size_t)(nrecv * k) * 4},
-            {(void **)&x->row_src, (size_t)rows * 4},
-            {(void **)&x->w, (size_t)rows * 4},
-            {(void **)&x->rows, (size_t)rows * (size_t)ll->H * es},
-        };
-        for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++) {
-            *parts[i].p = (void *)(uintptr_t)total; /* offsets until allocated */
-            total += up256(parts[i].bytes);
-        }
+#define PART(ptr, n)                       \
+    do {                                   \
+        parts[np].p = (void **)(ptr);      \
+        parts[np].bytes = (size_t)(n);     \
+        np++;                              \
+    } while (0)
+        PART(&x->t_dev, 4);
+        PART(&x->slot_dest, T * k * 4);
+        PART(&x->send_pos, T * R * 4);
+        PART(&x->send_cnt, R * 4);
+        PART(&x->send_base, R * 4);
+        PART(&x->C, (int64_t)R * R * 4);
+        PART(&x->recv_cnt, R * 4);
+        PART(&x->recv_base, R * 4);
+        PART(&x->counts, L * 4);
+        PART(&x->offsets, (L + 1) * 4);
+        PART(&x->scratch, L * 4);
+        PART(&x->recv_row, nrecv * k * 4);
+        PART(&x->tok_rows, nrecv * k * 4);
+        PART(&x->row_src, rows * 4);
+        PART(&x->w, rows * 4);
+        PART(&x->rows, (size_t)rows * (size_t)ll->H * es);
     }
-    const size_t calls_off = total;
-    total += up256(8 * sizeof(uint64_t));
+    PART(&ll->dcalls, 8 * sizeof(uint64_t));
+#undef PART
+    size_t total = 0;
+    for (int i = 0; i < np; i++) total += up256(parts[i].bytes);
     etp_status_t st = etp_mem_alloc(env->ctx, total, ETP_MEM_EP_BUFFERS, &ll->mem);
     if (st != ETP_SUCCESS) {
         free(ll);
         return st;
     }
-    for (int h = 0; h < 2; h++) {
-        void **p = (void **)&ll->half[h];
-        for (size_t i = 0; i < sizeof(ll_half_t) / sizeof(void *); i++)
-            p[i] = (char *)ll->mem + (uintptr_t)p[i];
+    size_t place = 0;
+    for (int i = 0; i < np; i++) {
+        *parts[i].p = (char *)ll->mem + place;
+        place += up256(parts[i].bytes);
     }
-    ll->dcalls = (uint64_t *)((char *)ll->mem + calls_off);
     /* zeroed: the rows of a half never dispatched are defined, the counters start at 0 */
     etp_stream_t *zs = NULL;
     st = etp_stream_create(env->ctx, ETP_STREAM_PRIORITY_NORMAL, &zs);

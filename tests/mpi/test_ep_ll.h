@@ -357,6 +357,11 @@ static inline void ll_overlap(ep_fx_t *f, gcfg_t *g, lcfg_t *l, int64_t tll, uin
     assert_int_equal(v[0].half, 0);
     assert_int_equal(v[1].half, 1);
     assert_true(v[0].tokens != v[1].tokens);
+    /* etp_ep_layout: the last dispatch's half */
+    const int32_t *lc = NULL, *lo = NULL;
+    ETP_OK(etp_ep_layout(ly, &lc, &lo));
+    assert_ptr_equal(lc, v[1].counts);
+    assert_ptr_equal(lo, v[1].offsets);
     ll_check_rows(g, l, &in[0], tag, &v[0], s);
     ll_check_rows(g, l, &in[1], tag + 1, &v[1], s);
     /* a third would overwrite dispatch 0's rows before its combine */
