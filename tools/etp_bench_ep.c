@@ -1026,7 +1026,8 @@ static void run_ll_case(bench_t *b, const opts_t *o, case_t *c, etp_group_t *wor
         }
         for (int d = 0; d < R; d++) all_to += hit[d];
     }
-    if (MPI_Allreduce(MPI_IN_PLACE, ecnt, (int)E, MPI_INT64_T, MPI_SUM, MPI_COMM_WORLD) != MPI_SUCCESS)
+    if (MPI_Allreduce(MPI_IN_PLACE, ecnt, (int)E, MPI_INT64_T, MPI_SUM, MPI_COMM_WORLD) !=
+        MPI_SUCCESS)
         die(b, "MPI_Allreduce failed");
     int64_t slots = 1;
     const int64_t cap = layout_capacity(o, c, R, ecnt, &slots);
@@ -1119,7 +1120,8 @@ static void run_ll_case(bench_t *b, const opts_t *o, case_t *c, etp_group_t *wor
         x[0] = bench_timer_us(tm);
         MPI_Barrier(MPI_COMM_WORLD);
         bench_timer_start(tm);
-        BENCH_CHECK(b, etp_ep_dispatch(lyc, tokens, c->dt, wptr, ETP_DTYPE_F32, recv, rwptr, rows, s));
+        BENCH_CHECK(b,
+                    etp_ep_dispatch(lyc, tokens, c->dt, wptr, ETP_DTYPE_F32, recv, rwptr, rows, s));
         bench_timer_stop(tm);
         x[1] = bench_timer_us(tm);
         MPI_Barrier(MPI_COMM_WORLD);
@@ -1152,7 +1154,8 @@ static void run_ll_case(bench_t *b, const opts_t *o, case_t *c, etp_group_t *wor
     const char *sh = c->shape;
     bench_add(b, "capacity: prepare", sh, 0, us[0], 0);
     const double g_d = bench_add(b, "capacity: dispatch (logical)", sh, bytes, us[1], 0)->gbps;
-    const double g_pd = bench_add(b, "capacity: prepare+dispatch (logical)", sh, bytes, pd[0], 0)->gbps;
+    const double g_pd =
+        bench_add(b, "capacity: prepare+dispatch (logical)", sh, bytes, pd[0], 0)->gbps;
     const double g_c = bench_add(b, "capacity: combine (logical)", sh, bytes, us[2], 0)->gbps;
     const double r_pd =
         bench_add(b, "ll dispatch / capacity prepare+dispatch", sh, bytes, us[3], g_pd)->ratio;
@@ -1172,7 +1175,8 @@ static void run_ll_case(bench_t *b, const opts_t *o, case_t *c, etp_group_t *wor
     BENCH_CHECK(b, etp_ep_group_destroy(epc));
     BENCH_CHECK(b, etp_ep_group_destroy(epl));
     void *bufs[] = {tokens, topk_idx, topk_w, recv, recv_w, out, out_ll};
-    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) BENCH_CHECK(b, etp_mem_free(ctx, bufs[i]));
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+        BENCH_CHECK(b, etp_mem_free(ctx, bufs[i]));
     free(idx);
     free(wts);
     free(ecnt);
@@ -1409,7 +1413,8 @@ int etp_bench_ep(bench_t *b, int argc, char **argv)
         }
     if (o.nll > 0 && o.dtype == ETP_EP_TOKEN_MXFP8) {
         if (b->rank == 0)
-            fprintf(stderr, "etp-bench ep: --ll-tokens: low-latency layers move bf16 or f32 tokens\n");
+            fprintf(stderr,
+                    "etp-bench ep: --ll-tokens: low-latency layers move bf16 or f32 tokens\n");
         return 2;
     }
     for (int i = 0; i < o.ntransport; i++)

@@ -27,7 +27,8 @@
 #include "ll_kernels.h"
 #include "nvl_sync.cuh"
 
-namespace {
+namespace
+{
 
 using namespace etp_nvl_sync;
 
@@ -211,8 +212,8 @@ __global__ void __launch_bounds__(kThreads) ll_dispatch_kernel(etp__ep_ll_args_t
             const bool hit = t < tm && ((mask_s[t] >> d) & 1u);
             const unsigned b = __ballot_sync(kFull, hit);
             if (t < tm)
-                pos_s[t * R + d] =
-                    hit ? (int16_t)(running + __popc(b & ((1u << lane) - 1u))) : (int16_t)-1;
+                pos_s[t * R + d] = hit ? (int16_t)(running + __popc(b & ((1u << lane) - 1u)))
+                                       : (int16_t)-1;
             running += __popc(b);
         }
         if (lane == 0) cnt_s[d] = running;
@@ -233,7 +234,8 @@ __global__ void __launch_bounds__(kThreads) ll_dispatch_kernel(etp__ep_ll_args_t
     if (!block_wait(n, 0, call_no, ETP__EP_NVL_LL_DISPATCH, ETP__EP_NVL_WAIT_ARRIVAL, t0)) return;
 
     /* 2. the clip and the stores */
-    const int32_t *C = reinterpret_cast<const int32_t *>(n.peers[me] + a.cnt_off) + (int64_t)par * R * R;
+    const int32_t *C = reinterpret_cast<const int32_t *>(n.peers[me] + a.cnt_off) +
+                       (int64_t)par * R * R;
     if (threadIdx.x < R) {
         const int d = threadIdx.x;
         acc_s[d] = (int32_t)etp__ep_accepted(C, R, a.tok_cap, me, d);
@@ -258,7 +260,8 @@ __global__ void __launch_bounds__(kThreads) ll_dispatch_kernel(etp__ep_ll_args_t
             const bool kept = p >= 0 && p < acc_s[d];
             a.send_pos[x] = kept ? p : -1;
             if (p >= 0 && !kept)
-                stat_add(a.stats, ETP__EP_ST_TRANSPORT_DROPPED, etp__ep_slots_to(sd_s + t * k, k, d));
+                stat_add(a.stats, ETP__EP_ST_TRANSPORT_DROPPED,
+                         etp__ep_slots_to(sd_s + t * k, k, d));
         }
     }
     const int64_t rb = n.tok_row_bytes;
@@ -271,8 +274,8 @@ __global__ void __launch_bounds__(kThreads) ll_dispatch_kernel(etp__ep_ll_args_t
         const int p = pos_s[x];
         if (p < 0 || p >= acc_s[d]) continue;
         const int64_t row = etp__ep_nvl_row(me, tm, p);
-        copy_bytes(n.peers[d] + n.tok_off + row * rb, static_cast<const char *>(a.tokens) + t * in_rb,
-                   in_rb, vec != 0);
+        copy_bytes(n.peers[d] + n.tok_off + row * rb,
+                   static_cast<const char *>(a.tokens) + t * in_rb, in_rb, vec != 0);
         if (lane == 0)
             etp__ep_meta_row(a.topk_idx + t * k, sd_s + t * k, k, d, L,
                              reinterpret_cast<int32_t *>(n.peers[d] + n.small_off) + row * k);
@@ -290,7 +293,8 @@ __global__ void __launch_bounds__(kThreads) ll_dispatch_kernel(etp__ep_ll_args_t
     /* 3. the layout (layout_count / offsets / assign / sort of ep.cu) */
     const int32_t *meta = reinterpret_cast<const int32_t *>(n.peers[me] + n.small_off);
     const int64_t nrecv = (int64_t)R * tm;
-    const int64_t gt = (int64_t)blockIdx.x * kThreads + threadIdx.x, nt = (int64_t)n.blocks * kThreads;
+    const int64_t gt = (int64_t)blockIdx.x * kThreads + threadIdx.x,
+                  nt = (int64_t)n.blocks * kThreads;
     for (int64_t x = gt; x < nrecv * k; x += nt) a.recv_row[x] = -1;
     for (int64_t r = gt; r < a.rows_cap; r += nt) a.row_src[r] = -1;
     for (int64_t e = blockIdx.x; e < L; e += n.blocks) {
@@ -307,8 +311,9 @@ __global__ void __launch_bounds__(kThreads) ll_dispatch_kernel(etp__ep_ll_args_t
     if (!block_barrier(n, call_no, 0, t0)) return;
     if (lead && threadIdx.x == 0) {
         for (int64_t e = 0; e < L; e++) a.counts[e] = __ldcg(a.counts + e);
-        const etp__ep_layout_need_t need = etp__ep_layout_offsets(
-            a.counts, a.offsets, L, a.alignment, a.fixed_slots, a.rows_cap);
+        const etp__ep_layout_need_t need = etp__ep_layout_offsets(a.counts, a.offsets, L,
+                                                                  a.alignment, a.fixed_slots,
+                                                                  a.rows_cap);
         stat_max(a.stats, ETP__EP_ST_ROWS_NEEDED, need.needed);
         if (need.dropped) {
             stat_add(a.stats, ETP__EP_ST_ROWS_DROPPED, need.dropped);
@@ -341,7 +346,8 @@ __global__ void __launch_bounds__(kThreads) ll_dispatch_kernel(etp__ep_ll_args_t
     }
     /* the expand: each row of the layout from its received token row */
     const char *slab = n.peers[me] + n.tok_off;
-    const float *recv_w = a.carry ? reinterpret_cast<const float *>(n.peers[me] + a.w_off) : nullptr;
+    const float *recv_w = a.carry ? reinterpret_cast<const float *>(n.peers[me] + a.w_off)
+                                  : nullptr;
     for (int64_t r = gw; r < a.rows_cap; r += nw) {
         const int32_t src = __ldcg(a.row_src + r);
         char *o = static_cast<char *>(a.out) + r * in_rb;
@@ -353,9 +359,8 @@ __global__ void __launch_bounds__(kThreads) ll_dispatch_kernel(etp__ep_ll_args_t
     }
     /* the call is done when every block is */
     __syncthreads();
-    if (threadIdx.x == 0 &&
-        atomicAdd(reinterpret_cast<unsigned long long *>(n.calls + 1), 1ull) ==
-            (unsigned long long)(n.blocks - 1)) {
+    if (threadIdx.x == 0 && atomicAdd(reinterpret_cast<unsigned long long *>(n.calls + 1), 1ull) ==
+                                (unsigned long long)(n.blocks - 1)) {
         n.calls[1] = 0;
         n.calls[0] = call_no;
     }
@@ -374,10 +379,11 @@ extern "C" cudaError_t etp__cuda_ll_dispatch(cudaStream_t s, const etp__ep_ll_ar
         return cudaErrorInvalidValue;
     const int64_t rb = a->hidden * etp__ep_esize(a->dtype);
     /* 16-byte rows and buffers: vector copies (else bytes) */
-    const int vec = rb % 16 == 0 && (a->tokens == nullptr || aligned16(a->tokens)) && aligned16(a->out);
+    const int vec = rb % 16 == 0 && (a->tokens == nullptr || aligned16(a->tokens)) &&
+                    aligned16(a->out);
     etp__ep_ll_args_t copy = *a;
     int v = vec;
     void *args[] = {&copy, &v};
-    return cudaLaunchKernel(reinterpret_cast<const void *>(ll_dispatch_kernel), dim3((unsigned)a->nvl.blocks),
-                            dim3(kThreads), args, 0, s);
+    return cudaLaunchKernel(reinterpret_cast<const void *>(ll_dispatch_kernel),
+                            dim3((unsigned)a->nvl.blocks), dim3(kThreads), args, 0, s);
 }

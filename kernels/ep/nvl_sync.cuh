@@ -13,7 +13,8 @@
 
 #include "ep/ep_rules.h"
 
-namespace etp_nvl_sync {
+namespace etp_nvl_sync
+{
 
 static __device__ __forceinline__ uint64_t load_acquire(const uint64_t *p)
 {
@@ -37,7 +38,7 @@ static __device__ __forceinline__ uint64_t *sig(const etp__ep_nvl_t &n, int rank
 /* Wait until *p >= v, at most the timeout; on giving up, record (once per
  * rank) who was waited for. Returns 0 when it gave up. */
 static __device__ bool wait_for(const etp__ep_nvl_t &n, const uint64_t *p, uint64_t v, int64_t t0,
-                         int peer, int call, int what)
+                                int peer, int call, int what)
 {
     while (load_acquire(p) < v) {
         if (n.timeout_ns > 0 && now_ns() - t0 > n.timeout_ns) {
@@ -68,7 +69,7 @@ static __device__ __forceinline__ void signal_all(const etp__ep_nvl_t &n, int wh
 /* Phase boundaries of a block: threads r < R wait on this rank's word
  * `which` for rank r; ok becomes 0 for the block when any gave up. */
 static __device__ bool block_wait(const etp__ep_nvl_t &n, int which, uint64_t v, int call, int what,
-                           int64_t t0)
+                                  int64_t t0)
 {
     __shared__ int ok;
     if (threadIdx.x == 0) ok = 1;
@@ -88,8 +89,8 @@ static __device__ bool call_begin(const etp__ep_nvl_t &n, int call, uint64_t *ca
 {
     *call_no = n.calls[0] + 1;
     *t0 = now_ns();
-    return block_wait(n, 1, etp__ep_nvl_mark(*call_no - 1, n.blocks), call, ETP__EP_NVL_WAIT_RELEASE,
-                      *t0);
+    return block_wait(n, 1, etp__ep_nvl_mark(*call_no - 1, n.blocks), call,
+                      ETP__EP_NVL_WAIT_RELEASE, *t0);
 }
 
 /* The call's end: this block released what it read; the last block of the

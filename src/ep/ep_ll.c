@@ -76,17 +76,18 @@ etp_status_t etp__ep_ll_create(const etp__ep_ll_env_t *env, int64_t t_max, etp__
     if (env->mx)
         return etp__err(ETP_ERR_UNSUPPORTED,
                         "%s: low-latency layers move bf16 or f32 tokens (the group dispatches "
-                        "MXFP8)", fn);
+                        "MXFP8)",
+                        fn);
     if (env->k > ETP__EP_LL_MAX_TOPK || env->R > ETP__EP_LL_MAX_RANKS)
         return etp__err(ETP_ERR_UNSUPPORTED,
                         "%s: top-k %d and %d ranks: low-latency layers take top-k up to %d and "
-                        "up to %d ranks", fn, env->k, env->R, ETP__EP_LL_MAX_TOPK,
-                        ETP__EP_LL_MAX_RANKS);
+                        "up to %d ranks",
+                        fn, env->k, env->R, ETP__EP_LL_MAX_TOPK, ETP__EP_LL_MAX_RANKS);
     const int64_t T = t_max ? t_max : gmax;
     ETP__CHECK_ARG(t_max >= 0 && T <= gmax && T <= ETP_EP_LL_MAX_TOKENS,
                    "%s: max_tokens_per_rank %lld: a low-latency layer takes 1 .. min(%d, the "
-                   "group's max_tokens_per_rank %lld) tokens a rank (0: the group's)", fn,
-                   (long long)t_max, ETP_EP_LL_MAX_TOKENS, (long long)gmax);
+                   "group's max_tokens_per_rank %lld) tokens a rank (0: the group's)",
+                   fn, (long long)t_max, ETP_EP_LL_MAX_TOKENS, (long long)gmax);
 
     etp__ep_ll_t *ll = calloc(1, sizeof *ll);
     if (!ll) return etp__err(ETP_ERR_OUT_OF_MEMORY, "%s: out of host memory", fn);
@@ -113,11 +114,11 @@ etp_status_t etp__ep_ll_create(const etp__ep_ll_env_t *env, int64_t t_max, etp__
     int np = 0;
     for (int h = 0; h < 2; h++) {
         ll_half_t *x = &ll->half[h];
-#define PART(ptr, n)                       \
-    do {                                   \
-        parts[np].p = (void **)(ptr);      \
-        parts[np].bytes = (size_t)(n);     \
-        np++;                              \
+#define PART(ptr, n)                   \
+    do {                               \
+        parts[np].p = (void **)(ptr);  \
+        parts[np].bytes = (size_t)(n); \
+        np++;                          \
     } while (0)
         PART(&x->t_dev, 4);
         PART(&x->slot_dest, T * k * 4);
@@ -161,7 +162,8 @@ etp_status_t etp__ep_ll_create(const etp__ep_ll_env_t *env, int64_t t_max, etp__
         /* the window: dispatch's flags and count rows, its metadata, weight
          * and token slabs; combine's flags and slabs (ep_args.h) */
         const size_t tok_row = ((size_t)ll->H * es + 15) / 16 * 16;
-        const size_t part_row = ((size_t)ll->H * (env->wire == ETP__EP_BF16 ? 2 : 4) + 15) / 16 * 16;
+        const size_t part_row = ((size_t)ll->H * (env->wire == ETP__EP_BF16 ? 2 : 4) + 15) / 16 *
+                                16;
         size_t off = 0;
         etp__ep_nvl_t *nv = &ll->nv;
         nv->sig_off = off;
@@ -255,34 +257,75 @@ static etp_status_t dispatch_host(const etp__ep_ll_env_t *env, etp__ep_ll_t *ll,
     const etp__ep_kernels_t *kt = env->kt;
     etp__be_t *be = env->be;
     const int R = env->R, k = env->k;
-    etp__ep_route_args_t ra = {
-        .topk_idx = a->topk_idx, .t_in = a->num_tokens_dev, .t_value = a->num_tokens,
-        .t_dev = x->t_dev, .t_max = ll->tmax, .num_experts = env->cfg->num_experts,
-        .local_experts = env->L, .slab = ll->tmax, .k = k, .ranks = R, .exact = 0,
-        .slab_report = 0, .slot_dest = x->slot_dest, .send_pos = x->send_pos,
-        .send_cnt = x->send_cnt, .send_base = x->send_base, .send_meta = env->send_small,
-        .stats = env->stats};
+    etp__ep_route_args_t ra = {.topk_idx = a->topk_idx,
+                               .t_in = a->num_tokens_dev,
+                               .t_value = a->num_tokens,
+                               .t_dev = x->t_dev,
+                               .t_max = ll->tmax,
+                               .num_experts = env->cfg->num_experts,
+                               .local_experts = env->L,
+                               .slab = ll->tmax,
+                               .k = k,
+                               .ranks = R,
+                               .exact = 0,
+                               .slab_report = 0,
+                               .slot_dest = x->slot_dest,
+                               .send_pos = x->send_pos,
+                               .send_cnt = x->send_cnt,
+                               .send_base = x->send_base,
+                               .send_meta = env->send_small,
+                               .stats = env->stats};
     ETP__TRY(kt->route(be, s->bs, &ra));
-    ETP__TRY(etp_allgather(env->group, env->cfg->role, x->send_cnt, x->C, (size_t)R, ETP_DTYPE_I32, s));
-    etp__ep_clip_args_t ca = {.C = x->C, .t_dev = x->t_dev, .slot_dest = x->slot_dest,
-                              .t_max = ll->tmax, .tok_cap = env->tok_cap, .k = k, .ranks = R,
-                              .me = env->rank, .send_pos = x->send_pos, .stats = env->stats};
+    ETP__TRY(
+        etp_allgather(env->group, env->cfg->role, x->send_cnt, x->C, (size_t)R, ETP_DTYPE_I32, s));
+    etp__ep_clip_args_t ca = {.C = x->C,
+                              .t_dev = x->t_dev,
+                              .slot_dest = x->slot_dest,
+                              .t_max = ll->tmax,
+                              .tok_cap = env->tok_cap,
+                              .k = k,
+                              .ranks = R,
+                              .me = env->rank,
+                              .send_pos = x->send_pos,
+                              .stats = env->stats};
     ETP__TRY(kt->clip(be, s->bs, &ca));
     ETP__TRY(slabs(env, ll, env->send_small, env->recv_small, k, ETP_DTYPE_I32, s));
-    etp__ep_layout_args_t la = {
-        .C = x->C, .recv_meta = env->recv_small, .tok_cap = env->tok_cap,
-        .recv_rows = (int64_t)R * ll->tmax, .slab = ll->tmax, .rows_cap = env->rows,
-        .local_experts = env->L, .alignment = env->align, .fixed_slots = env->slots, .k = k,
-        .ranks = R, .me = env->rank, .exact = 0, .recv_cnt = x->recv_cnt,
-        .recv_base = x->recv_base, .counts = x->counts, .offsets = x->offsets,
-        .recv_row = x->recv_row, .tok_rows = x->tok_rows, .row_src = x->row_src,
-        .scratch = x->scratch, .stats = env->stats};
+    etp__ep_layout_args_t la = {.C = x->C,
+                                .recv_meta = env->recv_small,
+                                .tok_cap = env->tok_cap,
+                                .recv_rows = (int64_t)R * ll->tmax,
+                                .slab = ll->tmax,
+                                .rows_cap = env->rows,
+                                .local_experts = env->L,
+                                .alignment = env->align,
+                                .fixed_slots = env->slots,
+                                .k = k,
+                                .ranks = R,
+                                .me = env->rank,
+                                .exact = 0,
+                                .recv_cnt = x->recv_cnt,
+                                .recv_base = x->recv_base,
+                                .counts = x->counts,
+                                .offsets = x->offsets,
+                                .recv_row = x->recv_row,
+                                .tok_rows = x->tok_rows,
+                                .row_src = x->row_src,
+                                .scratch = x->scratch,
+                                .stats = env->stats};
     ETP__TRY(kt->layout(be, s->bs, &la));
-    etp__ep_pack_args_t pa = {
-        .tokens = a->tokens, .weights = carry ? a->topk_weights : NULL, .t_dev = x->t_dev,
-        .slot_dest = x->slot_dest, .send_pos = x->send_pos, .send_base = x->send_base,
-        .t_max = ll->tmax, .hidden = ll->H, .k = k, .ranks = R, .dtype = (int)env->dt,
-        .send_tok = env->send_tok, .send_w = carry ? env->send_small : NULL};
+    etp__ep_pack_args_t pa = {.tokens = a->tokens,
+                              .weights = carry ? a->topk_weights : NULL,
+                              .t_dev = x->t_dev,
+                              .slot_dest = x->slot_dest,
+                              .send_pos = x->send_pos,
+                              .send_base = x->send_base,
+                              .t_max = ll->tmax,
+                              .hidden = ll->H,
+                              .k = k,
+                              .ranks = R,
+                              .dtype = (int)env->dt,
+                              .send_tok = env->send_tok,
+                              .send_w = carry ? env->send_small : NULL};
     ETP__TRY(kt->pack(be, s->bs, &pa));
     ETP__TRY(etp_batch_begin(env->ctx));
     etp_status_t st = slabs(env, ll, env->send_tok, env->recv_tok, ll->H, env->dt, s);
@@ -291,9 +334,14 @@ static etp_status_t dispatch_host(const etp__ep_ll_env_t *env, etp__ep_ll_t *ll,
     const etp_status_t st_end = etp_batch_end(env->ctx);
     ETP__TRY(st);
     ETP__TRY(st_end);
-    etp__ep_expand_args_t xa = {.recv_tok = env->recv_tok, .recv_w = carry ? env->recv_small : NULL,
-                                .row_src = x->row_src, .rows = env->rows, .hidden = ll->H,
-                                .k = k, .dtype = (int)env->dt, .out = x->rows,
+    etp__ep_expand_args_t xa = {.recv_tok = env->recv_tok,
+                                .recv_w = carry ? env->recv_small : NULL,
+                                .row_src = x->row_src,
+                                .rows = env->rows,
+                                .hidden = ll->H,
+                                .k = k,
+                                .dtype = (int)env->dt,
+                                .out = x->rows,
                                 .out_w = carry ? x->w : NULL};
     return kt->expand(be, s->bs, &xa);
 }
@@ -301,18 +349,39 @@ static etp_status_t dispatch_host(const etp__ep_ll_env_t *env, etp__ep_ll_t *ll,
 static etp_status_t dispatch_fused(const etp__ep_ll_env_t *env, etp__ep_ll_t *ll, ll_half_t *x,
                                    const etp_ep_ll_dispatch_args_t *a, int carry, etp_stream_t *s)
 {
-    etp__ep_ll_args_t la = {
-        .nvl = ll->nv, .cnt_off = ll->cnt_off, .w_off = ll->w_off, .topk_idx = a->topk_idx,
-        .t_in = a->num_tokens_dev, .t_value = a->num_tokens, .tokens = a->tokens,
-        .weights = carry ? a->topk_weights : NULL, .num_experts = env->cfg->num_experts,
-        .local_experts = env->L, .tok_cap = env->tok_cap, .hidden = ll->H,
-        .rows_cap = env->rows, .alignment = env->align, .fixed_slots = env->slots, .k = env->k,
-        .dtype = (int)env->dt, .carry = carry, .t_dev = x->t_dev, .slot_dest = x->slot_dest,
-        .send_pos = x->send_pos, .send_cnt = x->send_cnt, .send_base = x->send_base,
-        .recv_cnt = x->recv_cnt, .recv_base = x->recv_base, .counts = x->counts,
-        .offsets = x->offsets, .recv_row = x->recv_row, .tok_rows = x->tok_rows,
-        .row_src = x->row_src, .out = x->rows, .out_w = carry ? x->w : NULL,
-        .stats = env->stats};
+    etp__ep_ll_args_t la = {.nvl = ll->nv,
+                            .cnt_off = ll->cnt_off,
+                            .w_off = ll->w_off,
+                            .topk_idx = a->topk_idx,
+                            .t_in = a->num_tokens_dev,
+                            .t_value = a->num_tokens,
+                            .tokens = a->tokens,
+                            .weights = carry ? a->topk_weights : NULL,
+                            .num_experts = env->cfg->num_experts,
+                            .local_experts = env->L,
+                            .tok_cap = env->tok_cap,
+                            .hidden = ll->H,
+                            .rows_cap = env->rows,
+                            .alignment = env->align,
+                            .fixed_slots = env->slots,
+                            .k = env->k,
+                            .dtype = (int)env->dt,
+                            .carry = carry,
+                            .t_dev = x->t_dev,
+                            .slot_dest = x->slot_dest,
+                            .send_pos = x->send_pos,
+                            .send_cnt = x->send_cnt,
+                            .send_base = x->send_base,
+                            .recv_cnt = x->recv_cnt,
+                            .recv_base = x->recv_base,
+                            .counts = x->counts,
+                            .offsets = x->offsets,
+                            .recv_row = x->recv_row,
+                            .tok_rows = x->tok_rows,
+                            .row_src = x->row_src,
+                            .out = x->rows,
+                            .out_w = carry ? x->w : NULL,
+                            .stats = env->stats};
     return env->kt->ll_dispatch(env->be, s->bs, &la);
 }
 
@@ -334,27 +403,30 @@ static etp_status_t ll_dispatch(etp_ep_layer_t *ly, const etp_ep_ll_dispatch_arg
     if (a.num_tokens == ETP_EP_TOKENS_ON_DEVICE && !dev)
         return etp__err(ETP_ERR_INVALID_ARGUMENT,
                         "%s: num_tokens is ETP_EP_TOKENS_ON_DEVICE but num_tokens_dev is NULL "
-                        "(EP layer '%s')", fn, env.layer_name);
+                        "(EP layer '%s')",
+                        fn, env.layer_name);
     if (dev)
         ETP__CHECK_ARG(a.num_tokens == ETP_EP_TOKENS_ON_DEVICE,
-                       "%s: num_tokens %lld with num_tokens_dev (pass ETP_EP_TOKENS_ON_DEVICE)",
-                       fn, (long long)a.num_tokens);
+                       "%s: num_tokens %lld with num_tokens_dev (pass ETP_EP_TOKENS_ON_DEVICE)", fn,
+                       (long long)a.num_tokens);
     else
         ETP__CHECK_ARG(a.num_tokens >= 0 && a.num_tokens <= ll->tmax,
                        "%s: num_tokens %lld not in [0, max_tokens_per_rank %lld] of low-latency "
-                       "EP layer '%s'", fn, (long long)a.num_tokens, (long long)ll->tmax,
-                       env.layer_name);
+                       "EP layer '%s'",
+                       fn, (long long)a.num_tokens, (long long)ll->tmax, env.layer_name);
     /* token-side arrays: NULL only when empty (T = 0 on the host) */
     const int empty = !dev && a.num_tokens == 0;
-    ETP__CHECK_ARG(empty || a.topk_idx, "%s: argument 'topk_idx' is NULL with %s tokens (EP layer '%s')",
-                   fn, dev ? "a device count of" : "nonzero", env.layer_name);
-    ETP__CHECK_ARG(empty || a.tokens, "%s: argument 'tokens' is NULL with %s tokens (EP layer '%s')",
-                   fn, dev ? "a device count of" : "nonzero", env.layer_name);
+    ETP__CHECK_ARG(empty || a.topk_idx,
+                   "%s: argument 'topk_idx' is NULL with %s tokens (EP layer '%s')", fn,
+                   dev ? "a device count of" : "nonzero", env.layer_name);
+    ETP__CHECK_ARG(empty || a.tokens,
+                   "%s: argument 'tokens' is NULL with %s tokens (EP layer '%s')", fn,
+                   dev ? "a device count of" : "nonzero", env.layer_name);
     if (env.weighted) {
         ETP__CHECK_ARG(empty || a.topk_weights,
                        "%s: argument 'topk_weights' is NULL, but EP layer '%s' is weighted and "
-                       "this rank has %s tokens", fn, env.layer_name,
-                       dev ? "a device count of" : "nonzero");
+                       "this rank has %s tokens",
+                       fn, env.layer_name, dev ? "a device count of" : "nonzero");
         ETP__CHECK_ARG(!a.topk_weights || a.weights_dtype == ETP_DTYPE_F32,
                        "%s: topk_weights has dtype %s (expected f32)", fn,
                        etp_dtype_name(a.weights_dtype));
@@ -363,8 +435,8 @@ static etp_status_t ll_dispatch(etp_ep_layer_t *ly, const etp_ep_ll_dispatch_arg
         return etp__err(ETP_ERR_INVALID_STATE,
                         "%s: low-latency EP layer '%s' has two dispatches awaiting their combine: "
                         "a third would overwrite the rows of dispatch %lld, which its combine "
-                        "still reads (combine it first)", fn, env.layer_name,
-                        (long long)(ll->dispatches - 2));
+                        "still reads (combine it first)",
+                        fn, env.layer_name, (long long)(ll->dispatches - 2));
     const int h = (int)(ll->dispatches % 2);
     ll_half_t *x = &ll->half[h];
     const int carry = env.weighted;
@@ -375,8 +447,8 @@ static etp_status_t ll_dispatch(etp_ep_layer_t *ly, const etp_ep_ll_dispatch_arg
     etp__ep_ll_trace(ly, ETP_TRACE_EP_DISPATCH_EXPAND, s);
     etp__ep_ll_trace(ly, ETP_TRACE_EP_DISPATCH_END, s);
     /* the counters' mirror, as prepare's */
-    ETP__TRY(etp_memcpy_async(s, (void *)env.host_stats, env.stats,
-                              ETP__EP_ST_COUNT * sizeof(int64_t)));
+    ETP__TRY(
+        etp_memcpy_async(s, (void *)env.host_stats, env.stats, ETP__EP_ST_COUNT * sizeof(int64_t)));
     ETP__TRY(etp_event_record(env.prep_ev, s));
     *env.prepared_once = 1;
     ll->t_host[h] = dev ? -1 : a.num_tokens;
@@ -426,30 +498,51 @@ static etp_status_t ll_combine(etp_ep_layer_t *ly, const void *expert_out, etp_d
     if (!out && ll->t_host[h] != 0)
         return etp__err(ETP_ERR_INVALID_ARGUMENT,
                         "%s: argument 'out' is NULL; the dispatch it combines had %s tokens on "
-                        "this rank (NULL only for 0; EP layer '%s')", fn,
-                        ll->t_host[h] < 0 ? "a device count of" : "nonzero", env.layer_name);
+                        "this rank (NULL only for 0; EP layer '%s')",
+                        fn, ll->t_host[h] < 0 ? "a device count of" : "nonzero", env.layer_name);
     const float *row_w = env.weighted ? x->w : NULL;
     etp__ep_ll_trace(ly, ETP_TRACE_EP_COMBINE_PRESUM, s);
     etp__ep_ll_trace(ly, ETP_TRACE_EP_COMBINE_EXCHANGE, s);
     if (env.fused) {
-        etp__ep_e2t_args_t ea = {
-            .nvl = ll->e2t, .call = ETP__EP_NVL_LL_COMBINE, .in = expert_out, .row_w = row_w,
-            .tok_rows = x->tok_rows, .recv_cnt = x->recv_cnt, .recv_row = x->recv_row,
-            .hidden = ll->H, .k = env.k, .dtype = (int)env.dt, .wire = env.wire,
-            .t_dev = x->t_dev, .slot_dest = x->slot_dest, .send_pos = x->send_pos,
-            .send_base = x->send_base, .out = out};
+        etp__ep_e2t_args_t ea = {.nvl = ll->e2t,
+                                 .call = ETP__EP_NVL_LL_COMBINE,
+                                 .in = expert_out,
+                                 .row_w = row_w,
+                                 .tok_rows = x->tok_rows,
+                                 .recv_cnt = x->recv_cnt,
+                                 .recv_row = x->recv_row,
+                                 .hidden = ll->H,
+                                 .k = env.k,
+                                 .dtype = (int)env.dt,
+                                 .wire = env.wire,
+                                 .t_dev = x->t_dev,
+                                 .slot_dest = x->slot_dest,
+                                 .send_pos = x->send_pos,
+                                 .send_base = x->send_base,
+                                 .out = out};
         ETP__TRY(env.kt->nvl_e2t(env.be, s->bs, &ea));
     } else {
-        etp__ep_presum_args_t pa = {.in = expert_out, .row_w = row_w, .tok_rows = x->tok_rows,
-                                    .ntok = (int64_t)env.R * ll->tmax, .hidden = ll->H,
-                                    .k = env.k, .dtype = (int)env.dt, .wire = env.wire,
+        etp__ep_presum_args_t pa = {.in = expert_out,
+                                    .row_w = row_w,
+                                    .tok_rows = x->tok_rows,
+                                    .ntok = (int64_t)env.R * ll->tmax,
+                                    .hidden = ll->H,
+                                    .k = env.k,
+                                    .dtype = (int)env.dt,
+                                    .wire = env.wire,
                                     .partial = env.recv_tok};
         ETP__TRY(env.kt->presum(env.be, s->bs, &pa));
         ETP__TRY(slabs(&env, ll, env.recv_tok, env.send_tok, ll->H, env.cfg->combine_wire, s));
-        etp__ep_reduce_args_t ra = {.partial = env.send_tok, .t_dev = x->t_dev,
-                                    .send_pos = x->send_pos, .send_base = x->send_base,
-                                    .t_max = ll->tmax, .hidden = ll->H, .ranks = env.R,
-                                    .dtype = (int)env.dt, .wire = env.wire, .out = out};
+        etp__ep_reduce_args_t ra = {.partial = env.send_tok,
+                                    .t_dev = x->t_dev,
+                                    .send_pos = x->send_pos,
+                                    .send_base = x->send_base,
+                                    .t_max = ll->tmax,
+                                    .hidden = ll->H,
+                                    .ranks = env.R,
+                                    .dtype = (int)env.dt,
+                                    .wire = env.wire,
+                                    .out = out};
         ETP__TRY(env.kt->reduce(env.be, s->bs, &ra));
     }
     etp__ep_ll_trace(ly, ETP_TRACE_EP_COMBINE_SUM, s);

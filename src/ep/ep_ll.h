@@ -27,7 +27,7 @@ typedef struct {
     int nvl, fused; /* NVLINK; NVLINK through peer stores (CUDA) */
     int mx;
     etp_dtype_t dt;
-    int wire;       /* ETP__EP_F32 / ETP__EP_BF16 */
+    int wire; /* ETP__EP_F32 / ETP__EP_BF16 */
     int64_t L, tok_cap;
     void *send_tok, *recv_tok, *send_small, *recv_small; /* the group's buffers (host path) */
     int k, weighted;

@@ -166,8 +166,8 @@ static void test_ll_steps(void **state)
                 lcfg_t l = {.k = k, .align = (ki + layout) % 2 ? 16 : 1, .weighted = weighted,
                             .layout = layout ? ETP_EP_LAYOUT_FIXED_SLOTS : ETP_EP_LAYOUT_PACKED};
                 const int64_t tll = v % 2 ? 128 : 0; /* 0: the group's 200 */
-                ll_opts_t o = {.route = v % 3 == 2 ? ROUTE_BAD : v % 2 ? ROUTE_SKEWED : ROUTE_UNIFORM,
-                               .exact = 1, .report = 1};
+                const int route = v % 3 == 2 ? ROUTE_BAD : v % 2 ? ROUTE_SKEWED : ROUTE_UNIFORM;
+                ll_opts_t o = {.route = route, .exact = 1, .report = 1};
                 ll_steps(f, &g, &l, tll, tag, 3, &o);
                 o.device_T = 1;
                 o.exact = 0;

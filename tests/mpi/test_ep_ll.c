@@ -45,10 +45,14 @@ static void test_ll_matrix(void **state)
                 const etp_dtype_t dt = v % 2 ? ETP_DTYPE_BF16 : ETP_DTYPE_F32;
                 gcfg_t g = ll_cfg(ep_experts_for(k), 20 + 4 * ki, k, dt);
                 if (dt == ETP_DTYPE_BF16 && (ki + layout) % 2) g.wire = ETP_DTYPE_BF16;
-                lcfg_t l = {.k = k, .align = (ki + layout) % 2 ? 4 : 1, .weighted = weighted,
+                lcfg_t l = {.k = k,
+                            .align = (ki + layout) % 2 ? 4 : 1,
+                            .weighted = weighted,
                             .layout = layout ? ETP_EP_LAYOUT_FIXED_SLOTS : ETP_EP_LAYOUT_PACKED};
                 const int64_t tll = (v % 3) == 0 ? 0 : 9; /* 0: the group's 13 */
-                ll_opts_t o = {.route = v % 2 ? ROUTE_SKEWED : ROUTE_UNIFORM, .exact = 1, .report = 1};
+                ll_opts_t o = {.route = v % 2 ? ROUTE_SKEWED : ROUTE_UNIFORM,
+                               .exact = 1,
+                               .report = 1};
                 ll_steps(f, &g, &l, tll, tag, 1, &o);
                 o.exact = 0;
                 ll_steps(f, &g, &l, tll, tag + 10, 3, &o);
@@ -70,7 +74,9 @@ static void test_ll_edges(void **state)
     const int64_t *Ts[3] = {zeros, one, alt};
     for (int v = 0; v < 6; v++) {
         gcfg_t g = ll_cfg(ep_experts_for(2), 16, 2, v % 2 ? ETP_DTYPE_BF16 : ETP_DTYPE_F32);
-        lcfg_t l = {.k = 2, .align = 2, .weighted = v / 3 == 0,
+        lcfg_t l = {.k = 2,
+                    .align = 2,
+                    .weighted = v / 3 == 0,
                     .layout = v % 3 == 2 ? ETP_EP_LAYOUT_FIXED_SLOTS : ETP_EP_LAYOUT_PACKED};
         ll_opts_t o = {.route = ROUTE_UNIFORM, .fixed_T = Ts[v % 3], .exact = v < 3, .report = 1};
         ll_steps(f, &g, &l, 9, tag, 2, &o);
@@ -81,7 +87,9 @@ static void test_ll_edges(void **state)
         /* tight: few rows, and a receive buffer of fewer token rows than
          * arrive (v >= 2) */
         g.cap = 4 * (g.L + 1);
-        lcfg_t l = {.k = 3, .align = 1, .weighted = v % 2,
+        lcfg_t l = {.k = 3,
+                    .align = 1,
+                    .weighted = v % 2,
                     .layout = v == 1 ? ETP_EP_LAYOUT_FIXED_SLOTS : ETP_EP_LAYOUT_PACKED};
         ll_opts_t o = {.route = v >= 2 ? ROUTE_BAD : ROUTE_SKEWED, .exact = 1, .report = 1};
         ll_steps(f, &g, &l, 0, tag, 2, &o);
@@ -172,16 +180,19 @@ static void test_ll_bad_input(void **state)
     etp_ep_group_t *ep = ep_make_group(f, &g);
     etp_ep_layer_config_t b = c;
     b.max_tokens_per_rank = g.tmax + 1;
-    ETP_EXPECT_MSG(etp_ep_layer_create(ep, &b, &ly), ETP_ERR_INVALID_ARGUMENT, "max_tokens_per_rank");
+    ETP_EXPECT_MSG(etp_ep_layer_create(ep, &b, &ly), ETP_ERR_INVALID_ARGUMENT,
+                   "max_tokens_per_rank");
     b.max_tokens_per_rank = -1;
-    ETP_EXPECT_MSG(etp_ep_layer_create(ep, &b, &ly), ETP_ERR_INVALID_ARGUMENT, "max_tokens_per_rank");
+    ETP_EXPECT_MSG(etp_ep_layer_create(ep, &b, &ly), ETP_ERR_INVALID_ARGUMENT,
+                   "max_tokens_per_rank");
     b = c;
     b.low_latency = 2;
     ETP_EXPECT_MSG(etp_ep_layer_create(ep, &b, &ly), ETP_ERR_INVALID_ARGUMENT, "low_latency");
     b = c;
     b.low_latency = 0;
     b.max_tokens_per_rank = 4;
-    ETP_EXPECT_MSG(etp_ep_layer_create(ep, &b, &ly), ETP_ERR_INVALID_ARGUMENT, "low-latency layers");
+    ETP_EXPECT_MSG(etp_ep_layer_create(ep, &b, &ly), ETP_ERR_INVALID_ARGUMENT,
+                   "low-latency layers");
     /* the ordinary calls on a low-latency layer, and the reverse */
     etp_ep_layer_t *ll = ll_make_layer(ep, &g, &l, 5, "ll_bad");
     etp_ep_layer_t *ord = ep_make_layer(ep, &g, &l, "ordinary");
@@ -261,11 +272,12 @@ int main(int argc, char **argv)
 {
     tu_mpi_init(&argc, &argv, "test_ep_ll");
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_ll_bad_input),     cmocka_unit_test(test_ll_matrix),
-        cmocka_unit_test(test_ll_edges),         cmocka_unit_test(test_ll_device_tokens),
-        cmocka_unit_test(test_ll_overlap),       cmocka_unit_test(test_ll_graph),
+        cmocka_unit_test(test_ll_bad_input), cmocka_unit_test(test_ll_matrix),
+        cmocka_unit_test(test_ll_edges),     cmocka_unit_test(test_ll_device_tokens),
+        cmocka_unit_test(test_ll_overlap),   cmocka_unit_test(test_ll_graph),
     };
     int failed = cmocka_run_group_tests_name("eager", tests, ep_host_setup_eager, ep_host_teardown);
-    failed += cmocka_run_group_tests_name("shuffle", tests, ep_host_setup_shuffle, ep_host_teardown);
+    failed += cmocka_run_group_tests_name("shuffle", tests, ep_host_setup_shuffle,
+                                          ep_host_teardown);
     return tu_mpi_finish(failed);
 }

@@ -81,7 +81,8 @@ typedef struct {
     int32_t *tdev;
 } ll_dev_t;
 
-static inline void ll_dev_alloc(ep_fx_t *f, const gcfg_t *g, const lcfg_t *l, int64_t tll, ll_dev_t *d)
+static inline void ll_dev_alloc(ep_fx_t *f, const gcfg_t *g, const lcfg_t *l, int64_t tll,
+                                ll_dev_t *d)
 {
     const size_t es = etp_dtype_size(g->dt);
     d->idx = ep_dalloc(f, (size_t)(tll * l->k) * 8);
@@ -174,7 +175,8 @@ static inline void ll_check_rows(const gcfg_t *g, const lcfg_t *l, const ll_in_t
     ep_down(s, cnt, v->counts, (size_t)L * 4);
     ep_down(s, off, v->offsets, (size_t)(L + 1) * 4);
     int64_t bad = 0;
-    for (int64_t e = 0; e < L; e++) bad += cnt[e] != rf->counts[me][e] || off[e] != rf->offsets[me][e];
+    for (int64_t e = 0; e < L; e++)
+        bad += cnt[e] != rf->counts[me][e] || off[e] != rf->offsets[me][e];
     bad += off[L] != rf->offsets[me][L];
     /* the (source rank, token, slot) each row holds, -1: none */
     int64_t *src = malloc((size_t)rows * 3 * sizeof *src);
@@ -194,17 +196,22 @@ static inline void ll_check_rows(const gcfg_t *g, const lcfg_t *l, const ll_in_t
         const int64_t st = sr < 0 ? 0 : src[3 * r + 1];
         const int sj = sr < 0 ? 0 : (int)src[3 * r + 2];
         for (int64_t h = 0; h < H; h++) {
-            float want = sr < 0 ? 0.0f : ep_tok(tag * 16 + TAG_TOK, (uint64_t)sr, (uint64_t)(st * H + h), 0);
+            float want = sr < 0
+                             ? 0.0f
+                             : ep_tok(tag * 16 + TAG_TOK, (uint64_t)sr, (uint64_t)(st * H + h), 0);
             if (g->dt == ETP_DTYPE_BF16) want = etp__bf16_to_f32(etp__f32_to_bf16(want));
             bad += !ep_bits_equal(ep_get(hr, g->dt, r * H + h), want);
         }
         if (l->weighted) {
-            float want = sr < 0 ? 0.0f : ep_weight(tag * 16 + TAG_W, (uint64_t)sr, (uint64_t)(st * k + sj));
+            float want = sr < 0
+                             ? 0.0f
+                             : ep_weight(tag * 16 + TAG_W, (uint64_t)sr, (uint64_t)(st * k + sj));
             bad += !ep_bits_equal(hw[r], want);
         }
     }
-    if (bad) print_error("rank %d low-latency dispatch (half %d): %lld wrong values\n", me, v->half,
-                         (long long)bad);
+    if (bad)
+        print_error("rank %d low-latency dispatch (half %d): %lld wrong values\n", me, v->half,
+                    (long long)bad);
     assert_int_equal(bad, 0);
     free(src);
     free(hr);
@@ -245,7 +252,8 @@ static inline void ll_check_exact(ep_fx_t *f, const gcfg_t *g, const lcfg_t *l, 
     etp_ep_layer_t *ly = ep_make_layer(ex, &ge, &le, "exact");
     const size_t es = etp_dtype_size(g->dt);
     const int64_t H = g->H, T = in->Ts[g->me], rows = l->rows;
-    void *recv = ep_dalloc(f, (size_t)(rows * H) * es), *out = ep_dalloc(f, (size_t)((tll + 1) * H) * es);
+    void *recv = ep_dalloc(f, (size_t)(rows * H) * es),
+         *out = ep_dalloc(f, (size_t)((tll + 1) * H) * es);
     float *rw = ep_dalloc(f, (size_t)rows * 4);
     ETP_OK(etp_memset_async(s, out, 0xA5, (size_t)((tll + 1) * H) * es));
     ETP_OK(etp_ep_prepare(ly, T ? d->idx : NULL, ETP_DTYPE_I64, T, NULL, s));
@@ -348,7 +356,8 @@ static inline void ll_overlap(ep_fx_t *f, gcfg_t *g, lcfg_t *l, int64_t tll, uin
     ll_dev_t d[3];
     etp_ep_ll_rows_t v[3] = {ETP_EP_LL_ROWS_INIT, ETP_EP_LL_ROWS_INIT, ETP_EP_LL_ROWS_INIT};
     for (int i = 0; i < 3; i++) {
-        ll_in_make(g, l, T_ll, tag + (uint64_t)i, i == 1 ? ROUTE_SKEWED : ROUTE_UNIFORM, NULL, &in[i]);
+        ll_in_make(g, l, T_ll, tag + (uint64_t)i, i == 1 ? ROUTE_SKEWED : ROUTE_UNIFORM, NULL,
+                   &in[i]);
         ll_dev_alloc(f, g, l, T_ll, &d[i]);
         ll_upload(f, g, l, T_ll, &in[i], tag + (uint64_t)i, &d[i], s);
     }
