@@ -1,6 +1,8 @@
 # The ep module's tests (included by tests/CMakeLists.txt).
 if(ETP_WITH_MPI)
   etp_add_mpi_test(test_ep mpi/test_ep.c ep 2 3 4 8)
+  # Low-latency layers against the reference and EXACT (and captured)
+  etp_add_mpi_test(test_ep_ll mpi/test_ep_ll.c ep 1 2 3 4)
   # MXFP8 dispatch against the quant module's host reference (quant_ref.h):
   # linked to the static archive.
   etp_add_mpi_test_internal(test_ep_mxfp8 mpi/test_ep_mxfp8.c "ep,quant" 2 3 4)

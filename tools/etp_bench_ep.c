@@ -10,6 +10,7 @@
  *                [--layout packed|fixed[,...]] [--wire f32|bf16[,...]] [--sms 0]
  *                [--capacity-factor 1.25] [--dtype bf16|f32|mxfp8]
  *                [--align 1] [--unweighted] [--rows N] [--seed 1]
+ *   etp-bench ep --ll-tokens 128[,...] [the options above]
  *   (etp-bench ep --help: each option, from ep_opts below)
  *
  * Every combination of the listed tokens, skews, transports, layouts and
@@ -53,6 +54,18 @@
  * the receiving one (expand), its combine rows the pre-sum into the stage,
  * the sending kernel (exchange) and the token sums.
  *
+ * --ll-tokens T[,...] runs, instead, the low-latency comparison at T tokens
+ * a rank (run_ll_case): a low-latency layer (etp_ep_ll_dispatch and
+ * etp_ep_ll_combine, an nvlink group) against an ordinary layer of a
+ * capacity group at --capacity-factor, both groups of max_tokens_per_rank
+ * T, the same H, k, E, routing, layout (the first --layout) and wire,
+ * timed in the same iterations. Its rows: capacity prepare, dispatch,
+ * prepare+dispatch and combine, and "ll dispatch / capacity
+ * prepare+dispatch", "ll dispatch / capacity dispatch", "ll combine /
+ * capacity combine", whose ratio column is the speed-up (capacity's time
+ * over the low-latency call's; the same logical bytes); a summary line
+ * says the same.
+ *
  * Bytes:
  * - exchange: the token rows that cross between ranks (not a rank's own),
  *   times the row bytes (dispatch: H x dtype + k FP32 weights when
@@ -93,6 +106,8 @@ enum { MAX_LIST = 8 };
 typedef struct {
     int64_t tokens[MAX_LIST];
     int ntokens;
+    int64_t ll_tokens[MAX_LIST]; /* --ll-tokens: the low-latency comparison's cases */
+    int nll;
     double zipf[MAX_LIST]; /* 0: uniform */
     int nskew;
     etp_ep_transport_t transport[MAX_LIST];
@@ -592,6 +607,30 @@ static double max_over_ranks_i(int64_t x)
     return bench_max_over_ranks((double)x);
 }
 
+/* The receive capacity (rows) of a case from the experts' row counts of
+ * every rank (ecnt [E], summed over ranks): what the busiest rank's layout
+ * needs, or --rows; *slots: FIXED_SLOTS' slots per expert (the largest
+ * aligned block). */
+static int64_t layout_capacity(const opts_t *o, const case_t *c, int R, const int64_t *ecnt,
+                               int64_t *slots)
+{
+    const int64_t a = c->align > 1 ? c->align : 1, L = c->L;
+    int64_t need_packed = 0;
+    *slots = a;
+    for (int r = 0; r < R; r++) {
+        int64_t n = 0;
+        for (int64_t e = r * L; e < (r + 1) * L; e++) {
+            int64_t pad = (ecnt[e] + a - 1) / a * a;
+            n += pad;
+            if (pad > *slots) *slots = pad;
+        }
+        if (n > need_packed) need_packed = n;
+    }
+    if (o->rows > 0) return (o->rows + a - 1) / a * a;
+    if (c->layout == ETP_EP_LAYOUT_FIXED_SLOTS) return *slots * L;
+    return need_packed > a ? need_packed : a;
+}
+
 static void run_case(bench_t *b, const opts_t *o, case_t *c, etp_group_t *world,
                      etp_stream_t *s, baseline_t *base, peercopy_t *pc, phases_t *ph,
                      bench_timer_t *tm)
@@ -625,25 +664,10 @@ static void run_case(bench_t *b, const opts_t *o, case_t *c, etp_group_t *world,
 
     /* Receive capacity: what the busiest rank's layout needs, or --rows. */
     const int64_t a = c->align > 1 ? c->align : 1;
-    int64_t need_packed = 0, slots = a;
-    for (int r = 0; r < R; r++) {
-        int64_t n = 0;
-        for (int64_t e = r * L; e < (r + 1) * L; e++) {
-            int64_t pad = (ecnt[e] + a - 1) / a * a;
-            n += pad;
-            if (pad > slots) slots = pad;
-        }
-        if (n > need_packed) need_packed = n;
-    }
+    int64_t slots = a;
+    const int64_t cap = layout_capacity(o, c, R, ecnt, &slots);
     int64_t expanded_me = 0;
     for (int64_t e = (int64_t)me * L; e < (int64_t)(me + 1) * L; e++) expanded_me += ecnt[e];
-    int64_t cap;
-    if (o->rows > 0)
-        cap = (o->rows + a - 1) / a * a;
-    else if (c->layout == ETP_EP_LAYOUT_FIXED_SLOTS)
-        cap = slots * L;
-    else
-        cap = need_packed > a ? need_packed : a;
 
     etp_ep_group_config_t gc = ETP_EP_GROUP_CONFIG_INIT;
     gc.name = "bench";
@@ -955,6 +979,199 @@ static void run_case(bench_t *b, const opts_t *o, case_t *c, etp_group_t *world,
     free(hit);
 }
 
+/* ---- the low-latency comparison ------------------------------------------ */
+
+/* A low-latency layer (etp_ep_ll_dispatch / etp_ep_ll_combine) of an NVLINK
+ * group of max_tokens_per_rank T against an ordinary layer of a CAPACITY
+ * group of max_tokens_per_rank T and --capacity-factor, same H, k, E,
+ * routing, layout and wire, timed in the same iterations: capacity
+ * prepare, dispatch, combine; low-latency dispatch (its prepare folded in)
+ * and combine. The rows "ll ... / capacity ..." carry the speed-up (the
+ * capacity call's time over the low-latency call's, the same bytes) in
+ * their ratio column. */
+static void run_ll_case(bench_t *b, const opts_t *o, case_t *c, etp_group_t *world,
+                        etp_stream_t *s, bench_timer_t *tm)
+{
+    const int R = b->size;
+    const int64_t T = c->T, H = c->H, E = c->E;
+    const int k = c->k;
+    const size_t rb = (size_t)H * c->es;
+    int64_t *idx = malloc((size_t)T * (size_t)k * sizeof *idx);
+    float *wts = malloc((size_t)T * (size_t)k * sizeof *wts);
+    int64_t *ecnt = calloc((size_t)E, sizeof *ecnt);
+    char *hit = malloc((size_t)R);
+    int64_t *to = calloc((size_t)R, sizeof *to);
+    if (!idx || !wts || !ecnt || !hit || !to) die(b, "out of host memory");
+    make_routing(b, c, o->seed, idx);
+    uint64_t wst = o->seed * 7 + (uint64_t)b->rank;
+    for (int64_t i = 0; i < T * k; i++) wts[i] = (float)(0.05 + 0.9 * rng_unit(&wst));
+    int64_t all_to = 0;
+    for (int64_t t = 0; t < T; t++) {
+        memset(hit, 0, (size_t)R);
+        for (int j = 0; j < k; j++) {
+            ecnt[idx[t * k + j]]++;
+            hit[idx[t * k + j] / c->L] = 1;
+        }
+        for (int d = 0; d < R; d++) all_to += hit[d];
+    }
+    if (MPI_Allreduce(MPI_IN_PLACE, ecnt, (int)E, MPI_INT64_T, MPI_SUM, MPI_COMM_WORLD) !=
+        MPI_SUCCESS)
+        die(b, "MPI_Allreduce failed");
+    int64_t slots = 1;
+    const int64_t cap = layout_capacity(o, c, R, ecnt, &slots);
+
+    etp_ep_group_config_t gc = ETP_EP_GROUP_CONFIG_INIT;
+    gc.name = "bench_capacity";
+    gc.num_experts = E;
+    gc.hidden = H;
+    gc.token_dtype = c->dt;
+    gc.max_tokens_per_rank = T;
+    gc.max_topk = k;
+    gc.recv_capacity_per_rank = cap;
+    gc.transport = ETP_EP_TRANSPORT_CAPACITY;
+    gc.capacity_factor = o->default_cf;
+    gc.combine_wire = c->wire;
+    gc.num_sms = o->sms;
+    etp_ep_group_config_t gl = gc;
+    gl.name = "bench_ll";
+    gl.transport = ETP_EP_TRANSPORT_NVLINK;
+    snprintf(c->shape, sizeof c->shape, "ll vs capacity:%g %s T%lld H%lld k%d E%lld %s%s%s",
+             o->default_cf, c->layout == ETP_EP_LAYOUT_PACKED ? "packed" : "fixed", (long long)T,
+             (long long)H, k, (long long)E, etp_dtype_name(c->dt), c->weighted ? "" : " unw",
+             c->wire == ETP_DTYPE_BF16 ? " wire bf16" : "");
+    etp_ep_group_t *epl = NULL, *epc = NULL;
+    const etp_status_t made = etp_ep_group_create(world, &gl, &epl);
+    if (made == ETP_ERR_UNSUPPORTED) {
+        if (b->rank == 0) {
+            printf("etp-bench ep: %s: skipped: %s\n", c->shape, etp_last_error());
+            fflush(stdout);
+        }
+        free(idx);
+        free(wts);
+        free(ecnt);
+        free(hit);
+        free(to);
+        return;
+    }
+    BENCH_CHECK(b, made);
+    BENCH_CHECK(b, etp_ep_group_create(world, &gc, &epc));
+    etp_ep_layer_config_t lc = ETP_EP_LAYER_CONFIG_INIT;
+    lc.name = "moe";
+    lc.topk = k;
+    lc.alignment = c->align;
+    lc.layout = c->layout;
+    lc.weighted = c->weighted;
+    lc.slots_per_expert = c->layout == ETP_EP_LAYOUT_FIXED_SLOTS && o->rows == 0 ? slots : 0;
+    etp_ep_layer_t *lyc = NULL, *lyl = NULL;
+    BENCH_CHECK(b, etp_ep_layer_create(epc, &lc, &lyc));
+    etp_ep_layer_config_t ll = lc;
+    ll.name = "moe_ll";
+    ll.low_latency = 1;
+    ll.max_tokens_per_rank = T;
+    BENCH_CHECK(b, etp_ep_layer_create(epl, &ll, &lyl));
+    int64_t rows = 0;
+    BENCH_CHECK(b, etp_ep_layer_rows(lyc, &rows));
+    etp_ep_group_info_t info = ETP_EP_GROUP_INFO_INIT;
+    BENCH_CHECK(b, etp_ep_group_info(epl, &info));
+
+    void *tokens, *topk_idx, *topk_w, *recv, *recv_w, *out, *out_ll;
+    etp_context_t *ctx = b->ctx;
+    BENCH_CHECK(b, etp_mem_alloc(ctx, (size_t)T * rb, ETP_MEM_WORKSPACE, &tokens));
+    BENCH_CHECK(b, etp_mem_alloc(ctx, (size_t)T * (size_t)k * 8, ETP_MEM_WORKSPACE, &topk_idx));
+    BENCH_CHECK(b, etp_mem_alloc(ctx, (size_t)T * (size_t)k * 4, ETP_MEM_WORKSPACE, &topk_w));
+    BENCH_CHECK(b, etp_mem_alloc(ctx, (size_t)rows * rb, ETP_MEM_WORKSPACE, &recv));
+    BENCH_CHECK(b, etp_mem_alloc(ctx, (size_t)rows * 4, ETP_MEM_WORKSPACE, &recv_w));
+    BENCH_CHECK(b, etp_mem_alloc(ctx, (size_t)T * rb, ETP_MEM_WORKSPACE, &out));
+    BENCH_CHECK(b, etp_mem_alloc(ctx, (size_t)T * rb, ETP_MEM_WORKSPACE, &out_ll));
+    BENCH_CHECK(b, etp_memcpy_async(s, topk_idx, idx, (size_t)T * (size_t)k * 8));
+    BENCH_CHECK(b, etp_memcpy_async(s, topk_w, wts, (size_t)T * (size_t)k * 4));
+    BENCH_CHECK(b, etp_stream_synchronize(s));
+    fill_tokens(b, c, s, tokens, o->seed);
+    const void *wptr = c->weighted ? topk_w : NULL;
+    float *rwptr = c->weighted ? recv_w : NULL;
+    etp_ep_ll_dispatch_args_t da = ETP_EP_LL_DISPATCH_ARGS_INIT;
+    da.topk_idx = topk_idx;
+    da.num_tokens = T;
+    da.tokens = tokens;
+    da.dtype = c->dt;
+    da.topk_weights = wptr;
+
+    const int n = b->iters;
+    double *smp = calloc((size_t)n * 5, sizeof *smp);
+    if (!smp) die(b, "out of host memory");
+    for (int it = -b->warmup; it < n; it++) {
+        double x[5];
+        MPI_Barrier(MPI_COMM_WORLD);
+        bench_timer_start(tm);
+        BENCH_CHECK(b, etp_ep_prepare(lyc, topk_idx, ETP_DTYPE_I64, T, NULL, s));
+        bench_timer_stop(tm);
+        x[0] = bench_timer_us(tm);
+        MPI_Barrier(MPI_COMM_WORLD);
+        bench_timer_start(tm);
+        BENCH_CHECK(b,
+                    etp_ep_dispatch(lyc, tokens, c->dt, wptr, ETP_DTYPE_F32, recv, rwptr, rows, s));
+        bench_timer_stop(tm);
+        x[1] = bench_timer_us(tm);
+        MPI_Barrier(MPI_COMM_WORLD);
+        bench_timer_start(tm);
+        BENCH_CHECK(b, etp_ep_combine(lyc, recv, c->dt, rows, out, s));
+        bench_timer_stop(tm);
+        x[2] = bench_timer_us(tm);
+        etp_ep_ll_rows_t v = ETP_EP_LL_ROWS_INIT;
+        MPI_Barrier(MPI_COMM_WORLD);
+        bench_timer_start(tm);
+        BENCH_CHECK(b, etp_ep_ll_dispatch(lyl, &da, &v, s));
+        bench_timer_stop(tm);
+        x[3] = bench_timer_us(tm);
+        /* the received rows stand in for the expert outputs */
+        MPI_Barrier(MPI_COMM_WORLD);
+        bench_timer_start(tm);
+        BENCH_CHECK(b, etp_ep_ll_combine(lyl, v.tokens, c->dt, v.rows, out_ll, s));
+        bench_timer_stop(tm);
+        x[4] = bench_timer_us(tm);
+        if (it >= 0)
+            for (int i = 0; i < 5; i++) smp[(size_t)it * 5 + (size_t)i] = x[i];
+    }
+    double us[5], pd[1];
+    for (int i = 0; i < 5; i++) us[i] = med_max(b, smp + i, 5, n);
+    /* prepare + dispatch, per iteration (as etp-bench ep's summary) */
+    for (int it = 0; it < n; it++) smp[(size_t)it * 5] += smp[(size_t)it * 5 + 1];
+    pd[0] = med_max(b, smp, 5, n);
+    /* logical bytes: token rows received per rank, the rank's own included */
+    const double bytes = bench_max_over_ranks((double)all_to) * (double)rb;
+    const char *sh = c->shape;
+    bench_add(b, "capacity: prepare", sh, 0, us[0], 0);
+    const double g_d = bench_add(b, "capacity: dispatch (logical)", sh, bytes, us[1], 0)->gbps;
+    const double g_pd =
+        bench_add(b, "capacity: prepare+dispatch (logical)", sh, bytes, pd[0], 0)->gbps;
+    const double g_c = bench_add(b, "capacity: combine (logical)", sh, bytes, us[2], 0)->gbps;
+    const double r_pd =
+        bench_add(b, "ll dispatch / capacity prepare+dispatch", sh, bytes, us[3], g_pd)->ratio;
+    bench_add(b, "ll dispatch / capacity dispatch", sh, bytes, us[3], g_d);
+    const double r_c = bench_add(b, "ll combine / capacity combine", sh, bytes, us[4], g_c)->ratio;
+    if (b->rank == 0) {
+        printf("etp-bench ep: %s: num_sms %d; low-latency dispatch %.1f us (capacity "
+               "prepare+dispatch %.1f us: x%.2f), low-latency combine %.1f us (capacity combine "
+               "%.1f us: x%.2f)\n",
+               sh, info.num_sms, us[3], pd[0], r_pd, us[4], us[2], r_c);
+        fflush(stdout);
+    }
+    free(smp);
+    BENCH_CHECK(b, etp_stream_synchronize(s));
+    BENCH_CHECK(b, etp_ep_layer_destroy(lyc));
+    BENCH_CHECK(b, etp_ep_layer_destroy(lyl));
+    BENCH_CHECK(b, etp_ep_group_destroy(epc));
+    BENCH_CHECK(b, etp_ep_group_destroy(epl));
+    void *bufs[] = {tokens, topk_idx, topk_w, recv, recv_w, out, out_ll};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+        BENCH_CHECK(b, etp_mem_free(ctx, bufs[i]));
+    free(idx);
+    free(wts);
+    free(ecnt);
+    free(hit);
+    free(to);
+}
+
 /* ---- options ------------------------------------------------------------ */
 
 static int parse_list(bench_t *b, const char *opt, const char *arg, opts_t *o)
@@ -972,6 +1189,10 @@ static int parse_list(bench_t *b, const char *opt, const char *arg, opts_t *o)
             long long t = strtoll(tok, &end, 10);
             if (*end || t < 1) goto bad;
             o->tokens[n] = t;
+        } else if (strcmp(opt, "--ll-tokens") == 0) {
+            long long t = strtoll(tok, &end, 10);
+            if (*end || t < 1 || t > ETP_EP_LL_MAX_TOKENS) goto bad;
+            o->ll_tokens[n] = t;
         } else if (strcmp(opt, "--skew") == 0) {
             if (strcmp(tok, "uniform") == 0) {
                 o->zipf[n] = 0;
@@ -1029,6 +1250,7 @@ static int parse_list(bench_t *b, const char *opt, const char *arg, opts_t *o)
         return 0;
     }
     if (strcmp(opt, "--tokens") == 0) o->ntokens = n;
+    else if (strcmp(opt, "--ll-tokens") == 0) o->nll = n;
     else if (strcmp(opt, "--skew") == 0) o->nskew = n;
     else if (strcmp(opt, "--transport") == 0) o->ntransport = n;
     else if (strcmp(opt, "--wire") == 0) o->nwire = n;
@@ -1046,7 +1268,7 @@ static int parse_int(bench_t *b, const char *opt, const char *arg, int64_t lo, i
 
 enum {
     O_TOKENS, O_HIDDEN, O_TOPK, O_EXPERTS, O_SKEW, O_TRANSPORT, O_LAYOUT, O_CAPACITY_FACTOR,
-    O_DTYPE, O_WIRE, O_SMS, O_ALIGN, O_UNWEIGHTED, O_ROWS, O_SEED
+    O_DTYPE, O_WIRE, O_SMS, O_ALIGN, O_UNWEIGHTED, O_ROWS, O_SEED, O_LL_TOKENS
 };
 static const etp_cli_opt_t ep_opts[] = {
     [O_TOKENS] = {"tokens", "LIST", "4096", "tokens a rank, comma-separated"},
@@ -1077,6 +1299,11 @@ static const etp_cli_opt_t ep_opts[] = {
                 "the receive capacity in rows (default: what the routing needs: the busiest "
                 "rank's rows, aligned)"},
     [O_SEED] = {"seed", "N", "1", "the routing's seed (a rank draws with seed + rank)"},
+    [O_LL_TOKENS] = {"ll-tokens", "LIST", NULL,
+                     "instead of the cases above: low-latency layers (etp_ep_ll_*, an nvlink "
+                     "group) against a capacity group (--capacity-factor), both of "
+                     "max_tokens_per_rank T, at these T a rank (up to 256), comma-separated; "
+                     "the first skew, layout and wire"},
     {NULL},
 };
 
@@ -1104,6 +1331,7 @@ int etp_bench_ep(bench_t *b, int argc, char **argv)
         int64_t v = 0;
         switch (key) {
         case O_TOKENS:
+        case O_LL_TOKENS:
         case O_SKEW:
         case O_TRANSPORT:
         case O_LAYOUT:
@@ -1171,6 +1399,12 @@ int etp_bench_ep(bench_t *b, int argc, char **argv)
                                 "group sends f32 partials)\n");
             return 2;
         }
+    if (o.nll > 0 && o.dtype == ETP_EP_TOKEN_MXFP8) {
+        if (b->rank == 0)
+            fprintf(stderr,
+                    "etp-bench ep: --ll-tokens: low-latency layers move bf16 or f32 tokens\n");
+        return 2;
+    }
     for (int i = 0; i < o.ntransport; i++)
         if (o.transport[i] == ETP_EP_TRANSPORT_CAPACITY && o.cf[i] == 0) o.cf[i] = o.default_cf;
 
@@ -1185,7 +1419,14 @@ int etp_bench_ep(bench_t *b, int argc, char **argv)
     phases_t ph;
     phases_init(&ph, b, s);
     bench_timer_t *tm = bench_timer_create(b, s);
-    for (int it = 0; it < o.ntokens; it++)
+    for (int it = 0; it < o.nll; it++) {
+        case_t c = {.T = o.ll_tokens[it], .H = o.hidden, .E = o.experts, .L = o.experts / b->size,
+                    .k = o.topk, .align = o.align, .weighted = o.weighted, .zipf = o.zipf[0],
+                    .dt = o.dtype, .es = etp_dtype_size(o.dtype),
+                    .transport = ETP_EP_TRANSPORT_NVLINK, .layout = o.layout[0], .wire = o.wire[0]};
+        run_ll_case(b, &o, &c, world, s, tm);
+    }
+    for (int it = 0; o.nll == 0 && it < o.ntokens; it++)
         for (int is = 0; is < o.nskew; is++)
             for (int itr = 0; itr < o.ntransport; itr++)
                 for (int il = 0; il < o.nlayout; il++)

@@ -301,21 +301,37 @@ typedef struct etp_ep_layer_config {
     /* FIXED_SLOTS: rows per local expert S, a multiple of alignment with
      * S * E/R <= recv_capacity_per_rank; 0: the largest such S. */
     int64_t slots_per_expert;
+    /* 1: a low-latency layer (below: etp_ep_ll_dispatch), for small
+     * batches (decode): NVLINK groups only, forward only. 0: an ordinary
+     * layer. */
+    int low_latency;
+    /* Low-latency layers: the largest T a dispatch of this layer passes,
+     * 1 .. min(ETP_EP_LL_MAX_TOKENS, the group's max_tokens_per_rank); 0:
+     * the group's (which must then be <= ETP_EP_LL_MAX_TOKENS). Ordinary
+     * layers: 0. */
+    int64_t max_tokens_per_rank;
 } etp_ep_layer_config_t;
 
 #define ETP_EP_LAYER_CONFIG_INIT \
-    {sizeof(etp_ep_layer_config_t), NULL, 1, 1, ETP_EP_LAYOUT_PACKED, 1, 0}
+    {sizeof(etp_ep_layer_config_t), NULL, 1, 1, ETP_EP_LAYOUT_PACKED, 1, 0, 0, 0}
 
-/* Make a layer handle (local: no communication). Allocates its routing
- * state (ETP_MEM_EP_BUFFERS), pinned host memory for its report (not in the
- * memory report: a few hundred bytes), and an event.
+/* Make a layer handle (local: no communication, except a low-latency layer
+ * on CUDA: its window is registered collectively, so every rank makes the
+ * same low-latency layers in the same order). Allocates its routing state
+ * (ETP_MEM_EP_BUFFERS; a low-latency layer also its two halves and, on
+ * CUDA, its window), pinned host memory for its report (not in the memory
+ * report: a few hundred bytes), and an event.
  * Errors: ETP_ERR_INVALID_ARGUMENT (NULLs, wrong config size, topk out of
- * range, alignment < 0 or not dividing the capacity, bad slots_per_expert),
- * ETP_ERR_OUT_OF_MEMORY, ETP_ERR_ABORTED. */
+ * range, alignment < 0 or not dividing the capacity, bad slots_per_expert,
+ * low_latency not 0 or 1, max_tokens_per_rank out of range or set on an
+ * ordinary layer), ETP_ERR_UNSUPPORTED (a low-latency layer in a group
+ * that is not NVLINK, an MXFP8 group, top-k above 16 or more than 32
+ * ranks), ETP_ERR_OUT_OF_MEMORY, ETP_ERR_ABORTED. */
 ETP_API etp_status_t etp_ep_layer_create(etp_ep_group_t *ep, const etp_ep_layer_config_t *config,
                                          etp_ep_layer_t **layer);
 
-/* Destroy a layer handle; waits for its enqueued work. ETP_ERR_BUSY while
+/* Destroy a layer handle; waits for its enqueued work (collective for a
+ * low-latency layer on CUDA, like its creation). ETP_ERR_BUSY while
  * graphs that captured its calls live; ETP_ERR_INVALID_STATE
  * while a graph capture is in progress on the context (nothing is
  * destroyed). NULL is a no-op. */
@@ -475,6 +491,120 @@ ETP_API etp_status_t etp_ep_combine_bwd(etp_ep_layer_t *layer, const void *grad_
                                         etp_dtype_t dtype, const void *expert_out, int64_t rows,
                                         void *grad_rows, float *grad_topk_weights,
                                         etp_stream_t *stream);
+
+/* ---- low-latency layers ---------------------------------------------------
+ *
+ * A layer made with low_latency = 1 (an NVLINK group; docs/EP.md) moves
+ * small batches (decode, pipeline tails: at most ETP_EP_LL_MAX_TOKENS tokens
+ * a rank) with one call per direction and no prepare:
+ *
+ *   etp_ep_ll_dispatch(layer, {topk_idx, T, tokens, topk_weights}) -> a view
+ *       of the received rows (etp_ep_ll_rows_t: device pointers owned by
+ *       the layer, in the layer's layout, with its counts and offsets)
+ *   ... the caller's expert GEMMs: view.tokens -> expert_out [rows, H] ...
+ *   etp_ep_ll_combine(layer, expert_out)               -> out [T, H]
+ *
+ * Results: those of prepare + dispatch + combine of an ordinary layer of the
+ * same config in the same group (the EXACT transport's), bit for bit: the
+ * same slot rules, drops, layout, rows, weights, counters and sums. On
+ * CUDA, each call is one kernel: dispatch routes, exchanges the counts,
+ * stores each token once into every destination rank's window and lays out
+ * the received rows there; combine pre-sums on the expert side and sums on
+ * the token side (the NVLINK combine kernel). The host backend runs the same
+ * semantics with its all-to-alls. Both are capturable (T on the device:
+ * num_tokens_dev). Backward is not offered: dispatch_bwd and combine_bwd on
+ * a low-latency layer, like prepare, dispatch and combine, are
+ * ETP_ERR_INVALID_ARGUMENT.
+ *
+ * Buffers: the layer owns two halves of received rows (each its layout's
+ * `rows` rows of H, weights, and the routing its combine reads), allocated
+ * at creation, and alternates them: dispatch number n (from 0, counted
+ * per layer on the host, in the order the calls are made) fills half n % 2.
+ * The rows of dispatch n stay valid until dispatch n + 2 is enqueued (on
+ * that stream: work enqueued before it, or on streams it waits for, may read
+ * them). Every dispatch is paired with one combine, in order: combine
+ * consumes the oldest dispatch not yet combined, so dispatch n + 1 may come
+ * before combine n (two micro-batches in flight). A dispatch while two
+ * dispatches of the layer await their combine would overwrite rows the
+ * first's combine still needs: it is refused (ETP_ERR_INVALID_STATE,
+ * nothing enqueued), as is a combine with none awaiting. A graph keeps the
+ * halves its calls were captured with: a captured step (dispatch, GEMMs,
+ * combine) refills the same half at every replay, so its rows stay valid
+ * until the next replay's dispatch.
+ *
+ * Counters: each dispatch counts as a prepare in the layer's report and
+ * copies the counters to the host mirror at its end (etp_ep_poll,
+ * etp_ep_check wait for the last dispatch). */
+
+/* The most tokens a rank passes to a low-latency dispatch. */
+#define ETP_EP_LL_MAX_TOKENS 256
+
+typedef struct etp_ep_ll_dispatch_args {
+    size_t size;                  /* sizeof(etp_ep_ll_dispatch_args_t) */
+    /* [T, k] of idx_dtype (ETP_DTYPE_I64), read by the enqueued work; NULL
+     * when T is 0 (on the host) */
+    const void *topk_idx;
+    etp_dtype_t idx_dtype;
+    /* T (0 .. the layer's max_tokens_per_rank), or ETP_EP_TOKENS_ON_DEVICE
+     * with num_tokens_dev (an int32 on the device; outside the range: clamped
+     * and flagged ETP_EP_FLAG_BAD_TOKENS); the token-side arrays then hold
+     * the layer's max_tokens_per_rank rows */
+    int64_t num_tokens;
+    const int32_t *num_tokens_dev;
+    const void *tokens;           /* [T, H] of dtype (the group's); NULL when T is 0 */
+    etp_dtype_t dtype;
+    /* [T, k] of weights_dtype (ETP_DTYPE_F32): weighted layers (NULL when T
+     * is 0); unweighted layers: ignored (no weights travel) */
+    const void *topk_weights;
+    etp_dtype_t weights_dtype;
+} etp_ep_ll_dispatch_args_t;
+
+#define ETP_EP_LL_DISPATCH_ARGS_INIT                                                       \
+    {                                                                                      \
+        sizeof(etp_ep_ll_dispatch_args_t), NULL, ETP_DTYPE_I64, 0, NULL, NULL,             \
+            ETP_DTYPE_BF16, NULL, ETP_DTYPE_F32                                            \
+    }
+
+/* The received rows of one low-latency dispatch: device pointers into the
+ * layer's half (owned by the layer; valid as the header above says). */
+typedef struct etp_ep_ll_rows {
+    size_t size;                /* sizeof(etp_ep_ll_rows_t) */
+    void *tokens;               /* [rows, H] of the token dtype, in the layer's layout;
+                                 * rows holding no token are zero */
+    const float *weights;       /* [rows] FP32 slot weights (weighted layers; else NULL) */
+    const int32_t *counts;      /* [E/R] int32: rows per local expert (etp_ep_layout's) */
+    const int32_t *offsets;     /* [E/R + 1] int32 */
+    int64_t rows;               /* the layer's rows (etp_ep_layer_rows) */
+    int half;                   /* 0 or 1: the half this dispatch filled */
+} etp_ep_ll_rows_t;
+
+#define ETP_EP_LL_ROWS_INIT {sizeof(etp_ep_ll_rows_t), NULL, NULL, NULL, NULL, 0, 0}
+
+/* Dispatch a low-latency layer's tokens: routing, exchange and layout in one
+ * call (no prepare). Collective. `rows` (may be NULL) receives the view of
+ * the half this call fills; the view's contents are valid once the stream
+ * passes the call. The layout arrays are the half's (etp_ep_layout returns
+ * those of the last dispatch).
+ * Errors: ETP_ERR_INVALID_ARGUMENT (NULLs of non-empty arrays, args of the
+ * wrong size, dtypes other than I64 / the group's / F32, T out of range, a
+ * layer that is not low-latency), ETP_ERR_INVALID_STATE (two dispatches of
+ * the layer await their combine), ETP_ERR_TIMEOUT, ETP_ERR_ABORTED. */
+ETP_API etp_status_t etp_ep_ll_dispatch(etp_ep_layer_t *layer,
+                                        const etp_ep_ll_dispatch_args_t *args,
+                                        etp_ep_ll_rows_t *rows, etp_stream_t *stream);
+
+/* Combine the oldest low-latency dispatch of the layer not yet combined.
+ * Collective. expert_out: [rows, H] of dtype (the group's token dtype), in
+ * that dispatch's layout (it may be that dispatch's view.tokens); out: [T, H]
+ * of dtype, T of that dispatch (NULL when T is 0 on the host). Weighted
+ * layers multiply by the weights that dispatch carried; the sums are
+ * etp_ep_combine's (docs/EP.md).
+ * Errors: ETP_ERR_INVALID_ARGUMENT (NULLs, dtype, rows too small, a layer
+ * that is not low-latency), ETP_ERR_INVALID_STATE (no dispatch awaits its
+ * combine), ETP_ERR_TIMEOUT, ETP_ERR_ABORTED. */
+ETP_API etp_status_t etp_ep_ll_combine(etp_ep_layer_t *layer, const void *expert_out,
+                                       etp_dtype_t dtype, int64_t rows, void *out,
+                                       etp_stream_t *stream);
 
 /* Flags of etp_ep_report_t. */
 #define ETP_EP_FLAG_BAD_INDEX 0x1u         /* an index < -1 or >= E */

@@ -22,11 +22,13 @@
 #include "ep/ep_rules.h"
 #include "ep_vec.cuh"
 #include "nvl_kernels.h"
+#include "nvl_sync.cuh"
 
 namespace {
 
 using etp_ep_vec::store_bf16;
 using etp_ep_vec::unpack16;
+using namespace etp_nvl_sync;
 
 constexpr int kThreads = 512;
 constexpr int kWarps = kThreads / 32;
@@ -34,131 +36,6 @@ constexpr unsigned kFull = 0xffffffffu;
 /* ranks a warp keeps in registers (per lane: one peer); larger groups are
  * refused by the launcher */
 constexpr int kMaxRanks = 32;
-
-__device__ __forceinline__ uint64_t load_acquire(const uint64_t *p)
-{
-    uint64_t v;
-    asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
-    return v;
-}
-
-__device__ __forceinline__ int64_t now_ns()
-{
-    uint64_t t;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-    return (int64_t)t;
-}
-
-__device__ __forceinline__ uint64_t *sig(const etp__ep_nvl_t &n, int rank)
-{
-    return reinterpret_cast<uint64_t *>(n.peers[rank] + n.sig_off);
-}
-
-/* Wait until *p >= v, at most the timeout; on giving up, record (once per
- * rank) who was waited for. Returns 0 when it gave up. */
-__device__ bool wait_for(const etp__ep_nvl_t &n, const uint64_t *p, uint64_t v, int64_t t0,
-                         int peer, int call, int what)
-{
-    while (load_acquire(p) < v) {
-        if (n.timeout_ns > 0 && now_ns() - t0 > n.timeout_ns) {
-            /* the first to give up claims the record (word 3) and fills
-             * it; word 0, which the host polls, is written last */
-            unsigned long long *claim = reinterpret_cast<unsigned long long *>(n.fault + 3);
-            if (atomicCAS(claim, 0ull, 1ull) == 0ull) {
-                volatile int64_t *vf = n.fault;
-                vf[1] = call;
-                vf[2] = what;
-                __threadfence_system();
-                vf[0] = peer + 1;
-                __threadfence_system();
-            }
-            return false;
-        }
-        __nanosleep(64);
-    }
-    return true;
-}
-
-/* Every rank's flag word `which` (0: arrived, 1: released) at this rank's
- * index, in each rank's window, gets one more: this block is done. */
-__device__ __forceinline__ void signal_all(const etp__ep_nvl_t &n, int which)
-{
-    __threadfence_system();
-    for (int d = 0; d < n.ranks; d++)
-        atomicAdd_system(reinterpret_cast<unsigned long long *>(sig(n, d) + which * n.ranks + n.me),
-                         1ull);
-}
-
-/* Phase boundaries of a block: threads r < R wait on this rank's word
- * `which` for rank r; ok becomes 0 for the block when any gave up. */
-__device__ bool block_wait(const etp__ep_nvl_t &n, int which, uint64_t v, int call, int what,
-                           int64_t t0)
-{
-    __shared__ int ok;
-    if (threadIdx.x == 0) ok = 1;
-    __syncthreads();
-    if ((int)threadIdx.x < n.ranks) {
-        const uint64_t *w = sig(n, n.me) + which * n.ranks + threadIdx.x;
-        if (!wait_for(n, w, v, t0, (int)threadIdx.x, call, what)) ok = 0;
-    }
-    __syncthreads();
-    return ok != 0;
-}
-
-/* The call's start: its number (counted on the device), the clock its
- * waits are bounded from, and the wait until every peer has released what
- * this rank stored in the previous call. false: gave up (recorded). */
-__device__ bool call_begin(const etp__ep_nvl_t &n, int call, uint64_t *call_no, int64_t *t0)
-{
-    *call_no = n.calls[0] + 1;
-    *t0 = now_ns();
-    return block_wait(n, 1, etp__ep_nvl_mark(*call_no - 1, n.blocks), call, ETP__EP_NVL_WAIT_RELEASE,
-                      *t0);
-}
-
-/* The call's end: this block released what it read; the last block of the
- * rank counts the call. */
-__device__ void block_end(const etp__ep_nvl_t &n, uint64_t call_no)
-{
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        signal_all(n, 1);
-        if (atomicAdd(reinterpret_cast<unsigned long long *>(n.calls + 1), 1ull) ==
-            (unsigned long long)(n.blocks - 1)) {
-            n.calls[1] = 0;
-            n.calls[0] = call_no;
-        }
-    }
-}
-
-/* The end of a call whose reading kernel has gridDim.x blocks (not
- * n.blocks): the last of them to finish releases for all, by n.blocks (the
- * flags count n.blocks a rank), and counts the call. */
-__device__ void wide_end(const etp__ep_nvl_t &n, uint64_t call_no)
-{
-    __syncthreads();
-    if (threadIdx.x != 0) return;
-    __threadfence();
-    if (atomicAdd(reinterpret_cast<unsigned long long *>(n.calls + 1), 1ull) !=
-        (unsigned long long)(gridDim.x - 1))
-        return;
-    __threadfence_system();
-    for (int d = 0; d < n.ranks; d++)
-        atomicAdd_system(reinterpret_cast<unsigned long long *>(sig(n, d) + n.ranks + n.me),
-                         (unsigned long long)n.blocks);
-    n.calls[1] = 0;
-    n.calls[0] = call_no;
-}
-
-/* The start of a call's reading kernel: the call's number (not counted
- * yet: its sending kernel ran before), and the wait until every block of
- * every rank stored here. false: gave up (recorded). */
-__device__ bool wide_begin(const etp__ep_nvl_t &n, int call, uint64_t *call_no)
-{
-    *call_no = n.calls[0] + 1;
-    return block_wait(n, 0, etp__ep_nvl_mark(*call_no, n.blocks), call, ETP__EP_NVL_WAIT_ARRIVAL,
-                      now_ns());
-}
 
 __device__ __forceinline__ int64_t tokens_of(const int32_t *t_dev, int64_t t_max)
 {
@@ -692,49 +569,131 @@ __device__ void reduce_row(const etp__ep_e2t_args_t &a, const char *slab, const 
     }
 }
 
+/* Received token row i's pre-sum into dst (H elements of the wire dtype),
+ * a warp; rows_s, w_s: the warp's shared scratch of kTopkMax entries. */
+constexpr int kTopkMax = 64;
+
+__device__ void presum_token(const etp__ep_e2t_args_t &a, int64_t i, char *dst, int vec,
+                             int32_t *rows_s, float *w_s)
+{
+    const int lane = threadIdx.x & 31, k = a.k;
+    const int64_t H = a.hidden;
+    const int32_t *tr = a.tok_rows + i * k;
+    int nr = 0;
+    while (nr < k && tr[nr] >= 0) nr++;
+    if (vec) {
+        for (int m = lane; m < nr; m += 32) {
+            rows_s[m] = tr[m];
+            w_s[m] = a.row_w ? a.row_w[tr[m]] : 1.0f;
+        }
+        __syncwarp();
+        if (a.dtype == ETP__EP_BF16)
+            presum_row<8>(a, rows_s, w_s, nr, dst);
+        else
+            presum_row<4>(a, rows_s, w_s, nr, dst);
+        __syncwarp();
+    } else {
+        etp__ep_presum_args_t pa;
+        pa.in = a.in;
+        pa.row_w = a.row_w;
+        pa.tok_rows = a.tok_rows;
+        pa.ntok = (int64_t)a.nvl.ranks * a.nvl.t_max;
+        pa.hidden = H;
+        pa.k = k;
+        pa.dtype = a.dtype;
+        pa.wire = a.wire;
+        pa.partial = dst;
+        for (int64_t h = lane; h < H; h += 32) etp__ep_store(dst, a.wire, h, etp__ep_presum_elem(&pa, i, h));
+    }
+}
+
+/* Received token row i's k weight gradients into its rank's small slab at
+ * row `back`, a warp. */
+__device__ void send_wgrads(const etp__ep_e2t_args_t &a, int64_t i, int s, int64_t back)
+{
+    const int lane = threadIdx.x & 31, k = a.k;
+    for (int j = lane; j < k; j += 32) {
+        float g;
+        if (a.g_pre) {
+            g = a.g_pre[i * k + j];
+        } else {
+            const int32_t r = a.recv_row[i * k + j];
+            g = r >= 0 ? a.grad_row_w[r] : 0.0f;
+        }
+        reinterpret_cast<float *>(a.nvl.peers[s] + a.nvl.small_off)[back * k + j] = g;
+    }
+}
+
+/* Token t's sums from this rank's slabs, a warp: its output row (when `in`
+ * is set) and its weight gradients (grad_topk). src_s, ns_s: the warp's
+ * shared scratch. */
+__device__ void sum_token(const etp__ep_e2t_args_t &a, int64_t t, int vec, int64_t *src_s, int *ns_s)
+{
+    const etp__ep_nvl_t &n = a.nvl;
+    const int lane = threadIdx.x & 31, R = n.ranks, k = a.k;
+    const int64_t H = a.hidden, tm = n.t_max;
+    const char *slab = n.peers[n.me] + n.tok_off;
+    if (a.out) {
+        if (vec) {
+            if (lane == 0) {
+                int ns = 0;
+                for (int d = 0; d < R; d++) {
+                    const int64_t row = etp__ep_send_row(a.send_pos, a.send_base, R, t, d);
+                    if (row >= 0) src_s[ns++] = row * H;
+                }
+                *ns_s = ns;
+            }
+            __syncwarp();
+            const int ns = *ns_s;
+            if (a.dtype == ETP__EP_BF16)
+                reduce_row<8>(a, slab, src_s, ns, t);
+            else
+                reduce_row<4>(a, slab, src_s, ns, t);
+            __syncwarp();
+        } else {
+            etp__ep_reduce_args_t ra;
+            ra.partial = slab;
+            ra.t_dev = a.t_dev;
+            ra.send_pos = a.send_pos;
+            ra.send_base = a.send_base;
+            ra.t_max = tm;
+            ra.hidden = H;
+            ra.ranks = R;
+            ra.dtype = a.dtype;
+            ra.wire = a.wire;
+            ra.out = a.out;
+            for (int64_t h = lane; h < H; h += 32)
+                etp__ep_store(a.out, a.dtype, t * H + h, etp__ep_reduce_elem(&ra, t, h));
+        }
+    }
+    if (a.grad_topk) {
+        etp__ep_wscatter_args_t wa;
+        wa.g_recv = reinterpret_cast<const float *>(n.peers[n.me] + n.small_off);
+        wa.t_dev = a.t_dev;
+        wa.slot_dest = a.slot_dest;
+        wa.send_pos = a.send_pos;
+        wa.send_base = a.send_base;
+        wa.t_max = tm;
+        wa.k = k;
+        wa.ranks = R;
+        wa.out = a.grad_topk;
+        for (int j = lane; j < k; j += 32) a.grad_topk[t * k + j] = etp__ep_slot_grad(&wa, t, j);
+    }
+}
+
 /* The pre-sums (any number of blocks): received token row i's into row i
  * of the local stage, in the wire dtype. No peer memory is touched. */
 __global__ void __launch_bounds__(kThreads) e2t_presum(etp__ep_e2t_args_t a, int vec)
 {
-    __shared__ int32_t rows_s[kWarps][64];
-    __shared__ float w_s[kWarps][64];
+    __shared__ int32_t rows_s[kWarps][kTopkMax];
+    __shared__ float w_s[kWarps][kTopkMax];
     const etp__ep_nvl_t &n = a.nvl;
-    const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
+    const int warp = threadIdx.x / 32;
     const int64_t gw = (int64_t)blockIdx.x * kWarps + warp, nw = (int64_t)gridDim.x * kWarps;
-    const int k = a.k;
-    const int64_t H = a.hidden, tm = n.t_max;
-    const int64_t wb = H * etp__ep_esize(a.wire); /* bytes of a partial */
+    const int64_t tm = n.t_max, wb = a.hidden * etp__ep_esize(a.wire); /* bytes of a partial */
     for (int64_t i = gw; i < (int64_t)n.ranks * tm; i += nw) {
         if (i % tm >= a.recv_cnt[i / tm]) continue;
-        char *dst = static_cast<char *>(a.stage) + i * wb;
-        const int32_t *tr = a.tok_rows + i * k;
-        int nr = 0;
-        while (nr < k && tr[nr] >= 0) nr++;
-        if (vec) {
-            for (int m = lane; m < nr; m += 32) {
-                rows_s[warp][m] = tr[m];
-                w_s[warp][m] = a.row_w ? a.row_w[tr[m]] : 1.0f;
-            }
-            __syncwarp();
-            if (a.dtype == ETP__EP_BF16)
-                presum_row<8>(a, rows_s[warp], w_s[warp], nr, dst);
-            else
-                presum_row<4>(a, rows_s[warp], w_s[warp], nr, dst);
-            __syncwarp();
-        } else {
-            etp__ep_presum_args_t pa;
-            pa.in = a.in;
-            pa.row_w = a.row_w;
-            pa.tok_rows = a.tok_rows;
-            pa.ntok = (int64_t)n.ranks * tm;
-            pa.hidden = H;
-            pa.k = k;
-            pa.dtype = a.dtype;
-            pa.wire = a.wire;
-            pa.partial = dst;
-            for (int64_t h = lane; h < H; h += 32)
-                etp__ep_store(dst, a.wire, h, etp__ep_presum_elem(&pa, i, h));
-        }
+        presum_token(a, i, static_cast<char *>(a.stage) + i * wb, vec, rows_s[warp], w_s[warp]);
     }
 }
 
@@ -749,9 +708,7 @@ __global__ void __launch_bounds__(kThreads) e2t_send(etp__ep_e2t_args_t a, int v
     if (!call_begin(n, a.call, &call_no, &t0)) return;
     const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
     const int64_t gw = (int64_t)blockIdx.x * kWarps + warp, nw = (int64_t)n.blocks * kWarps;
-    const int k = a.k;
-    const int64_t H = a.hidden, tm = n.t_max;
-    const int64_t wb = H * etp__ep_esize(a.wire);
+    const int64_t tm = n.t_max, wb = a.hidden * etp__ep_esize(a.wire);
     const bool g_travels = a.g_pre != nullptr || a.grad_row_w != nullptr;
     /* the rows in the order (position, source): warps side by side store
      * to every peer at once, not to one peer's slab after another's */
@@ -769,18 +726,7 @@ __global__ void __launch_bounds__(kThreads) e2t_send(etp__ep_e2t_args_t a, int v
                 for (int64_t b = lane; b < wb; b += 32) dst[b] = src[b];
             }
         }
-        if (g_travels) {
-            for (int j = lane; j < k; j += 32) {
-                float g;
-                if (a.g_pre) {
-                    g = a.g_pre[i * k + j];
-                } else {
-                    const int32_t r = a.recv_row[i * k + j];
-                    g = r >= 0 ? a.grad_row_w[r] : 0.0f;
-                }
-                reinterpret_cast<float *>(n.peers[s] + n.small_off)[back * k + j] = g;
-            }
-        }
+        if (g_travels) send_wgrads(a, i, s, back);
     }
     __syncthreads();
     if (threadIdx.x == 0) signal_all(n, 0);
@@ -796,62 +742,45 @@ __global__ void __launch_bounds__(kThreads) e2t_recv(etp__ep_e2t_args_t a, int v
     if (!wide_begin(n, a.call, &call_no)) return;
     __shared__ int64_t src_s[kWarps][kMaxRanks];
     __shared__ int ns_s[kWarps];
-    const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
+    const int warp = threadIdx.x / 32;
     const int64_t gw = (int64_t)blockIdx.x * kWarps + warp, nw = (int64_t)gridDim.x * kWarps;
-    const int R = n.ranks, k = a.k;
-    const int64_t H = a.hidden, tm = n.t_max;
-    const char *slab = n.peers[n.me] + n.tok_off;
-    const float *g_recv = reinterpret_cast<const float *>(n.peers[n.me] + n.small_off);
-    const int64_t T = tokens_of(a.t_dev, tm);
-    for (int64_t t = gw; t < T; t += nw) {
-        if (a.out) {
-            if (vec) {
-                if (lane == 0) {
-                    int ns = 0;
-                    for (int d = 0; d < R; d++) {
-                        const int64_t row = etp__ep_send_row(a.send_pos, a.send_base, R, t, d);
-                        if (row >= 0) src_s[warp][ns++] = row * H;
-                    }
-                    ns_s[warp] = ns;
-                }
-                __syncwarp();
-                const int ns = ns_s[warp];
-                if (a.dtype == ETP__EP_BF16)
-                    reduce_row<8>(a, slab, src_s[warp], ns, t);
-                else
-                    reduce_row<4>(a, slab, src_s[warp], ns, t);
-                __syncwarp();
-            } else {
-                etp__ep_reduce_args_t ra;
-                ra.partial = slab;
-                ra.t_dev = a.t_dev;
-                ra.send_pos = a.send_pos;
-                ra.send_base = a.send_base;
-                ra.t_max = tm;
-                ra.hidden = H;
-                ra.ranks = R;
-                ra.dtype = a.dtype;
-                ra.wire = a.wire;
-                ra.out = a.out;
-                for (int64_t h = lane; h < H; h += 32)
-                    etp__ep_store(a.out, a.dtype, t * H + h, etp__ep_reduce_elem(&ra, t, h));
-            }
-        }
-        if (a.grad_topk) {
-            etp__ep_wscatter_args_t wa;
-            wa.g_recv = g_recv;
-            wa.t_dev = a.t_dev;
-            wa.slot_dest = a.slot_dest;
-            wa.send_pos = a.send_pos;
-            wa.send_base = a.send_base;
-            wa.t_max = tm;
-            wa.k = k;
-            wa.ranks = R;
-            wa.out = a.grad_topk;
-            for (int j = lane; j < k; j += 32) a.grad_topk[t * k + j] = etp__ep_slot_grad(&wa, t, j);
-        }
-    }
+    const int64_t T = tokens_of(a.t_dev, n.t_max);
+    for (int64_t t = gw; t < T; t += nw) sum_token(a, t, vec, src_s[warp], &ns_s[warp]);
     wide_end(n, call_no);
+}
+
+/* The whole call in one kernel of n.blocks blocks (small batches, where
+ * launches and not bytes cost): the pre-sums straight into the peers'
+ * slabs, the arrival, the token sums, the release. No stage. */
+__global__ void __launch_bounds__(kThreads) e2t_fused(etp__ep_e2t_args_t a, int vec)
+{
+    __shared__ int32_t rows_s[kWarps][kTopkMax];
+    __shared__ float w_s[kWarps][kTopkMax];
+    __shared__ int64_t src_s[kWarps][kMaxRanks];
+    __shared__ int ns_s[kWarps];
+    const etp__ep_nvl_t &n = a.nvl;
+    uint64_t call_no;
+    int64_t t0;
+    if (!call_begin(n, a.call, &call_no, &t0)) return;
+    const int warp = threadIdx.x / 32;
+    const int64_t gw = (int64_t)blockIdx.x * kWarps + warp, nw = (int64_t)n.blocks * kWarps;
+    const int64_t tm = n.t_max, wb = a.hidden * etp__ep_esize(a.wire);
+    const bool g_travels = a.g_pre != nullptr || a.grad_row_w != nullptr;
+    for (int64_t x = gw; x < (int64_t)n.ranks * tm; x += nw) {
+        const int s = (int)(x % n.ranks);
+        const int64_t p = x / n.ranks, i = (int64_t)s * tm + p;
+        if (p >= a.recv_cnt[s]) continue;
+        const int64_t back = etp__ep_nvl_row(n.me, tm, p);
+        if (a.in) presum_token(a, i, n.peers[s] + n.tok_off + back * wb, vec, rows_s[warp], w_s[warp]);
+        if (g_travels) send_wgrads(a, i, s, back);
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) signal_all(n, 0);
+    if (!block_wait(n, 0, etp__ep_nvl_mark(call_no, n.blocks), a.call, ETP__EP_NVL_WAIT_ARRIVAL, t0))
+        return;
+    const int64_t T = tokens_of(a.t_dev, tm);
+    for (int64_t t = gw; t < T; t += nw) sum_token(a, t, vec, src_s[warp], &ns_s[warp]);
+    block_end(n, call_no);
 }
 
 template <typename A>
@@ -898,9 +827,10 @@ extern "C" cudaError_t etp__cuda_nvl_e2t(cudaStream_t s, const etp__ep_e2t_args_
     const int64_t es = etp__ep_esize(a->dtype), V = a->dtype == ETP__EP_BF16 ? 8 : 4;
     /* whole 16-byte groups of the input, aligned buffers, top-k that fits
      * the warp's shared rows */
-    const int vec = a->hidden % V == 0 && (a->hidden * es) % 16 == 0 && a->k <= 64 &&
+    const int vec = a->hidden % V == 0 && (a->hidden * es) % 16 == 0 && a->k <= kTopkMax &&
                     (a->in == nullptr || aligned16(a->in)) && (a->out == nullptr || aligned16(a->out)) &&
                     (a->stage == nullptr || aligned16(a->stage));
+    if (phase == ETP__EP_NVL_PHASE_ALL) return launch(e2t_fused, (unsigned)a->nvl.blocks, s, *a, vec);
     if (phase == ETP__EP_NVL_PHASE_PRESUM && !a->in) return cudaSuccess;
     if (phase == ETP__EP_NVL_PHASE_PRESUM)
         return launch(e2t_presum, (unsigned)a->nvl.wide_blocks, s, *a, vec);

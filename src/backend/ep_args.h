@@ -230,12 +230,21 @@ enum {
     ETP__EP_NVL_DISPATCH_BWD = 3,
     ETP__EP_NVL_COMBINE_BWD = 4,
     ETP__EP_NVL_COMBINE_BWD_WEIGHTS = 5,
-    ETP__EP_NVL_PREPARE = 6
+    ETP__EP_NVL_PREPARE = 6,
+    ETP__EP_NVL_LL_DISPATCH = 7,
+    ETP__EP_NVL_LL_COMBINE = 8
 };
 /* The kernels of a call, launched one by one (the backend's nvl_t2e and
  * nvl_e2t take one): the pre-sums into the stage (e2t only), the stores to
  * the peers, the receiving side's work. */
-enum { ETP__EP_NVL_PHASE_PRESUM = 0, ETP__EP_NVL_PHASE_SEND = 1, ETP__EP_NVL_PHASE_RECV = 2 };
+enum {
+    ETP__EP_NVL_PHASE_PRESUM = 0,
+    ETP__EP_NVL_PHASE_SEND = 1,
+    ETP__EP_NVL_PHASE_RECV = 2,
+    /* e2t only: the whole call in one kernel of `blocks` blocks, the
+     * pre-sums stored straight into the peers (no stage): for small batches */
+    ETP__EP_NVL_PHASE_ALL = 3
+};
 /* What it waited for (fault[2]). */
 enum { ETP__EP_NVL_WAIT_RELEASE = 1, ETP__EP_NVL_WAIT_ARRIVAL = 2 };
 
@@ -322,5 +331,53 @@ typedef struct etp__ep_e2t_args {
     float *grad_topk;
     void *stage; /* this rank's: R*t_max partials of the wire dtype (when `in` is set) */
 } etp__ep_e2t_args_t;
+
+/* ---- low-latency layers (CUDA) --------------------------------------------
+ *
+ * The largest top-k and group a low-latency kernel takes (the kernel keeps
+ * a token's slots and every rank's counts in shared memory); the ep module
+ * refuses larger ones at layer creation.
+ */
+#define ETP__EP_LL_MAX_TOPK 16
+#define ETP__EP_LL_MAX_RANKS 32
+
+/* Low-latency dispatch in one kernel: prepare's route, the count
+ * all-gather, EXACT's clip, the token stores, the layout and the expand of
+ * etp__ep_route/clip/layout/expand_args_t, with T_max = nvl.t_max (the
+ * layer's) and slabs of T_max rows (NVLINK's numbering: source s's token at
+ * send position p is received row s * T_max + p).
+ * The layer's window (nvl.peers, the same layout on every rank) holds:
+ *   sig_off: 2R uint64 words, cnt[s] (rank s stored its counts here: one
+ *     a call) and tok[s] (blocks of rank s that stored their rows here:
+ *     nvl.blocks a call), counted from the layer's creation;
+ *   cnt_off: 2 parities x R x R int32: call n's C[s*R + d] (the tokens s
+ *     sends d, as route counts them), in parity n % 2, stored by s;
+ *   small_off: R x T_max rows of k int32, the received metadata
+ *     (etp__ep_meta_row); w_off: R x T_max rows of k FP32 (the slot
+ *     weights, etp__ep_slot_weight) when carry;
+ *   tok_off: R x T_max token rows of nvl.tok_row_bytes.
+ * A rank stores a call's rows into rank d only after d's counts of the
+ * same call arrived (d has started that call, so it is done with the
+ * previous one's rows). nvl.calls is the kernel's own: [0] calls done, [1]
+ * blocks done in the current one, [2] the rank's block barrier (blocks
+ * arrived, counted from creation). Stats as route/clip/layout count them
+ * (one prepare a call). */
+typedef struct etp__ep_ll_args {
+    etp__ep_nvl_t nvl;
+    size_t cnt_off, w_off;
+    const int64_t *topk_idx;
+    const int32_t *t_in; /* T on the device, or NULL: t_value */
+    int64_t t_value;
+    const void *tokens;
+    const float *weights;
+    int64_t num_experts, local_experts, tok_cap, hidden, rows_cap, alignment, fixed_slots;
+    int k, dtype, carry;
+    /* the half's routing and layout, named as in the structs above */
+    int32_t *t_dev, *slot_dest, *send_pos, *send_cnt, *send_base, *recv_cnt, *recv_base;
+    int32_t *counts, *offsets, *recv_row, *tok_rows, *row_src;
+    void *out;    /* [rows_cap, H] */
+    float *out_w; /* [rows_cap], when carry */
+    int64_t *stats;
+} etp__ep_ll_args_t;
 
 #endif /* ETP__EP_ARGS_H */

@@ -42,6 +42,10 @@ struct etp__ep_kernels {
     etp_status_t (*nvl_e2t)(etp__be_t *be, etp__bstream_t *s, const etp__ep_e2t_args_t *a,
                             int phase);
     etp_status_t (*nvl_prepare)(etp__be_t *be, etp__bstream_t *s, const etp__ep_xchg_args_t *a);
+    /* A low-latency dispatch in one kernel (ep_args.h); NULL on a backend
+     * without peer stores (the host backend runs it with its kernels and
+     * all-to-alls). Low-latency combine is nvl_e2t on the layer's window. */
+    etp_status_t (*ll_dispatch)(etp__be_t *be, etp__bstream_t *s, const etp__ep_ll_args_t *a);
     /* Host memory the device can write with an async copy and the host can
      * read without a stream operation (pinned on CUDA; malloc on host). */
     etp_status_t (*pinned_alloc)(etp__be_t *be, size_t bytes, void **ptr);

@@ -86,6 +86,7 @@ extern const etp__vstruct_t etp__vs_context_config, etp__vs_memory_report, etp__
     etp__vs_param_config, etp__vs_param_info, etp__vs_chain_config, etp__vs_cache_report,
     etp__vs_weight_view, etp__vs_quantizer_config, etp__vs_quant_sizes, etp__vs_ep_group_config,
     etp__vs_ep_group_info, etp__vs_ep_layer_config, etp__vs_ep_dispatch_args, etp__vs_ep_report,
+    etp__vs_ep_ll_dispatch_args, etp__vs_ep_ll_rows,
     etp__vs_gemm_config, etp__vs_gemm_args;
 
 /* ETP_SUCCESS when `size` is one vs accepts; else ETP_ERR_INVALID_ARGUMENT

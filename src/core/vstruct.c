@@ -175,7 +175,8 @@ const etp__vstruct_t etp__vs_ep_group_info =
 
 #define F(f) ETP__FIELD(etp_ep_layer_config_t, f)
 static const etp__field_t ep_layer_config_fields[] = {
-    F(size), F(name), F(topk), F(alignment), F(layout), F(weighted), F(slots_per_expert)};
+    F(size), F(name), F(topk), F(alignment), F(layout), F(weighted), F(slots_per_expert),
+    F(low_latency), F(max_tokens_per_rank)};
 #undef F
 const etp__vstruct_t etp__vs_ep_layer_config =
     ETP__VSTRUCT(etp_ep_layer_config_t, ETP_EP_LAYER_CONFIG_INIT, ep_layer_config_fields);
@@ -187,6 +188,21 @@ static const etp__field_t ep_dispatch_args_fields[] = {
 #undef F
 const etp__vstruct_t etp__vs_ep_dispatch_args =
     ETP__VSTRUCT(etp_ep_dispatch_args_t, ETP_EP_DISPATCH_ARGS_INIT, ep_dispatch_args_fields);
+
+#define F(f) ETP__FIELD(etp_ep_ll_dispatch_args_t, f)
+static const etp__field_t ep_ll_dispatch_args_fields[] = {
+    F(size), F(topk_idx), F(idx_dtype), F(num_tokens), F(num_tokens_dev), F(tokens), F(dtype),
+    F(topk_weights), F(weights_dtype)};
+#undef F
+const etp__vstruct_t etp__vs_ep_ll_dispatch_args = ETP__VSTRUCT(
+    etp_ep_ll_dispatch_args_t, ETP_EP_LL_DISPATCH_ARGS_INIT, ep_ll_dispatch_args_fields);
+
+#define F(f) ETP__FIELD(etp_ep_ll_rows_t, f)
+static const etp__field_t ep_ll_rows_fields[] = {F(size),    F(tokens), F(weights), F(counts),
+                                                 F(offsets), F(rows),   F(half)};
+#undef F
+const etp__vstruct_t etp__vs_ep_ll_rows =
+    ETP__VSTRUCT(etp_ep_ll_rows_t, ETP_EP_LL_ROWS_INIT, ep_ll_rows_fields);
 
 #define F(f) ETP__FIELD(etp_ep_report_t, f)
 static const etp__field_t ep_report_fields[] = {

@@ -38,6 +38,7 @@
 
 #include "backend/kernels_ep.h"
 #include "comm/comm_internal.h"
+#include "ep/ep_ll.h"
 #include "ep/ep_rules.h"
 #include "etp/ep.h"
 
@@ -105,6 +106,7 @@ struct etp_ep_layer {
     int weights_kept;           /* the last dispatch carried weights (since prepare) */
     etp_event_t *prep_ev;       /* recorded at the end of each prepare */
     int prepared_once;
+    etp__ep_ll_t *ll;           /* a low-latency layer's halves (ep_ll.c), else NULL */
 };
 
 /* ---- helpers ------------------------------------------------------------ */
@@ -268,6 +270,11 @@ static etp_status_t report_status(const etp_ep_layer_t *ly, const etp_ep_report_
 static etp_status_t entry(etp_ep_layer_t *ly, etp_stream_t *s, const char *fn)
 {
     if (!ly) return etp__err(ETP_ERR_INVALID_ARGUMENT, "%s: argument 'layer' is NULL", fn);
+    if (ly->ll)
+        return etp__err(ETP_ERR_INVALID_ARGUMENT,
+                        "%s: EP layer '%s' is a low-latency layer: it dispatches and combines "
+                        "with etp_ep_ll_dispatch and etp_ep_ll_combine (no prepare), forward "
+                        "only (no backward)", fn, ly->name);
     ETP__TRY(check_stream(ly->ep, s, fn));
     ETP__TRY(etp__ctx_no_batch(ly->ep->ctx, fn));
     return note_capture(ly, s);
@@ -569,6 +576,7 @@ etp_status_t etp_ep_group_info(const etp_ep_group_t *ep, etp_ep_group_info_t *in
 static void layer_free(etp_ep_layer_t *ly)
 {
     etp_ep_group_t *ep = ly->ep;
+    etp__ep_ll_destroy(ly->ll);
     if (ly->state) (void)etp_mem_free(ep->ctx, ly->state);
     if (ly->pinned) {
         /* the device may still copy into it: wait like a free does */
@@ -579,6 +587,44 @@ static void layer_free(etp_ep_layer_t *ly)
     free(ly->rows_host);
     free(ly->a2a);
     free(ly);
+}
+
+/* The view of a layer and its group that the low-latency code works with. */
+static void ll_env(etp_ep_layer_t *ly, etp__ep_ll_env_t *e)
+{
+    etp_ep_group_t *ep = ly->ep;
+    memset(e, 0, sizeof *e);
+    e->ep = ep;
+    e->ly = ly;
+    e->ctx = ep->ctx;
+    e->group = ep->group;
+    e->be = ep->be;
+    e->kt = ep->kt;
+    e->cfg = &ep->cfg;
+    e->name = ep->name;
+    e->layer_name = ly->name;
+    e->R = ep->R;
+    e->rank = ep->rank;
+    e->nvl = ep->nvl;
+    e->fused = ep->fused;
+    e->mx = ep->mx;
+    e->dt = ep->dt;
+    e->wire = ep->wire;
+    e->L = ep->L;
+    e->tok_cap = ep->tok_cap;
+    e->send_tok = ep->send_tok;
+    e->recv_tok = ep->recv_tok;
+    e->send_small = ep->send_small;
+    e->recv_small = ep->recv_small;
+    e->k = ly->k;
+    e->weighted = ly->weighted;
+    e->align = ly->align;
+    e->slots = ly->slots;
+    e->rows = ly->rows;
+    e->stats = ly->stats;
+    e->host_stats = ly->host_stats;
+    e->prep_ev = ly->prep_ev;
+    e->prepared_once = &ly->prepared_once;
 }
 
 etp_status_t etp_ep_layer_create(etp_ep_group_t *ep, const etp_ep_layer_config_t *config,
@@ -606,6 +652,11 @@ etp_status_t etp_ep_layer_create(etp_ep_group_t *ep, const etp_ep_layer_config_t
                    c.weighted);
     ETP__CHECK_ARG(c.name == NULL || strlen(c.name) < EP_NAME_MAX,
                    "%s: name longer than %d characters", fn, EP_NAME_MAX - 1);
+    ETP__CHECK_ARG(c.low_latency == 0 || c.low_latency == 1,
+                   "%s: low_latency %d (expected 0 or 1)", fn, c.low_latency);
+    ETP__CHECK_ARG(c.low_latency || c.max_tokens_per_rank == 0,
+                   "%s: max_tokens_per_rank %lld is for low-latency layers (others: 0)", fn,
+                   (long long)c.max_tokens_per_rank);
     const int64_t align = c.alignment > 1 ? c.alignment : 1, cap = ep->cfg.recv_capacity_per_rank;
     const int64_t L = ep->L;
     int64_t slots = 0, rows = cap;
@@ -683,6 +734,11 @@ etp_status_t etp_ep_layer_create(etp_ep_group_t *ep, const etp_ep_layer_config_t
             st = etp__err(ETP_ERR_OUT_OF_MEMORY, "%s: out of host memory", fn);
     }
     if (st == ETP_SUCCESS) st = etp_event_create(ep->ctx, &ly->prep_ev);
+    if (st == ETP_SUCCESS && c.low_latency) {
+        etp__ep_ll_env_t env;
+        ll_env(ly, &env);
+        st = etp__ep_ll_create(&env, c.max_tokens_per_rank, &ly->ll);
+    }
     if (st != ETP_SUCCESS) {
         layer_free(ly);
         return st;
@@ -868,6 +924,10 @@ etp_status_t etp_ep_layout(const etp_ep_layer_t *ly, const int32_t **counts_dev,
                            const int32_t **offsets_dev)
 {
     if (!ly) return etp__err(ETP_ERR_INVALID_ARGUMENT, "etp_ep_layout: argument 'layer' is NULL");
+    if (ly->ll) {
+        etp__ep_ll_layout(ly->ll, counts_dev, offsets_dev);
+        return ETP_SUCCESS;
+    }
     if (counts_dev) *counts_dev = ly->counts;
     if (offsets_dev) *offsets_dev = ly->offsets;
     return ETP_SUCCESS;
@@ -880,14 +940,16 @@ etp_status_t etp_ep_layout_host(etp_ep_layer_t *ly, etp_stream_t *s, int32_t *co
     if (!ly) return etp__err(ETP_ERR_INVALID_ARGUMENT, "%s: argument 'layer' is NULL", fn);
     ETP__TRY(check_stream(ly->ep, s, fn));
     ETP__TRY(note_capture(ly, s));
-    if (ly->phase != LAYER_PREPARED)
+    if (ly->phase != LAYER_PREPARED && !(ly->ll && ly->prepared_once))
         return etp__err(ETP_ERR_INVALID_STATE, "%s: EP layer '%s' has not been prepared", fn,
                         ly->name);
     etp_ep_group_t *ep = ly->ep;
     ETP__TRY(join(ep, s));
-    if (counts) ETP__TRY(etp_memcpy_async(s, counts, ly->counts, (size_t)ep->L * sizeof(int32_t)));
+    const int32_t *cd = ly->counts, *od = ly->offsets;
+    if (ly->ll) etp__ep_ll_layout(ly->ll, &cd, &od);
+    if (counts) ETP__TRY(etp_memcpy_async(s, counts, cd, (size_t)ep->L * sizeof(int32_t)));
     if (offsets)
-        ETP__TRY(etp_memcpy_async(s, offsets, ly->offsets, (size_t)(ep->L + 1) * sizeof(int32_t)));
+        ETP__TRY(etp_memcpy_async(s, offsets, od, (size_t)(ep->L + 1) * sizeof(int32_t)));
     ETP__TRY(leave(ep, s));
     return etp_stream_synchronize(s);
 }
@@ -1350,4 +1412,37 @@ etp_status_t etp_ep_reset_report(etp_ep_layer_t *ly, etp_stream_t *s)
                               ETP__EP_ST_COUNT * sizeof(int64_t)));
     for (int i = 0; i < ETP__EP_ST_COUNT; i++) ly->host_stats[i] = 0;
     return leave(ep, s);
+}
+
+/* ---- low-latency layers: ep_ll.c's entry points -------------------------- */
+
+etp_status_t etp__ep_ll_begin(etp_ep_layer_t *ly, etp_stream_t *s, const char *fn,
+                              etp__ep_ll_env_t *env, etp__ep_ll_t **ll)
+{
+    if (!ly) return etp__err(ETP_ERR_INVALID_ARGUMENT, "%s: argument 'layer' is NULL", fn);
+    if (!ly->ll)
+        return etp__err(ETP_ERR_INVALID_ARGUMENT,
+                        "%s: EP layer '%s' is not a low-latency layer (made with low_latency = 1)",
+                        fn, ly->name);
+    ETP__TRY(check_stream(ly->ep, s, fn));
+    ETP__TRY(etp__ctx_no_batch(ly->ep->ctx, fn));
+    ETP__TRY(note_capture(ly, s));
+    ll_env(ly, env);
+    *ll = ly->ll;
+    return join(ly->ep, s);
+}
+
+etp_status_t etp__ep_ll_end(etp_ep_layer_t *ly, etp_stream_t *s)
+{
+    return leave(ly->ep, s);
+}
+
+void etp__ep_ll_trace(etp_ep_layer_t *ly, etp_trace_point_t point, etp_stream_t *s)
+{
+    trace(ly->ep, point, s);
+}
+
+etp_group_t *etp__ep_ll_group_of(const etp_ep_layer_t *ly)
+{
+    return ly->ep->group;
 }

@@ -12,7 +12,9 @@
  * (so the CUDA quantization equals the host's), top-k 1, 2, 8, both
  * transports and layouts, aligned and misaligned tokens, H with and without
  * wire-row padding; and the captured step with MXFP8 dispatch; and more
- * than 2^16 local experts.
+ * than 2^16 local experts. Low-latency layers (test_ep_ll.h): the
+ * dispatch kernel and combine against the reference and an EXACT group
+ * bit for bit, two dispatches in flight, and a captured replay.
  */
 #include <cuda_runtime_api.h>
 
@@ -50,6 +52,7 @@ static int teardown(void **state)
 
 
 #include "test_ep_graph.h"
+#include "test_ep_ll.h"
 
 static void test_steps(void **state)
 {
@@ -138,6 +141,57 @@ static void test_many_experts(void **state)
     ep_many_experts(*state, 58000);
 }
 
+/* Low-latency layers (one dispatch kernel, the NVLINK combine kernel):
+ * every output against the reference and an EXACT group's ordinary layer,
+ * bit for bit; top-k 1, 2, 8, both layouts, weighted and not, BF16 and
+ * F32, 16-byte rows (vector copies) and odd ones (byte copies), both
+ * wires, the layer's T the group's or 128; device T; tight capacity. */
+static void test_ll_steps(void **state)
+{
+    ep_fx_t *f = *state;
+    const int ks[] = {1, 2, 8};
+    uint64_t tag = 70000;
+    for (int ki = 0; ki < 3; ki++)
+        for (int layout = 0; layout < 2; layout++)
+            for (int weighted = 0; weighted < 2; weighted++) {
+                const int k = ks[ki], v = ki + layout + weighted;
+                const etp_dtype_t dt = v % 2 ? ETP_DTYPE_BF16 : ETP_DTYPE_F32;
+                const int64_t H = (layout + weighted) % 2 ? 1024 : 517;
+                gcfg_t g = cfg_for(k, H, dt, ETP_EP_TRANSPORT_NVLINK);
+                if (dt == ETP_DTYPE_BF16 && ki % 2 == 0) g.wire = ETP_DTYPE_BF16;
+                if (layout == 1 && weighted == 1) { /* rows overflow */
+                    g.cap = g.cap / 4 / 16 * 16;
+                    if (g.cap < 32 * g.L) g.cap = 32 * g.L;
+                }
+                lcfg_t l = {.k = k, .align = (ki + layout) % 2 ? 16 : 1, .weighted = weighted,
+                            .layout = layout ? ETP_EP_LAYOUT_FIXED_SLOTS : ETP_EP_LAYOUT_PACKED};
+                const int64_t tll = v % 2 ? 128 : 0; /* 0: the group's 200 */
+                const int route = v % 3 == 2 ? ROUTE_BAD : v % 2 ? ROUTE_SKEWED : ROUTE_UNIFORM;
+                ll_opts_t o = {.route = route, .exact = 1, .report = 1};
+                ll_steps(f, &g, &l, tll, tag, 3, &o);
+                o.device_T = 1;
+                o.exact = 0;
+                ll_steps(f, &g, &l, tll, tag + 10, 2, &o);
+                tag += 100;
+            }
+}
+
+/* Two dispatches in flight, the overwrite refusal; a CUDA graph of
+ * dispatch + combine replayed with new routing. */
+static void test_ll_overlap_graph(void **state)
+{
+    ep_fx_t *f = *state;
+    gcfg_t g = cfg_for(8, 2048, ETP_DTYPE_BF16, ETP_EP_TRANSPORT_NVLINK);
+    lcfg_t l = {.k = 8, .align = 16, .weighted = 1, .layout = ETP_EP_LAYOUT_PACKED};
+    ll_overlap(f, &g, &l, 128, 75000);
+    gcfg_t g2 = cfg_for(8, 2048, ETP_DTYPE_BF16, ETP_EP_TRANSPORT_NVLINK);
+    lcfg_t l2 = {.k = 8, .align = 16, .weighted = 1, .layout = ETP_EP_LAYOUT_FIXED_SLOTS};
+    ll_graph(f, &g2, &l2, 128, 75100);
+    gcfg_t g3 = cfg_for(2, 512, ETP_DTYPE_F32, ETP_EP_TRANSPORT_NVLINK);
+    lcfg_t l3 = {.k = 2, .align = 1, .weighted = 0, .layout = ETP_EP_LAYOUT_PACKED};
+    ll_graph(f, &g3, &l3, 0, 75200);
+}
+
 int main(int argc, char **argv)
 {
     tu_mpi_init(&argc, &argv, "test_ep_gpu");
@@ -148,6 +202,8 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_graph_replay),
         cmocka_unit_test(test_exact_prepare_in_capture),
         cmocka_unit_test(test_many_experts),
+        cmocka_unit_test(test_ll_steps),
+        cmocka_unit_test(test_ll_overlap_graph),
     };
     int failed = cmocka_run_group_tests_name("ep_gpu", tests, setup, teardown);
     return tu_mpi_finish(failed);

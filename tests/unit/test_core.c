@@ -403,7 +403,8 @@ static void test_vstruct_tables(void **state)
         &etp__vs_cache_report,   &etp__vs_weight_view,    &etp__vs_quantizer_config,
         &etp__vs_quant_sizes,    &etp__vs_ep_group_config, &etp__vs_ep_group_info,
         &etp__vs_ep_layer_config, &etp__vs_ep_dispatch_args, &etp__vs_ep_report,
-        &etp__vs_gemm_config,    &etp__vs_gemm_args};
+        &etp__vs_ep_ll_dispatch_args, &etp__vs_ep_ll_rows, &etp__vs_gemm_config,
+        &etp__vs_gemm_args};
     for (size_t k = 0; k < sizeof all / sizeof all[0]; k++) {
         const etp__vstruct_t *vs = all[k];
         assert_true(vs->nfields >= 2);

@@ -10,6 +10,7 @@
 #include "../kernels_ep.h"
 #include "cuda_internal.h"
 #include "kernels/ep/ep_kernels.h"
+#include "kernels/ep/ll_kernels.h"
 #include "kernels/ep/nvl_kernels.h"
 
 /* One NVLink transport window. */
@@ -34,6 +35,8 @@ static const char *nvl_call_name(int64_t call)
     case ETP__EP_NVL_COMBINE_BWD: return "combine_bwd";
     case ETP__EP_NVL_COMBINE_BWD_WEIGHTS: return "combine_bwd (weight gradients)";
     case ETP__EP_NVL_PREPARE: return "prepare";
+    case ETP__EP_NVL_LL_DISPATCH: return "low-latency dispatch";
+    case ETP__EP_NVL_LL_COMBINE: return "low-latency combine";
     default: return "an EP call";
     }
 }
@@ -199,6 +202,13 @@ static etp_status_t cuda_nvl_prepare(etp__be_t *be, etp__bstream_t *s, const etp
     return launched(etp__cuda_nvl_prepare(cs, a), "nvlink prepare");
 }
 
+static etp_status_t cuda_ll_dispatch(etp__be_t *be, etp__bstream_t *s, const etp__ep_ll_args_t *a)
+{
+    cudaStream_t cs;
+    ETP__TRY(etp__cuda_stream_for_launch(be, s, &cs));
+    return launched(etp__cuda_ll_dispatch(cs, a), "low-latency dispatch");
+}
+
 static etp_status_t cuda_pinned_alloc(etp__be_t *be, size_t bytes, void **ptr)
 {
     ETP__TRY(etp__cuda_set_device(etp__cuda_of(be)));
@@ -233,6 +243,7 @@ const etp__ep_kernels_t etp__cuda_ep_kernels = {
     .nvl_t2e = cuda_nvl_t2e,
     .nvl_e2t = cuda_nvl_e2t,
     .nvl_prepare = cuda_nvl_prepare,
+    .ll_dispatch = cuda_ll_dispatch,
     .pinned_alloc = cuda_pinned_alloc,
     .pinned_free = cuda_pinned_free,
 };
