@@ -11,7 +11,9 @@
  * median time over the iterations (the slowest rank's), bandwidth, the
  * baseline's bandwidth and the ratio.
  */
+#define _POSIX_C_SOURCE 200809L /* nanosleep */
 #include <stdlib.h>
+#include <time.h>
 #include <string.h>
 
 #include "etp_bench.h"
@@ -27,6 +29,29 @@ struct bench_timer {
     cudaEvent_t e0, e1;
 #endif
 };
+
+#if ETP_HAVE_CUDA
+static void CUDART_CB hold_fn(void *arg)
+{
+    (void)arg;
+    const struct timespec ts = {0, 500 * 1000};
+    nanosleep(&ts, NULL);
+}
+#endif
+
+void bench_hold(bench_t *b, etp_stream_t *s)
+{
+#if ETP_HAVE_CUDA
+    if (b->backend == ETP_BACKEND_CUDA) {
+        cudaStream_t cs;
+        BENCH_CHECK(b, etp_stream_get_cuda(s, &cs));
+        BENCH_CUDA(b, cudaLaunchHostFunc(cs, hold_fn, NULL));
+    }
+#else
+    (void)b;
+    (void)s;
+#endif
+}
 
 bench_timer_t *bench_timer_create(bench_t *b, etp_stream_t *s)
 {

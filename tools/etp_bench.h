@@ -57,6 +57,12 @@ typedef struct bench_timer bench_timer_t;
 bench_timer_t *bench_timer_create(bench_t *b, etp_stream_t *s);
 void bench_timer_start(bench_timer_t *t);
 void bench_timer_stop(bench_timer_t *t);
+/* Hold stream s (CUDA: a host function that sleeps half a millisecond;
+ * nothing on the host backend) so that the region timed next is enqueued
+ * while the device waits: its events then time the device's work, not the
+ * host's enqueueing, as in a training step enqueued ahead of the device.
+ * For regions that would otherwise wait on the host in between. */
+void bench_hold(bench_t *b, etp_stream_t *s);
 /* Microseconds between the last start and stop (synchronizes). */
 double bench_timer_us(bench_timer_t *t);
 void bench_timer_destroy(bench_timer_t *t);

@@ -47,7 +47,10 @@
  *                joined back with events: the copy engines' peer bandwidth
  *   combine      etp_ep_combine, split into pre-sum | exchange | token sum
  *   copy         a device-to-device copy of the expanded rows' bytes
- * Each row of the table is the slowest rank's median.
+ * Each row of the table is the slowest rank's median. Times are the
+ * device's: every timed region is enqueued while the stream is held
+ * (bench_hold), after a barrier, so neither the host's enqueueing nor the
+ * ranks' skew in it is counted, as in a step enqueued ahead of the device.
  *
  * NVLINK on the CUDA backend has no pack (its sending kernel stores the
  * caller's tokens): its dispatch rows are the sending kernel (exchange) and
@@ -819,18 +822,21 @@ static void run_case(bench_t *b, const opts_t *o, case_t *c, etp_group_t *world,
         sample_t x;
         baseline_set(base, to, drow, from, drow);
         MPI_Barrier(MPI_COMM_WORLD);
+        bench_hold(b, s);
         bench_timer_start(tm);
         baseline_run(base);
         bench_timer_stop(tm);
         x.base_d = bench_timer_us(tm);
 
         MPI_Barrier(MPI_COMM_WORLD);
+        bench_hold(b, s);
         bench_timer_start(tm);
         BENCH_CHECK(b, etp_ep_prepare(ly, topk_idx, ETP_DTYPE_I64, T, NULL, s));
         bench_timer_stop(tm);
         x.prep = bench_timer_us(tm);
 
         MPI_Barrier(MPI_COMM_WORLD);
+        bench_hold(b, s);
         phases_start(ph);
         if (c->mx) {
             etp_ep_dispatch_args_t da = ETP_EP_DISPATCH_ARGS_INIT;
@@ -850,6 +856,7 @@ static void run_case(bench_t *b, const opts_t *o, case_t *c, etp_group_t *world,
 
         baseline_set(base, from, crow, to, crow);
         MPI_Barrier(MPI_COMM_WORLD);
+        bench_hold(b, s);
         bench_timer_start(tm);
         baseline_run(base);
         bench_timer_stop(tm);
@@ -858,6 +865,7 @@ static void run_case(bench_t *b, const opts_t *o, case_t *c, etp_group_t *world,
         x.peer = 0;
         if (pc->on) {
             MPI_Barrier(MPI_COMM_WORLD);
+            bench_hold(b, s);
             bench_timer_start(tm);
             peercopy_run(pc);
             bench_timer_stop(tm);
@@ -866,11 +874,13 @@ static void run_case(bench_t *b, const opts_t *o, case_t *c, etp_group_t *world,
 
         /* the received rows stand in for the expert outputs */
         MPI_Barrier(MPI_COMM_WORLD);
+        bench_hold(b, s);
         phases_start(ph);
         BENCH_CHECK(b, etp_ep_combine(ly, c->mx ? ein : recv, c->mx ? ETP_DTYPE_BF16 : c->dt, rows, out, s));
         phases_stop(ph, x.c);
 
         MPI_Barrier(MPI_COMM_WORLD);
+        bench_hold(b, s);
         bench_timer_start(tm);
         if (copy_bytes) BENCH_CHECK(b, etp_memcpy_async(s, copy_dst, recv, copy_bytes));
         bench_timer_stop(tm);
@@ -1102,29 +1112,34 @@ static void run_ll_case(bench_t *b, const opts_t *o, case_t *c, etp_group_t *wor
     for (int it = -b->warmup; it < n; it++) {
         double x[5];
         MPI_Barrier(MPI_COMM_WORLD);
+        bench_hold(b, s);
         bench_timer_start(tm);
         BENCH_CHECK(b, etp_ep_prepare(lyc, topk_idx, ETP_DTYPE_I64, T, NULL, s));
         bench_timer_stop(tm);
         x[0] = bench_timer_us(tm);
         MPI_Barrier(MPI_COMM_WORLD);
+        bench_hold(b, s);
         bench_timer_start(tm);
         BENCH_CHECK(b,
                     etp_ep_dispatch(lyc, tokens, c->dt, wptr, ETP_DTYPE_F32, recv, rwptr, rows, s));
         bench_timer_stop(tm);
         x[1] = bench_timer_us(tm);
         MPI_Barrier(MPI_COMM_WORLD);
+        bench_hold(b, s);
         bench_timer_start(tm);
         BENCH_CHECK(b, etp_ep_combine(lyc, recv, c->dt, rows, out, s));
         bench_timer_stop(tm);
         x[2] = bench_timer_us(tm);
         etp_ep_ll_rows_t v = ETP_EP_LL_ROWS_INIT;
         MPI_Barrier(MPI_COMM_WORLD);
+        bench_hold(b, s);
         bench_timer_start(tm);
         BENCH_CHECK(b, etp_ep_ll_dispatch(lyl, &da, &v, s));
         bench_timer_stop(tm);
         x[3] = bench_timer_us(tm);
         /* the received rows stand in for the expert outputs */
         MPI_Barrier(MPI_COMM_WORLD);
+        bench_hold(b, s);
         bench_timer_start(tm);
         BENCH_CHECK(b, etp_ep_ll_combine(lyl, v.tokens, c->dt, v.rows, out_ll, s));
         bench_timer_stop(tm);

@@ -141,6 +141,9 @@ __device__ __forceinline__ unsigned dest_mask(const etp__ep_t2e_args_t &a, int64
  * reads in flight (one 14 KB row is 3.5 rounds). */
 constexpr int kCopyUnroll = 8;
 
+/* written: src was written by this kernel's other blocks (loads through
+ * L2 only, not the read-only path) */
+template <bool written = false>
 __device__ __forceinline__ void warp_copy16(const uint4 *src, char *const *dst, int nd, int64_t nc)
 {
     const int lane = threadIdx.x & 31;
@@ -148,7 +151,7 @@ __device__ __forceinline__ void warp_copy16(const uint4 *src, char *const *dst, 
         uint4 v[kCopyUnroll];
 #pragma unroll
         for (int u = 0; u < kCopyUnroll; u++)
-            if (c0 + 32 * u < nc) v[u] = __ldg(src + c0 + 32 * u);
+            if (c0 + 32 * u < nc) v[u] = written ? __ldcg(src + c0 + 32 * u) : __ldg(src + c0 + 32 * u);
         for (int q = 0; q < nd; q++) {
             uint4 *d4 = reinterpret_cast<uint4 *>(dst[q]);
 #pragma unroll
@@ -681,55 +684,101 @@ __device__ void sum_token(const etp__ep_e2t_args_t &a, int64_t t, int vec, int64
     }
 }
 
-/* The pre-sums (any number of blocks): received token row i's into row i
- * of the local stage, in the wire dtype. No peer memory is touched. */
-__global__ void __launch_bounds__(kThreads) e2t_presum(etp__ep_e2t_args_t a, int vec)
+/* Received rows in the order (position, source), x = p * R + s: warps
+ * side by side store to every peer at once, not to one peer's slab after
+ * another's. */
+__device__ __forceinline__ int64_t row_of(const etp__ep_nvl_t &n, int64_t x, int *s, int64_t *p)
+{
+    *s = (int)(x % n.ranks);
+    *p = x / n.ranks;
+    return (int64_t)*s * n.t_max + *p;
+}
+
+__device__ __forceinline__ uint32_t load_acquire_gpu(const uint32_t *p)
+{
+    uint32_t v;
+    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+
+/* The sending half with the pre-sums beside it, one kernel: blocks below
+ * n.blocks send, the others pre-sum. A pre-summing warp writes received
+ * row x's partial into row x of the stage and counts it in its chunk
+ * (ETP__EP_NVL_CHUNK rows of x); a sending warp waits for the chunk of
+ * its row, copies the partial into its rank's slab (and the weight
+ * gradients), and the sending blocks signal arrival at the end. So the
+ * NVLink stores of num_sms blocks run while the rest of the device reads
+ * the expert rows. The counters are zeroed by the next kernel (e2t_recv),
+ * when every block of this one has finished. */
+__global__ void __launch_bounds__(kThreads) e2t_send(etp__ep_e2t_args_t a, int vec)
 {
     __shared__ int32_t rows_s[kWarps][kTopkMax];
     __shared__ float w_s[kWarps][kTopkMax];
     const etp__ep_nvl_t &n = a.nvl;
-    const int warp = threadIdx.x / 32;
-    const int64_t gw = (int64_t)blockIdx.x * kWarps + warp, nw = (int64_t)gridDim.x * kWarps;
-    const int64_t tm = n.t_max, wb = a.hidden * etp__ep_esize(a.wire); /* bytes of a partial */
-    for (int64_t i = gw; i < (int64_t)n.ranks * tm; i += nw) {
-        if (i % tm >= a.recv_cnt[i / tm]) continue;
-        presum_token(a, i, static_cast<char *>(a.stage) + i * wb, vec, rows_s[warp], w_s[warp]);
+    const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
+    const int64_t N = (int64_t)n.ranks * n.t_max;
+    const int64_t wb = a.hidden * etp__ep_esize(a.wire); /* bytes of a partial */
+    uint32_t *done = a.chunk_done;
+    if ((int)blockIdx.x >= n.blocks) {
+        if (!a.in) return;
+        const int64_t pw = (int64_t)(blockIdx.x - n.blocks) * kWarps + warp;
+        const int64_t npw = (int64_t)(gridDim.x - n.blocks) * kWarps;
+        for (int64_t x = pw; x < N; x += npw) {
+            int s;
+            int64_t p;
+            const int64_t i = row_of(n, x, &s, &p);
+            if (p < a.recv_cnt[s])
+                presum_token(a, i, static_cast<char *>(a.stage) + i * wb, vec, rows_s[warp], w_s[warp]);
+            __syncwarp();
+            if (lane == 0) {
+                __threadfence();
+                atomicAdd(done + x / ETP__EP_NVL_CHUNK, 1u);
+            }
+        }
+        return;
     }
-}
-
-/* The sending half (n.blocks blocks): every received token row's partial
- * (from the stage) and weight gradients into its rank's slabs, then this
- * rank's arrival there. */
-__global__ void __launch_bounds__(kThreads) e2t_send(etp__ep_e2t_args_t a, int vec)
-{
-    const etp__ep_nvl_t &n = a.nvl;
     uint64_t call_no;
     int64_t t0;
     if (!call_begin(n, a.call, &call_no, &t0)) return;
-    const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
     const int64_t gw = (int64_t)blockIdx.x * kWarps + warp, nw = (int64_t)n.blocks * kWarps;
-    const int64_t tm = n.t_max, wb = a.hidden * etp__ep_esize(a.wire);
     const bool g_travels = a.g_pre != nullptr || a.grad_row_w != nullptr;
-    /* the rows in the order (position, source): warps side by side store
-     * to every peer at once, not to one peer's slab after another's */
-    for (int64_t x = gw; x < (int64_t)n.ranks * tm; x += nw) {
-        const int s = (int)(x % n.ranks);
-        const int64_t p = x / n.ranks, i = (int64_t)s * tm + p;
+    bool ok = true;
+    for (int64_t x = gw; x < N && ok; x += nw) {
+        int s;
+        int64_t p;
+        const int64_t i = row_of(n, x, &s, &p);
         if (p >= a.recv_cnt[s]) continue;
-        const int64_t back = etp__ep_nvl_row(n.me, tm, p);
+        const int64_t back = etp__ep_nvl_row(n.me, n.t_max, p);
         if (a.in) {
+            const int64_t c = x / ETP__EP_NVL_CHUNK;
+            const uint32_t want = (uint32_t)etp__ep_min(N - c * ETP__EP_NVL_CHUNK, ETP__EP_NVL_CHUNK);
+            if (lane == 0)
+                while (load_acquire_gpu(done + c) < want) {
+                    if (n.timeout_ns > 0 && now_ns() - t0 > n.timeout_ns) {
+                        record_fault(n, n.me, a.call, ETP__EP_NVL_WAIT_LOCAL);
+                        ok = false;
+                        break;
+                    }
+                    __nanosleep(32);
+                }
+            ok = __shfl_sync(kFull, ok, 0);
+            if (!ok) break;
             const char *src = static_cast<const char *>(a.stage) + i * wb;
             char *dst = n.peers[s] + n.tok_off + back * wb;
             if (vec && wb % 16 == 0) {
-                warp_copy16(reinterpret_cast<const uint4 *>(src), &dst, 1, wb / 16);
+                warp_copy16<true>(reinterpret_cast<const uint4 *>(src), &dst, 1, wb / 16);
             } else {
-                for (int64_t b = lane; b < wb; b += 32) dst[b] = src[b];
+                for (int64_t b = lane; b < wb; b += 32) dst[b] = __ldcg(src + b);
             }
         }
         if (g_travels) send_wgrads(a, i, s, back);
     }
+    __shared__ int failed;
+    if (threadIdx.x == 0) failed = 0;
     __syncthreads();
-    if (threadIdx.x == 0) signal_all(n, 0);
+    if (!ok && lane == 0) failed = 1;
+    __syncthreads();
+    if (threadIdx.x == 0 && !failed) signal_all(n, 0);
 }
 
 /* The receiving half (any number of blocks): once every rank stored here,
@@ -738,6 +787,10 @@ __global__ void __launch_bounds__(kThreads) e2t_send(etp__ep_e2t_args_t a, int v
 __global__ void __launch_bounds__(kThreads) e2t_recv(etp__ep_e2t_args_t a, int vec)
 {
     const etp__ep_nvl_t &n = a.nvl;
+    /* the sending kernel's chunk counters, free again (it has finished) */
+    if (a.chunk_done && blockIdx.x == 0)
+        for (int64_t c = threadIdx.x; c < ETP__EP_NVL_CHUNK_WORDS((int64_t)n.ranks * n.t_max); c += blockDim.x)
+            a.chunk_done[c] = 0;
     uint64_t call_no;
     if (!wide_begin(n, a.call, &call_no)) return;
     __shared__ int64_t src_s[kWarps][kMaxRanks];
@@ -831,9 +884,10 @@ extern "C" cudaError_t etp__cuda_nvl_e2t(cudaStream_t s, const etp__ep_e2t_args_
                     (a->in == nullptr || aligned16(a->in)) && (a->out == nullptr || aligned16(a->out)) &&
                     (a->stage == nullptr || aligned16(a->stage));
     if (phase == ETP__EP_NVL_PHASE_ALL) return launch(e2t_fused, (unsigned)a->nvl.blocks, s, *a, vec);
-    if (phase == ETP__EP_NVL_PHASE_PRESUM && !a->in) return cudaSuccess;
-    if (phase == ETP__EP_NVL_PHASE_PRESUM)
-        return launch(e2t_presum, (unsigned)a->nvl.wide_blocks, s, *a, vec);
-    if (phase == ETP__EP_NVL_PHASE_SEND) return launch(e2t_send, (unsigned)a->nvl.blocks, s, *a, vec);
+    if (phase == ETP__EP_NVL_PHASE_SEND) {
+        /* senders, and pre-summing blocks on the rest of the device */
+        const int pre = a->nvl.wide_blocks > a->nvl.blocks ? a->nvl.wide_blocks - a->nvl.blocks : 1;
+        return launch(e2t_send, (unsigned)(a->nvl.blocks + pre), s, *a, vec);
+    }
     return launch(e2t_recv, (unsigned)a->nvl.wide_blocks, s, *a, vec);
 }

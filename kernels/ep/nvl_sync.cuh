@@ -35,6 +35,22 @@ static __device__ __forceinline__ uint64_t *sig(const etp__ep_nvl_t &n, int rank
     return reinterpret_cast<uint64_t *>(n.peers[rank] + n.sig_off);
 }
 
+/* A wait that gave up: the first (per window) records whom it waited for
+ * (peer), in which call and for what; word 0, which the host polls, is
+ * written last. */
+static __device__ void record_fault(const etp__ep_nvl_t &n, int peer, int call, int what)
+{
+    unsigned long long *claim = reinterpret_cast<unsigned long long *>(n.fault + 3);
+    if (atomicCAS(claim, 0ull, 1ull) == 0ull) {
+        volatile int64_t *vf = n.fault;
+        vf[1] = call;
+        vf[2] = what;
+        __threadfence_system();
+        vf[0] = peer + 1;
+        __threadfence_system();
+    }
+}
+
 /* Wait until *p >= v, at most the timeout; on giving up, record (once per
  * rank) who was waited for. Returns 0 when it gave up. */
 static __device__ bool wait_for(const etp__ep_nvl_t &n, const uint64_t *p, uint64_t v, int64_t t0,
@@ -42,17 +58,7 @@ static __device__ bool wait_for(const etp__ep_nvl_t &n, const uint64_t *p, uint6
 {
     while (load_acquire(p) < v) {
         if (n.timeout_ns > 0 && now_ns() - t0 > n.timeout_ns) {
-            /* the first to give up claims the record (word 3) and fills
-             * it; word 0, which the host polls, is written last */
-            unsigned long long *claim = reinterpret_cast<unsigned long long *>(n.fault + 3);
-            if (atomicCAS(claim, 0ull, 1ull) == 0ull) {
-                volatile int64_t *vf = n.fault;
-                vf[1] = call;
-                vf[2] = what;
-                __threadfence_system();
-                vf[0] = peer + 1;
-                __threadfence_system();
-            }
+            record_fault(n, peer, call, what);
             return false;
         }
         __nanosleep(64);

@@ -238,15 +238,18 @@ enum {
  * nvl_e2t take one): the pre-sums into the stage (e2t only), the stores to
  * the peers, the receiving side's work. */
 enum {
-    ETP__EP_NVL_PHASE_PRESUM = 0,
     ETP__EP_NVL_PHASE_SEND = 1,
     ETP__EP_NVL_PHASE_RECV = 2,
     /* e2t only: the whole call in one kernel of `blocks` blocks, the
      * pre-sums stored straight into the peers (no stage): for small batches */
     ETP__EP_NVL_PHASE_ALL = 3
 };
+/* e2t's sending kernel: received rows a chunk counter counts */
+#define ETP__EP_NVL_CHUNK 256
+/* its counters: one a chunk of the R*t_max received rows (and one spare) */
+#define ETP__EP_NVL_CHUNK_WORDS(rows) (((rows) + ETP__EP_NVL_CHUNK - 1) / ETP__EP_NVL_CHUNK + 1)
 /* What it waited for (fault[2]). */
-enum { ETP__EP_NVL_WAIT_RELEASE = 1, ETP__EP_NVL_WAIT_ARRIVAL = 2 };
+enum { ETP__EP_NVL_WAIT_RELEASE = 1, ETP__EP_NVL_WAIT_ARRIVAL = 2, ETP__EP_NVL_WAIT_LOCAL = 3 };
 
 typedef struct etp__ep_nvl {
     char *const *peers;    /* [R], on the device: every rank's window, this rank's included */
@@ -314,9 +317,10 @@ typedef struct etp__ep_t2e_args {
  * small slab: g_pre[i*k + j], or etp__ep_wgrad_args_t's dot == 0 rule from
  * grad_row_w. After every rank arrived, the token side writes reduce's
  * `out` (when `in` is set) and wscatter's grad_topk (when weight gradients
- * travel), reading its own slabs (send_base[d] = d*t_max). Three kernels:
- * the pre-sums into row i of `stage` (wide_blocks; only local memory), the
- * stores to the peers (`blocks`), the token side's sums (wide_blocks). */
+ * travel), reading its own slabs (send_base[d] = d*t_max). Two kernels:
+ * the sending one (`blocks` blocks store to the peers while the rest of
+ * the device pre-sums into row i of `stage`, counted in chunk_done), the
+ * token side's sums (wide_blocks); or, for small batches, one (PHASE_ALL). */
 typedef struct etp__ep_e2t_args {
     etp__ep_nvl_t nvl;
     int call;
@@ -330,6 +334,8 @@ typedef struct etp__ep_e2t_args {
     void *out;
     float *grad_topk;
     void *stage; /* this rank's: R*t_max partials of the wire dtype (when `in` is set) */
+    uint32_t *chunk_done; /* ETP__EP_NVL_CHUNK_WORDS(R*t_max): zero at the sending kernel's
+                           * start; the receiving kernel zeroes them again */
 } etp__ep_e2t_args_t;
 
 /* ---- low-latency layers (CUDA) --------------------------------------------

@@ -66,6 +66,7 @@ struct etp_ep_group {
     void *nvl_local;  /* fused: this rank's window */
     void *nvl_handle;
     size_t nvl_bytes;
+    uint32_t *chunk_done; /* fused: the combine's chunk counters, after its stage in send_tok */
     int wire;         /* combine_wire as ETP__EP_F32 / ETP__EP_BF16 */
     /* the last call's stream and an event recorded at its end: a call on
      * another stream waits for it (the transport buffers are shared) */
@@ -504,8 +505,10 @@ etp_status_t etp_ep_group_create(etp_group_t *group, const etp_ep_group_config_t
     /* the fused kernels need only the prepare's metadata slabs (and
      * combine_bwd's weight gradients in recv_small), and the stage of the
      * partials they send (send_tok: a partial per received token row) */
-    const size_t send_bytes = ep->fused ? (size_t)recv_rows * H * etp_dtype_size(c.combine_wire)
-                                        : (size_t)send_rows * H * 4;
+    const size_t stage_bytes = ((size_t)recv_rows * H * etp_dtype_size(c.combine_wire) + 255) / 256 * 256;
+    const size_t send_bytes =
+        ep->fused ? stage_bytes + (size_t)ETP__EP_NVL_CHUNK_WORDS(recv_rows) * sizeof(uint32_t)
+                  : (size_t)send_rows * H * 4;
     size_t sizes[4] = {send_bytes, ep->fused ? 0 : (size_t)recv_rows * H * 4,
                        (size_t)send_rows * (size_t)K * 4, (size_t)recv_rows * (size_t)K * 4};
     void **bufs[4] = {&ep->send_tok, &ep->recv_tok, &ep->send_small, &ep->recv_small};
@@ -515,6 +518,7 @@ etp_status_t etp_ep_group_create(etp_group_t *group, const etp_ep_group_config_t
         ep->buf_bytes += sizes[i];
     }
     ep->buf_bytes += ep->nvl_bytes;
+    if (st == ETP_SUCCESS && ep->fused) ep->chunk_done = (uint32_t *)((char *)ep->send_tok + stage_bytes);
     if (st == ETP_SUCCESS) st = etp_event_create(ep->ctx, &ep->last_ev);
     if (st != ETP_SUCCESS) {
         group_free(ep);
@@ -1025,7 +1029,8 @@ static etp__ep_e2t_args_t e2t_args(const etp_ep_layer_t *ly, int call)
         .nvl = ep->nv, .call = call, .tok_rows = ly->tok_rows, .recv_cnt = ly->recv_cnt,
         .recv_row = ly->recv_row, .hidden = ep->cfg.hidden, .k = ly->k, .dtype = (int)ep->dt,
         .wire = ep->wire, .t_dev = ly->t_dev, .slot_dest = ly->slot_dest,
-        .send_pos = ly->send_pos, .send_base = ly->send_base, .stage = ep->send_tok};
+        .send_pos = ly->send_pos, .send_base = ly->send_base, .stage = ep->send_tok,
+        .chunk_done = ep->chunk_done};
     return a;
 }
 
@@ -1165,7 +1170,7 @@ static etp_status_t rows_to_tokens(etp_ep_layer_t *ly, const void *in, const flo
         ea.grad_row_w = wgrad ? grad_row_w : NULL;
         ea.out = out;
         ea.grad_topk = wgrad ? grad_topk_w : NULL;
-        ETP__TRY(kt->nvl_e2t(be, s->bs, &ea, ETP__EP_NVL_PHASE_PRESUM));
+        /* the pre-sums run beside the stores, in the exchange phase */
         trace(ep, (etp_trace_point_t)(first + 1), s);
         ETP__TRY(kt->nvl_e2t(be, s->bs, &ea, ETP__EP_NVL_PHASE_SEND));
         trace(ep, (etp_trace_point_t)(first + 2), s);

@@ -52,6 +52,8 @@ etp_status_t etp__cuda_nvl_faults(etp__cuda_t *cb)
                  n->name, n->rank, n->ranks, nvl_call_name(f[1]), n->timeout_s / 2,
                  (long long)(f[0] - 1),
                  f[2] == ETP__EP_NVL_WAIT_RELEASE ? "to release its receive slabs"
+                 : f[2] == ETP__EP_NVL_WAIT_LOCAL ? "(itself) to pre-sum its rows: its blocks "
+                                                    "could not all run"
                                                   : "to store its rows");
         return etp__cuda_fail(cb, ETP_ERR_TIMEOUT);
     }
