@@ -12,8 +12,9 @@
  * Inputs are BF16, products accumulate in FP32, and the output (Y, dX or
  * dW) is BF16 or FP32, rounded once (beta 1: the FP32 sum plus the old dW,
  * then rounded). The order of the FP32 sums is the backend's: cuBLASLt's
- * tiles on CUDA; increasing inner index on the host backend. Row-side matrices (X, Y, dY, dX) are row-major with
- * contiguous rows (leading dimension k or n); the weight side (W, dW) is an
+ * tiles on CUDA; increasing inner index on the host backend. Row-side
+ * matrices (X, Y, dY, dX) are row-major with contiguous rows (leading
+ * dimension k or n); the weight side (W, dW) is an
  * etp_weight_view_t (etp/param.h): what etp_gather and etp_wgrad_buffer
  * give, or a view the caller fills in.
  *
@@ -28,11 +29,13 @@
  * - PACKED: expert e's rows are [offsets[e], offsets[e] + counts[e]), from
  *   host arrays: etp_ep_layout_host() of a layer on the EXACT transport.
  *   One GEMM per non-empty expert (on CUDA, several at once: the caller's
- *   stream forks to the plan's own streams and joins them back before the
- *   call's work ends, so stream order and graph capture hold as for one
- *   call); rows outside every expert's block are not touched (Y, dX). An
- *   expert with no rows still gets its dW: zero with beta 0, left as it
- *   was with beta 1.
+ *   stream forks to the plan's own streams, each with its own slice of
+ *   the plan's workspace, and joins them back before the call's work
+ *   ends, so stream order and graph capture hold as for one call; a call
+ *   with one non-empty expert runs on the caller's stream alone); rows
+ *   outside every expert's block are not touched (Y, dX). An expert with
+ *   no rows still gets its dW: zero with beta 0, left as it was with
+ *   beta 1.
  *
  * A plan (etp_gemm_plan_t) is made once per shape and product: cuBLASLt's
  * descriptors and layouts, its workspace (from the context allocator,
@@ -100,8 +103,8 @@ typedef struct etp_gemm_config {
  * Allocates the workspace (ETP_MEM_WORKSPACE) and, on CUDA, a cuBLASLt
  * handle, descriptors, and the heuristic's algorithms (PACKED: also the
  * streams and events its experts' GEMMs run on, which share the workspace
- * in equal parts). *plan is destroyed
- * with etp_gemm_plan_destroy, before the context.
+ * in equal parts). *plan is destroyed with etp_gemm_plan_destroy, before
+ * the context.
  * Errors: ETP_ERR_INVALID_ARGUMENT (NULLs, a config of the wrong size, an
  * unknown op or layout, sizes <= 0 or past 2^31 rows, DENSE with experts
  * != 1, weight_ld < k, an expert stride smaller than n * weight_ld, an

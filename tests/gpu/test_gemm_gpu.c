@@ -4,10 +4,11 @@
  * beta against the double-precision reference of tests/mpi/gemm_cases.h,
  * the one the host backend's GEMMs pass at 1e-5. cuBLASLt sums in FP32 in
  * an order of its own (tiles, split-K): the tolerance is 1e-4 of the sum
- * of the terms' magnitudes (+ 1 BF16 ulp for BF16 outputs). PACKED runs
- * under each of its modes (ETP_GEMM_PACKED_MODE), also captured into CUDA
- * graphs. Also a FIXED_SLOTS forward captured into a CUDA graph, and an
- * etp_stream_launch_host in stream order.
+ * of the terms' magnitudes (+ 1 BF16 ulp for BF16 outputs). PACKED (its
+ * experts' GEMMs spread over the plan's streams) also with larger experts,
+ * run directly and captured into CUDA graphs. Also a FIXED_SLOTS forward
+ * captured into a CUDA graph, and an etp_stream_launch_host in stream
+ * order.
  */
 #include <cuda_runtime_api.h>
 
@@ -24,26 +25,17 @@ static etp_context_t *cuda_ctx(void)
     return ctx;
 }
 
-/* The PACKED modes of the CUDA plans (ETP_GEMM_PACKED_MODE, read at plan
- * creation): every case runs under each. */
-static const char *const g_modes[] = {"serial", "streams", "grouped"};
-
 static void test_products(void **state)
 {
     (void)state;
     etp_context_t *ctx = cuda_ctx();
-    for (int i = 0; i < 3; i++) {
-        print_message("PACKED mode %s\n", g_modes[i]);
-        assert_int_equal(setenv("ETP_GEMM_PACKED_MODE", g_modes[i], 1), 0);
-        g_run_all(ctx);
-    }
-    assert_int_equal(unsetenv("ETP_GEMM_PACKED_MODE"), 0);
+    g_run_all(ctx);
     ETP_OK(etp_context_destroy(ctx));
 }
 
 /* PACKED with hundreds of rows per expert and n, k of hundreds (cuBLAS
- * takes other kernels than for the small cases), every product, each
- * mode, run directly and captured. */
+ * takes other kernels than for the small cases), every product, run
+ * directly and captured. */
 static void test_packed_larger(void **state)
 {
     (void)state;
@@ -52,54 +44,30 @@ static void test_packed_larger(void **state)
     ETP_OK(etp_stream_create(ctx, ETP_STREAM_PRIORITY_NORMAL, &s0));
     ETP_OK(etp_stream_create(ctx, ETP_STREAM_PRIORITY_NORMAL, &s1));
     uint64_t tag = 900001;
-    for (int i = 0; i < 3; i++) {
-        assert_int_equal(setenv("ETP_GEMM_PACKED_MODE", g_modes[i], 1), 0);
-        for (int op = 0; op < 3; op++)
-            for (int bi = 0; bi < (op == ETP_GEMM_WGRAD ? 2 : 1); bi++) {
-                gcase_t c;
-                memset(&c, 0, sizeof c);
-                c.tag = tag++ * 1000 + (uint64_t)g_rank;
-                c.layout = ETP_GEMM_PACKED;
-                c.op = (etp_gemm_op_t)op;
-                c.out = bi ? ETP_DTYPE_F32 : ETP_DTYPE_BF16;
-                c.beta = (float)bi;
-                c.experts = 7;
-                c.n = 136 + 8 * (int64_t)(tu_rand(g_seed, c.tag, 4, 0) % 30);
-                c.k = 136 + 8 * (int64_t)(tu_rand(g_seed, c.tag, 5, 0) % 30);
-                c.ld = c.k + 8;
-                c.max_count = 700;
-                c.graph = (int)(tag % 2);
-                print_message("mode %s: packed %s%s, beta %d, n %lld, k %lld\n", g_modes[i],
-                              op == 0   ? "forward"
-                              : op == 1 ? "dgrad"
-                                        : "wgrad",
-                              c.graph ? " (graph)" : "", bi, (long long)c.n, (long long)c.k);
-                g_run_checked(ctx, s0, s1, &c);
-            }
-    }
-    assert_int_equal(unsetenv("ETP_GEMM_PACKED_MODE"), 0);
+    for (int op = 0; op < 3; op++)
+        for (int bi = 0; bi < (op == ETP_GEMM_WGRAD ? 2 : 1); bi++) {
+            gcase_t c;
+            memset(&c, 0, sizeof c);
+            c.tag = tag++ * 1000 + (uint64_t)g_rank;
+            c.layout = ETP_GEMM_PACKED;
+            c.op = (etp_gemm_op_t)op;
+            c.out = bi ? ETP_DTYPE_F32 : ETP_DTYPE_BF16;
+            c.beta = (float)bi;
+            c.experts = 7;
+            c.n = 136 + 8 * (int64_t)(tu_rand(g_seed, c.tag, 4, 0) % 30);
+            c.k = 136 + 8 * (int64_t)(tu_rand(g_seed, c.tag, 5, 0) % 30);
+            c.ld = c.k + 8;
+            c.max_count = 700;
+            c.graph = (int)(tag % 2);
+            print_message("packed %s%s, beta %d, n %lld, k %lld\n",
+                          op == 0   ? "forward"
+                          : op == 1 ? "dgrad"
+                                    : "wgrad",
+                          c.graph ? " (graph)" : "", bi, (long long)c.n, (long long)c.k);
+            g_run_checked(ctx, s0, s1, &c);
+        }
     ETP_OK(etp_stream_destroy(s0));
     ETP_OK(etp_stream_destroy(s1));
-    ETP_OK(etp_context_destroy(ctx));
-}
-
-/* A PACKED mode the switch does not know is refused at plan creation. */
-static void test_packed_mode_refused(void **state)
-{
-    (void)state;
-    etp_context_t *ctx = cuda_ctx();
-    assert_int_equal(setenv("ETP_GEMM_PACKED_MODE", "parallel", 1), 0);
-    etp_gemm_config_t cfg = ETP_GEMM_CONFIG_INIT;
-    cfg.layout = ETP_GEMM_PACKED;
-    cfg.experts = 2;
-    cfg.rows = 16;
-    cfg.n = 8;
-    cfg.k = 8;
-    etp_gemm_plan_t *plan = NULL;
-    ETP_EXPECT_MSG(etp_gemm_plan_create(ctx, &cfg, &plan), ETP_ERR_INVALID_ARGUMENT,
-                   "ETP_GEMM_PACKED_MODE");
-    assert_null(plan);
-    assert_int_equal(unsetenv("ETP_GEMM_PACKED_MODE"), 0);
     ETP_OK(etp_context_destroy(ctx));
 }
 
@@ -207,7 +175,6 @@ int main(int argc, char **argv)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_products),
         cmocka_unit_test(test_packed_larger),
-        cmocka_unit_test(test_packed_mode_refused),
         cmocka_unit_test(test_graph),
         cmocka_unit_test(test_launch_host),
     };

@@ -13,24 +13,16 @@
  * PACKED sets the column count per expert and takes the algorithm cached
  * for the count's bucket.
  *
- * PACKED runs its experts' GEMMs in one of three ways, chosen at plan
- * creation by the experiment switch ETP_GEMM_PACKED_MODE (temporary: the
- * modes are being measured against each other, and the losers go with
- * it): serial (one matmul after another on the caller's stream), streams
- * (the matmuls spread over the caller's stream and auxiliary streams
- * forked from it and joined back) or grouped (one cuBLAS grouped-batched
- * call). Each mode is its own function below (packed_serial,
- * packed_streams, packed_grouped) with its own part of the plan. */
+ * PACKED spreads its experts' matmuls over the caller's stream and the
+ * plan's auxiliary streams, forked from it and joined back (packed_run);
+ * each stream has its own slice of the workspace. */
 #include <stdio.h>
 #include <stdlib.h>
-#include <string.h>
 
 #include <cublasLt.h>
-#include <cublas_v2.h>
 
 #include "../kernels_gemm.h"
 #include "cuda_internal.h"
-#include "kernels/gemm/gemm_ptrs.h"
 
 /* PACKED algorithm buckets: counts 1 .. 4 each alone, then every octave
  * (2^b, 2^(b+1)] in quarters, up to 2^31. A bucket's algorithm is the
@@ -39,9 +31,7 @@
  * bound (2048) of the bucket. */
 enum { BUCKETS = 4 + 29 * 4 };
 
-typedef enum { MODE_SERIAL, MODE_STREAMS, MODE_GROUPED } packed_mode_t;
-
-/* streams: lane 0 is the caller's stream, lanes 1 .. LANES-1 the plan's
+/* PACKED: lane 0 is the caller's stream, lanes 1 .. LANES-1 the plan's
  * auxiliary streams; each lane has its own slice of the workspace, since
  * matmuls running at once must not share one */
 enum { LANES = 4 };
@@ -51,37 +41,21 @@ typedef struct {
     cudaEvent_t fork, join[LANES - 1];
 } lanes_t;
 
-/* grouped: the host arrays of one cublasGemmGroupedBatchedEx call (one
- * group per non-empty expert, so `experts` entries each), and the device
- * arrays of operand pointers it reads ([A | B | C], G entries each for G
- * groups), written on the stream by etp__cuda_store_u64 */
-typedef struct {
-    cublasHandle_t h;
-    uint64_t *dev_ptrs;     /* device, 3 x experts */
-    uint64_t *host_ptrs;    /* 3 x experts */
-    int *ints;              /* m, n, k, lda, ldb, ldc, group size: 7 x experts */
-    cublasOperation_t *ops; /* transa, transb: 2 x experts */
-    float *scal;            /* alpha, beta: 2 x experts */
-    int refused;            /* cuBLAS refused the call once: serial from then on */
-} grouped_t;
-
 typedef struct {
     cublasLtHandle_t lt;
     cublasLtMatmulDesc_t desc;
     cublasLtMatrixLayout_t la, lb, ld;
     void *ws;
     size_t ws_bytes;
-    size_t lane_bytes; /* the workspace one matmul may use (streams: a slice) */
+    size_t lane_bytes; /* the workspace one matmul may use (PACKED: a lane's slice) */
     /* algo[b]: the heuristic's pick for the counts of bucket b (PACKED:
      * asked when have[b] is 0, then 1; 2: it had none, cuBLASLt chooses
      * per call); for the plan's M in algo[0] */
     cublasLtMatmulAlgo_t algo[BUCKETS];
     unsigned char have[BUCKETS];
     cublasLtMatmulPreference_t pref; /* PACKED: for the buckets' heuristics */
-    int64_t cur_m; /* PACKED: the M the layouts hold now */
-    packed_mode_t mode;
-    lanes_t lanes; /* MODE_STREAMS */
-    grouped_t grp; /* MODE_GROUPED */
+    int64_t cur_m;                   /* PACKED: the M the layouts hold now */
+    lanes_t lanes;                   /* PACKED with more than one expert */
     const etp__logger_t *log;
 } cplan_t;
 
@@ -89,7 +63,7 @@ typedef struct {
  * creation: unsupported), anything else a backend error */
 static etp_status_t lt_err_as(cublasStatus_t st, int plan_time, const char *plan, const char *what)
 {
-    etp_status_t es = st == CUBLAS_STATUS_ALLOC_FAILED                ? ETP_ERR_OUT_OF_MEMORY
+    etp_status_t es = st == CUBLAS_STATUS_ALLOC_FAILED                 ? ETP_ERR_OUT_OF_MEMORY
                       : st == CUBLAS_STATUS_NOT_SUPPORTED && plan_time ? ETP_ERR_UNSUPPORTED
                                                                        : ETP_ERR_BACKEND;
     return etp__err(es, "gemm '%s': %s: cuBLAS status %d (%s)", plan, what, (int)st,
@@ -144,12 +118,6 @@ static void plan_free(cplan_t *p)
             cuda_released(log, cudaEventDestroy(p->lanes.join[i]), "cudaEventDestroy");
     }
     if (p->lanes.fork) cuda_released(log, cudaEventDestroy(p->lanes.fork), "cudaEventDestroy");
-    if (p->grp.h) released(log, cublasDestroy(p->grp.h), "cublasDestroy");
-    if (p->grp.dev_ptrs) cuda_released(log, cudaFree(p->grp.dev_ptrs), "cudaFree");
-    free(p->grp.host_ptrs);
-    free(p->grp.ints);
-    free(p->grp.ops);
-    free(p->grp.scal);
     free(p);
 }
 
@@ -173,7 +141,8 @@ static etp_status_t set_m(cplan_t *p, const etp__gemm_shape_t *s, int64_t m)
 static etp_status_t batch(cublasLtMatrixLayout_t l, int32_t count, int64_t stride,
                           const etp__gemm_shape_t *s)
 {
-    LT(cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof count),
+    LT(cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count,
+                                        sizeof count),
        "layout batch count");
     LT(cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride,
                                         sizeof stride),
@@ -202,12 +171,13 @@ static int bucket_of(int64_t m)
     return 4 + (oct - 2) * 4 + (int)quarter - 1;
 }
 
-static etp_status_t heuristic(cplan_t *p, const etp__gemm_shape_t *s, cublasLtMatmulPreference_t pref,
-                              cublasLtMatmulAlgo_t *algo)
+static etp_status_t heuristic(cplan_t *p, const etp__gemm_shape_t *s,
+                              cublasLtMatmulPreference_t pref, cublasLtMatmulAlgo_t *algo)
 {
     cublasLtMatmulHeuristicResult_t h;
     int found = 0;
-    LT(cublasLtMatmulAlgoGetHeuristic(p->lt, p->desc, p->la, p->lb, p->ld, p->ld, pref, 1, &h, &found),
+    LT(cublasLtMatmulAlgoGetHeuristic(p->lt, p->desc, p->la, p->lb, p->ld, p->ld, pref, 1, &h,
+                                      &found),
        "cublasLtMatmulAlgoGetHeuristic");
     if (found < 1)
         return etp__err(ETP_ERR_UNSUPPORTED,
@@ -224,7 +194,8 @@ static etp_status_t build(cplan_t *p, const etp__gemm_shape_t *s)
     const int64_t M = s->rows; /* DENSE and FIXED_SLOTS: M of every call; PACKED: the largest */
     const cudaDataType_t bf = CUDA_R_16BF, od = cuda_type(s->out_dtype);
     LT(cublasLtCreate(&p->lt), "cublasLtCreate");
-    LT(cublasLtMatmulDescCreate(&p->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F), "cublasLtMatmulDescCreate");
+    LT(cublasLtMatmulDescCreate(&p->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F),
+       "cublasLtMatmulDescCreate");
     cublasOperation_t ta = s->op == ETP_GEMM_FORWARD ? CUBLAS_OP_T : CUBLAS_OP_N;
     cublasOperation_t tb = s->op == ETP_GEMM_WGRAD ? CUBLAS_OP_T : CUBLAS_OP_N;
     LT(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta),
@@ -290,9 +261,9 @@ static etp_status_t build(cplan_t *p, const etp__gemm_shape_t *s)
          * to the row bytes' power of two (the base to 256 bytes); a
          * pointer the call finds less aligned falls back (matmul) */
         const int wg_d = s->op == ETP_GEMM_WGRAD; /* D is dW, of the output dtype */
-        const cublasLtMatmulPreferenceAttributes_t attr[3] = {
-            CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
-            CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
+        const cublasLtMatmulPreferenceAttributes_t attr[3] =
+            {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+             CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
         /* a weight operand's expert e starts e expert strides in */
         const int64_t wsz = wg_d ? (int64_t)etp_dtype_size(s->out_dtype) : 2;
         const int64_t wbytes = s->experts > 1 ? s->w_stride * wsz : 256;
@@ -302,8 +273,10 @@ static etp_status_t build(cplan_t *p, const etp__gemm_shape_t *s)
             uint32_t al = align_of(row[i]);
             cs = cublasLtMatmulPreferenceSetAttribute(pref, attr[i], &al, sizeof al);
             if (cs == CUBLAS_STATUS_SUCCESS && i == 2)
-                cs = cublasLtMatmulPreferenceSetAttribute(
-                    pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al, sizeof al);
+                cs =
+                    cublasLtMatmulPreferenceSetAttribute(pref,
+                                                         CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES,
+                                                         &al, sizeof al);
         }
     }
     if (cs != CUBLAS_STATUS_SUCCESS) st = lt_err(cs, s->name, "matmul preference");
@@ -317,27 +290,7 @@ static etp_status_t build(cplan_t *p, const etp__gemm_shape_t *s)
     return st;
 }
 
-/* The PACKED mode: ETP_GEMM_PACKED_MODE, read here at plan creation (an
- * experiment switch, not a setting of src/core/env.c: it goes once the
- * modes are measured). Unset or empty: streams. */
-static etp_status_t packed_mode(const etp__gemm_shape_t *s, packed_mode_t *mode)
-{
-    const char *v = getenv("ETP_GEMM_PACKED_MODE");
-    if (!v || !*v || strcmp(v, "streams") == 0)
-        *mode = MODE_STREAMS;
-    else if (strcmp(v, "serial") == 0)
-        *mode = MODE_SERIAL;
-    else if (strcmp(v, "grouped") == 0)
-        *mode = MODE_GROUPED;
-    else
-        return etp__err(ETP_ERR_INVALID_ARGUMENT,
-                        "gemm '%s': ETP_GEMM_PACKED_MODE is '%s' (expected serial, streams or "
-                        "grouped)",
-                        s->name, v);
-    return ETP_SUCCESS;
-}
-
-/* streams: the auxiliary streams (non-blocking, so that the legacy
+/* PACKED: the auxiliary streams (non-blocking, so that the legacy
  * default stream does not order them) and the fork and join events */
 static etp_status_t lanes_create(cplan_t *p, const etp__gemm_shape_t *s)
 {
@@ -354,54 +307,20 @@ static etp_status_t lanes_create(cplan_t *p, const etp__gemm_shape_t *s)
     return etp__cuda_error(what, e);
 }
 
-/* grouped: the cuBLAS handle, its host arrays and the device pointer
- * arrays, all sized for every expert. cuBLAS's grouped GEMM takes BF16
- * inputs with FP32 sums into a BF16 output, but lists no FP32 output for
- * BF16 inputs: a plan of FP32 output makes none of this and runs serial. */
-static etp_status_t grouped_create(cplan_t *p, const etp__gemm_shape_t *s)
-{
-    grouped_t *g = &p->grp;
-    if (s->out_dtype != ETP_DTYPE_BF16) return ETP_SUCCESS;
-    const size_t E = (size_t)s->experts;
-    g->host_ptrs = malloc(3 * E * sizeof *g->host_ptrs);
-    g->ints = malloc(7 * E * sizeof *g->ints);
-    g->ops = malloc(2 * E * sizeof *g->ops);
-    g->scal = malloc(2 * E * sizeof *g->scal);
-    if (!g->host_ptrs || !g->ints || !g->ops || !g->scal)
-        return etp__err(ETP_ERR_OUT_OF_MEMORY, "gemm '%s': out of memory (%zu experts)", s->name,
-                        E);
-    cudaError_t e = cudaMalloc((void **)&g->dev_ptrs, 3 * E * sizeof *g->dev_ptrs);
-    if (e != cudaSuccess) {
-        char what[96];
-        snprintf(what, sizeof what, "gemm '%s': its experts' pointer arrays", s->name);
-        return etp__cuda_error(what, e);
-    }
-    LT(cublasCreate(&g->h), "cublasCreate");
-    /* FP32 sums to the end, as cuBLASLt's matmuls and the header promise */
-    LT(cublasSetMathMode(g->h,
-                         CUBLAS_DEFAULT_MATH | CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION),
-       "cublasSetMathMode");
-    return ETP_SUCCESS;
-}
-
 static etp_status_t cuda_gemm_plan_create(etp__be_t *be, const etp__gemm_shape_t *shape,
                                           void *workspace, size_t ws_bytes, void **bplan)
 {
     ETP__TRY(etp__cuda_set_device(etp__cuda_of(be)));
-    packed_mode_t mode = MODE_SERIAL;
-    if (shape->layout == ETP_GEMM_PACKED) ETP__TRY(packed_mode(shape, &mode));
     cplan_t *p = calloc(1, sizeof *p);
     if (!p) return etp__err(ETP_ERR_OUT_OF_MEMORY, "gemm '%s': out of memory", shape->name);
     p->ws = workspace;
     p->ws_bytes = ws_bytes;
-    p->mode = mode;
-    /* streams: a 256-byte aligned slice per lane (cuBLASLt's alignment) */
-    const int lanes = mode == MODE_STREAMS && shape->experts > 1;
+    /* PACKED: a 256-byte aligned slice per lane (cuBLASLt's alignment) */
+    const int lanes = shape->layout == ETP_GEMM_PACKED && shape->experts > 1;
     p->lane_bytes = lanes ? ws_bytes / LANES / 256 * 256 : ws_bytes;
     p->log = be->log;
     etp_status_t st = build(p, shape);
     if (st == ETP_SUCCESS && lanes) st = lanes_create(p, shape);
-    if (st == ETP_SUCCESS && mode == MODE_GROUPED) st = grouped_create(p, shape);
     if (st != ETP_SUCCESS) {
         plan_free(p);
         return st;
@@ -437,7 +356,9 @@ static etp_status_t matmul(cplan_t *p, const etp__gemm_shape_t *s, const cublasL
     char what[160], who[32] = "all experts";
     if (expert >= 0) snprintf(who, sizeof who, "expert %lld", (long long)expert);
     snprintf(what, sizeof what, "cublasLtMatmul (%s, %s, rows %lld, n %lld, k %lld)",
-             s->op == ETP_GEMM_FORWARD ? "forward" : s->op == ETP_GEMM_DGRAD ? "dgrad" : "wgrad",
+             s->op == ETP_GEMM_FORWARD ? "forward"
+             : s->op == ETP_GEMM_DGRAD ? "dgrad"
+                                       : "wgrad",
              who, (long long)m, (long long)s->n, (long long)s->k);
     return lt_err_as(st, 0, s->name, what);
 }
@@ -500,33 +421,25 @@ static etp_status_t packed_expert(cplan_t *p, const etp__gemm_shape_t *s, const 
     return ETP_SUCCESS;
 }
 
-/* serial: every expert in turn on the caller's stream. */
-static etp_status_t packed_serial(cplan_t *p, const etp__gemm_shape_t *s, const etp__gemm_call_t *c,
-                                  cudaStream_t cs)
-{
-    for (int64_t e = 0; e < s->experts; e++)
-        ETP__TRY(c->counts[e] ? packed_expert(p, s, c, e, cs, 0) : zero_empty(s, c, e, cs));
-    return ETP_SUCCESS;
-}
-
-/* streams: the experts' matmuls spread over the caller's stream (lane 0)
+/* PACKED: the experts' matmuls spread over the caller's stream (lane 0)
  * and the auxiliary streams, each to the lane with the fewest rows so far.
  * The lanes are forked from the caller's stream by an event recorded on
  * it, and joined back by an event recorded on each (also after a failure:
  * a graph capture of the caller's stream must not end with work of it left
  * on a lane). Running experts at once is safe: their output blocks (Y, dX)
  * or dW are disjoint. Empty experts' dW zeroing runs on lane 0. Two calls
- * of the plan share the lanes, so their lane work is in call order. */
-static etp_status_t packed_streams(cplan_t *p, const etp__gemm_shape_t *s,
-                                   const etp__gemm_call_t *c, cudaStream_t cs)
+ * of the plan share the lanes, so their lane work is in call order. With
+ * fewer than two non-empty experts there is nothing to overlap: no fork,
+ * all on the caller's stream. */
+static etp_status_t packed_run(cplan_t *p, const etp__gemm_shape_t *s, const etp__gemm_call_t *c,
+                               cudaStream_t cs)
 {
     int64_t busy = 0;
     for (int64_t e = 0; e < s->experts; e++) busy += c->counts[e] > 0;
-    if (busy < 2) return packed_serial(p, s, c, cs);
-    const int used = busy < LANES ? (int)busy : LANES;
+    const int used = busy < 2 ? 1 : busy < LANES ? (int)busy : LANES;
     lanes_t *L = &p->lanes;
     char what[128];
-    cudaError_t ce = cudaEventRecord(L->fork, cs);
+    cudaError_t ce = used > 1 ? cudaEventRecord(L->fork, cs) : cudaSuccess;
     int forked = 1; /* lanes that run in the caller's stream's order */
     while (ce == cudaSuccess && forked < used) {
         ce = cudaStreamWaitEvent(L->aux[forked - 1], L->fork, 0);
@@ -560,113 +473,6 @@ static etp_status_t packed_streams(cplan_t *p, const etp__gemm_shape_t *s,
     return st;
 }
 
-/* grouped: one cublasGemmGroupedBatchedEx, a group of one GEMM per
- * non-empty expert (the groups' M differ). Its operand pointers are
- * written into the plan's device arrays on the stream first, by a kernel
- * that carries them as arguments (capture-safe: a graph replays the
- * values of the captured call). A later call on another stream would
- * overwrite the arrays while this one reads them: calls of one plan are in
- * stream order, as they already are for its one workspace. cuBLAS itself
- * copies the groups' sizes from the host in a captured call (a memcpy
- * node): whether a replay still finds them after later calls is cuBLAS's
- * to keep. */
-static etp_status_t packed_grouped(cplan_t *p, const etp__gemm_shape_t *s,
-                                   const etp__gemm_call_t *c, cudaStream_t cs)
-{
-    grouped_t *g = &p->grp;
-    if (!g->h || g->refused) return packed_serial(p, s, c, cs);
-    const int64_t E = s->experts, n = s->n, k = s->k;
-    const size_t osz = etp_dtype_size(s->out_dtype);
-    const int wg = s->op == ETP_GEMM_WGRAD;
-    int *gm = g->ints, *gn = gm + E, *gk = gn + E, *lda = gk + E, *ldb = lda + E, *ldc = ldb + E,
-        *size = ldc + E;
-    cublasOperation_t *ta = g->ops, *tb = ta + E;
-    float *alpha = g->scal, *beta = alpha + E;
-    int G = 0;
-    int64_t first = -1;
-    for (int64_t e = 0; e < E; e++) {
-        const int64_t m = c->counts[e], r0 = c->offsets[e];
-        if (m == 0) {
-            ETP__TRY(zero_empty(s, c, e, cs));
-            continue;
-        }
-        if (first < 0) first = e;
-        const char *a = c->a, *x = c->b, *w = (const char *)c->w + (size_t)(e * s->w_stride) * 2;
-        char *out = c->out;
-        uint64_t pa, pb, pc;
-        switch (s->op) {
-        case ETP_GEMM_FORWARD: /* Y^T [n, M] = (W')^T X' */
-            pa = (uintptr_t)w, pb = (uintptr_t)(a + (size_t)(r0 * k) * 2);
-            pc = (uintptr_t)(out + (size_t)(r0 * n) * osz);
-            ta[G] = CUBLAS_OP_T, tb[G] = CUBLAS_OP_N;
-            gm[G] = (int)n, gn[G] = (int)m, gk[G] = (int)k;
-            lda[G] = (int)s->w_ld, ldb[G] = (int)k, ldc[G] = (int)n;
-            break;
-        case ETP_GEMM_DGRAD: /* dX^T [k, M] = W' dY' */
-            pa = (uintptr_t)w, pb = (uintptr_t)(a + (size_t)(r0 * n) * 2);
-            pc = (uintptr_t)(out + (size_t)(r0 * k) * osz);
-            ta[G] = CUBLAS_OP_N, tb[G] = CUBLAS_OP_N;
-            gm[G] = (int)k, gn[G] = (int)m, gk[G] = (int)n;
-            lda[G] = (int)s->w_ld, ldb[G] = (int)n, ldc[G] = (int)k;
-            break;
-        default: /* WGRAD: dW^T [k, n] = X' (dY')^T */
-            pa = (uintptr_t)(x + (size_t)(r0 * k) * 2), pb = (uintptr_t)(a + (size_t)(r0 * n) * 2);
-            pc = (uintptr_t)(out + (size_t)(e * s->w_stride) * osz);
-            ta[G] = CUBLAS_OP_N, tb[G] = CUBLAS_OP_T;
-            gm[G] = (int)k, gn[G] = (int)n, gk[G] = (int)m;
-            lda[G] = (int)k, ldb[G] = (int)n, ldc[G] = (int)s->w_ld;
-            break;
-        }
-        g->host_ptrs[G] = pa;
-        g->host_ptrs[E + G] = pb;
-        g->host_ptrs[2 * E + G] = pc;
-        alpha[G] = 1.0f;
-        beta[G] = wg ? c->beta : 0.0f;
-        size[G] = 1;
-        G++;
-    }
-    if (G == 0) return ETP_SUCCESS;
-    /* [A | B | C] of G entries each, contiguous for one launch */
-    memmove(g->host_ptrs + G, g->host_ptrs + E, (size_t)G * sizeof *g->host_ptrs);
-    memmove(g->host_ptrs + 2 * G, g->host_ptrs + 2 * E, (size_t)G * sizeof *g->host_ptrs);
-    cudaError_t ce = etp__cuda_store_u64(cs, g->dev_ptrs, g->host_ptrs, 3 * (size_t)G);
-    if (ce != cudaSuccess) {
-        char what[96];
-        snprintf(what, sizeof what, "gemm '%s': storing its %d experts' pointers", s->name, G);
-        return etp__cuda_error(what, ce);
-    }
-    /* cublasSetStream resets the handle's workspace: set it after */
-    cublasStatus_t st = cublasSetStream(g->h, cs);
-    if (st == CUBLAS_STATUS_SUCCESS) st = cublasSetWorkspace(g->h, p->ws, p->ws_bytes);
-    if (st != CUBLAS_STATUS_SUCCESS) return lt_err_as(st, 0, s->name, "cublasSetStream/Workspace");
-    const void *const *A = (const void *const *)g->dev_ptrs;
-    const void *const *B = (const void *const *)(g->dev_ptrs + G);
-    void *const *C = (void *const *)(g->dev_ptrs + 2 * G);
-    st = cublasGemmGroupedBatchedEx(g->h, ta, tb, gm, gn, gk, alpha, A, CUDA_R_16BF, lda, B,
-                                    CUDA_R_16BF, ldb, beta, C, cuda_type(s->out_dtype), ldc, G,
-                                    size, CUBLAS_COMPUTE_32F);
-    if (st == CUBLAS_STATUS_SUCCESS) return ETP_SUCCESS;
-    if (st == CUBLAS_STATUS_NOT_SUPPORTED) {
-        /* a product or shape this cuBLAS has no grouped kernel for: the
-         * serial path from now on (what it enqueued so far, the pointers
-         * and the empty experts' zeroing, is harmless to repeat) */
-        ETP__LOG(p->log, ETP_LOG_WARN, ETP_SUBSYS_BACKEND,
-                 "gemm '%s': cublasGemmGroupedBatchedEx refused the call (%s): serial matmuls "
-                 "instead",
-                 s->name, cublasGetStatusString(st));
-        g->refused = 1;
-        return packed_serial(p, s, c, cs);
-    }
-    char what[160];
-    snprintf(what, sizeof what,
-             "cublasGemmGroupedBatchedEx (%s, %d experts from expert %lld, n %lld, k %lld)",
-             s->op == ETP_GEMM_FORWARD ? "forward"
-             : s->op == ETP_GEMM_DGRAD ? "dgrad"
-                                       : "wgrad",
-             G, (long long)first, (long long)n, (long long)k);
-    return lt_err_as(st, 0, s->name, what);
-}
-
 static etp_status_t cuda_gemm_run(etp__be_t *be, etp__bstream_t *bs, const etp__gemm_shape_t *s,
                                   void *bplan, const etp__gemm_call_t *c)
 {
@@ -677,12 +483,7 @@ static etp_status_t cuda_gemm_run(etp__be_t *be, etp__bstream_t *bs, const etp__
     if (s->layout != ETP_GEMM_PACKED)
         return matmul(p, s, &p->algo[0], s->op == ETP_GEMM_WGRAD ? c->b : c->w, c->a, c->out,
                       c->beta, cs, 0, -1, s->rows);
-    switch (p->mode) {
-    case MODE_STREAMS: return packed_streams(p, s, c, cs);
-    case MODE_GROUPED: return packed_grouped(p, s, c, cs);
-    case MODE_SERIAL: break;
-    }
-    return packed_serial(p, s, c, cs);
+    return packed_run(p, s, c, cs);
 }
 
 const etp__gemm_kernels_t etp__cuda_gemm_kernels = {
