@@ -12,6 +12,7 @@
  * baseline's bandwidth and the ratio.
  */
 #define _POSIX_C_SOURCE 200809L /* nanosleep */
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <time.h>
 #include <string.h>
@@ -33,9 +34,13 @@ struct bench_timer {
 #if ETP_HAVE_CUDA
 static void CUDART_CB hold_fn(void *arg)
 {
-    (void)arg;
-    const struct timespec ts = {0, 500 * 1000};
-    nanosleep(&ts, NULL);
+    atomic_int *gate = arg;
+    struct timespec t0, t;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    while (!atomic_load_explicit(gate, memory_order_acquire)) {
+        clock_gettime(CLOCK_MONOTONIC, &t);
+        if (t.tv_sec - t0.tv_sec > 10) break; /* a region that waited on the host */
+    }
 }
 #endif
 
@@ -43,14 +48,31 @@ void bench_hold(bench_t *b, etp_stream_t *s)
 {
 #if ETP_HAVE_CUDA
     if (b->backend == ETP_BACKEND_CUDA) {
+        if (!b->gate) {
+            b->gate = calloc(1, sizeof(atomic_int));
+            if (!b->gate) {
+                fprintf(stderr, "etp-bench rank %d: out of host memory for a hold\n", b->rank);
+                MPI_Abort(MPI_COMM_WORLD, 1);
+            }
+        }
+        atomic_store((atomic_int *)b->gate, 0);
         cudaStream_t cs;
         BENCH_CHECK(b, etp_stream_get_cuda(s, &cs));
-        BENCH_CUDA(b, cudaLaunchHostFunc(cs, hold_fn, NULL));
+        BENCH_CUDA(b, cudaLaunchHostFunc(cs, hold_fn, b->gate));
+        b->held = 1;
     }
 #else
     (void)b;
     (void)s;
 #endif
+}
+
+void bench_release(bench_t *b)
+{
+    if (!b->held) return;
+    MPI_Barrier(MPI_COMM_WORLD);
+    atomic_store_explicit((atomic_int *)b->gate, 1, memory_order_release);
+    b->held = 0;
 }
 
 bench_timer_t *bench_timer_create(bench_t *b, etp_stream_t *s)
@@ -92,6 +114,7 @@ void bench_timer_stop(bench_timer_t *t)
         cudaStream_t cs;
         BENCH_CHECK(t->b, etp_stream_get_cuda(t->s, &cs));
         BENCH_CUDA(t->b, cudaEventRecord(t->e1, cs));
+        bench_release(t->b);
         return;
     }
 #endif
@@ -363,6 +386,7 @@ int main(int argc, char **argv)
     }
     MPI_Allreduce(MPI_IN_PLACE, &rc, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD); /* every rank exits alike */
     free(b.rows);
+    free(b.gate);
     MPI_Finalize();
     return rc;
 }

@@ -28,6 +28,8 @@ typedef struct bench {
     char prog[48];          /* "etp-bench gather", for messages */
     bench_row_t *rows; /* grown as rows are added */
     int nrows, cap_rows;
+    void *gate;        /* bench_hold's flag (made at the first hold) */
+    int held;          /* a stream is held until bench_release */
 } bench_t;
 
 #define BENCH_CHECK(b, expr)                                                                \
@@ -57,12 +59,17 @@ typedef struct bench_timer bench_timer_t;
 bench_timer_t *bench_timer_create(bench_t *b, etp_stream_t *s);
 void bench_timer_start(bench_timer_t *t);
 void bench_timer_stop(bench_timer_t *t);
-/* Hold stream s (CUDA: a host function that sleeps half a millisecond;
- * nothing on the host backend) so that the region timed next is enqueued
- * while the device waits: its events then time the device's work, not the
- * host's enqueueing, as in a training step enqueued ahead of the device.
- * For regions that would otherwise wait on the host in between. */
+/* Hold stream s until the next bench_release (CUDA: a host function that
+ * waits for it; nothing on the host backend), so that the region timed in
+ * between is enqueued while the device waits: its events then time the
+ * device's work, not the host's enqueueing, as in a training step enqueued
+ * ahead of the device. bench_release (called by bench_timer_stop and the
+ * EP phase timer, before they wait) lets every rank's stream go at once,
+ * after a barrier. Collective: every rank holds and releases alike. Not
+ * for regions that wait for their stream on the host (the hold gives up
+ * after 10 s). */
 void bench_hold(bench_t *b, etp_stream_t *s);
+void bench_release(bench_t *b);
 /* Microseconds between the last start and stop (synchronizes). */
 double bench_timer_us(bench_timer_t *t);
 void bench_timer_destroy(bench_timer_t *t);
