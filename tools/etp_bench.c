@@ -75,6 +75,82 @@ void bench_release(bench_t *b)
     b->held = 0;
 }
 
+struct bench_seq {
+    bench_t *b;
+    etp_stream_t *s;
+    int n, waited;
+    double *t;
+#if ETP_HAVE_CUDA
+    cudaEvent_t *ev;
+#endif
+};
+
+bench_seq_t *bench_seq_create(bench_t *b, etp_stream_t *s, int n)
+{
+    bench_seq_t *q = calloc(1, sizeof *q);
+    if (q) q->t = calloc((size_t)n, sizeof *q->t);
+#if ETP_HAVE_CUDA
+    if (q) q->ev = calloc((size_t)n, sizeof *q->ev);
+    if (q && !q->ev) q->t = (free(q->t), NULL);
+#endif
+    if (!q || !q->t) {
+        fprintf(stderr, "etp-bench rank %d: out of host memory for %d marks\n", b->rank, n);
+        MPI_Abort(MPI_COMM_WORLD, 1);
+    }
+    q->b = b;
+    q->s = s;
+    q->n = n;
+#if ETP_HAVE_CUDA
+    if (b->backend == ETP_BACKEND_CUDA)
+        for (int i = 0; i < n; i++) BENCH_CUDA(b, cudaEventCreate(&q->ev[i]));
+#endif
+    return q;
+}
+
+void bench_seq_mark(bench_seq_t *q, int i)
+{
+    q->waited = 0;
+#if ETP_HAVE_CUDA
+    if (q->b->backend == ETP_BACKEND_CUDA) {
+        cudaStream_t cs;
+        BENCH_CHECK(q->b, etp_stream_get_cuda(q->s, &cs));
+        BENCH_CUDA(q->b, cudaEventRecord(q->ev[i], cs));
+        return;
+    }
+#endif
+    BENCH_CHECK(q->b, etp_stream_synchronize(q->s));
+    q->t[i] = MPI_Wtime();
+}
+
+double bench_seq_us(bench_seq_t *q, int a, int z)
+{
+    if (!q->waited) {
+        bench_release(q->b);
+        BENCH_CHECK(q->b, etp_stream_synchronize(q->s));
+        q->waited = 1;
+    }
+#if ETP_HAVE_CUDA
+    if (q->b->backend == ETP_BACKEND_CUDA) {
+        float ms = 0;
+        BENCH_CUDA(q->b, cudaEventElapsedTime(&ms, q->ev[a], q->ev[z]));
+        return 1000.0 * ms;
+    }
+#endif
+    return 1e6 * (q->t[z] - q->t[a]);
+}
+
+void bench_seq_destroy(bench_seq_t *q)
+{
+    if (!q) return;
+#if ETP_HAVE_CUDA
+    if (q->b->backend == ETP_BACKEND_CUDA)
+        for (int i = 0; i < q->n; i++) (void)cudaEventDestroy(q->ev[i]);
+    free(q->ev);
+#endif
+    free(q->t);
+    free(q);
+}
+
 bench_timer_t *bench_timer_create(bench_t *b, etp_stream_t *s)
 {
     bench_timer_t *t = calloc(1, sizeof *t);

@@ -74,6 +74,16 @@ void bench_release(bench_t *b);
 double bench_timer_us(bench_timer_t *t);
 void bench_timer_destroy(bench_timer_t *t);
 
+/* Marks 0 .. n-1 on one stream, for back-to-back regions timed in one
+ * go (CUDA events; on the host backend the wall clock after a stream
+ * synchronization at each mark). bench_seq_us synchronizes (and releases
+ * a hold first) and gives the microseconds between marks a and z. */
+typedef struct bench_seq bench_seq_t;
+bench_seq_t *bench_seq_create(bench_t *b, etp_stream_t *s, int n);
+void bench_seq_mark(bench_seq_t *q, int i);
+double bench_seq_us(bench_seq_t *q, int a, int z);
+void bench_seq_destroy(bench_seq_t *q);
+
 /* The median of n values (reorders v). Max over ranks of the median. */
 double bench_median(double *v, int n);
 double bench_max_over_ranks(double x);
