@@ -1017,7 +1017,7 @@ static void run_case(bench_t *b, const opts_t *o, case_t *c, etp_group_t *world,
  * capacity call's time over the low-latency call's, the same bytes) in
  * their ratio column. */
 static void run_ll_case(bench_t *b, const opts_t *o, case_t *c, etp_group_t *world,
-                        etp_stream_t *s, bench_timer_t *tm)
+                        etp_stream_t *s)
 {
     const int R = b->size;
     const int64_t T = c->T, H = c->H, E = c->E;
@@ -1451,7 +1451,7 @@ int etp_bench_ep(bench_t *b, int argc, char **argv)
                     .k = o.topk, .align = o.align, .weighted = o.weighted, .zipf = o.zipf[0],
                     .dt = o.dtype, .es = etp_dtype_size(o.dtype),
                     .transport = ETP_EP_TRANSPORT_NVLINK, .layout = o.layout[0], .wire = o.wire[0]};
-        run_ll_case(b, &o, &c, world, s, tm);
+        run_ll_case(b, &o, &c, world, s);
     }
     for (int it = 0; o.nll == 0 && it < o.ntokens; it++)
         for (int is = 0; is < o.nskew; is++)

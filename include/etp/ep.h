@@ -74,10 +74,12 @@
  * counts on the device like CAPACITY and drops like EXACT (a receive buffer
  * of recv_capacity_per_rank token rows, filled in source rank order), so
  * its results are EXACT's bit for bit (with the FP32 combine wire); on
- * CUDA its dispatch, combine and backward calls are each one kernel that
- * stores every token once into each destination rank's receive slab (an
- * NCCL symmetric window, addressed through NCCL's device API) and expands
- * or sums it there, with flags in the windows instead of collectives.
+ * CUDA a sending kernel of num_sms blocks stores every token (or partial
+ * sum) once into each destination rank's receive slab (an NCCL symmetric
+ * window, addressed through NCCL's device API), and the local work (the
+ * expand, the pre-sums beside the stores, the token sums) runs on the rest
+ * of the device, with flags in the windows instead of collectives; prepare
+ * exchanges the counts and routing the same way, in one kernel.
  * Those kernels wait for their peers at most half of ETP_TIMEOUT_S (so that
  * a host wait, bounded by the whole, sees why): a peer that never arrives
  * is reported (by the next stream or event wait,
@@ -206,8 +208,10 @@ typedef struct etp_ep_group_config {
      * several ranks gets up to one more rounding per rank: docs/EP.md).
      * Groups of FP32 tokens take F32 only. */
     etp_dtype_t combine_wire;
-    /* NVLINK on CUDA: the blocks (one per SM) each of its kernels runs, the
-     * same on every rank; the rest of the GPU stays free for compute.
+    /* NVLINK on CUDA: the blocks (one per SM) that store into the peers
+     * (and run prepare's exchange), the same on every rank; the local work
+     * of a call (expand, pre-sums, token sums) takes the whole device, and
+     * combine's pre-sums run on the SMs the sending blocks leave.
      * 0: 24, or the smallest SM count of the group's devices if smaller.
      * More than a device's SMs: NVLINK cannot run (ETP_ERR_UNSUPPORTED when
      * asked for, saying so; AUTO takes EXACT). Ignored otherwise. */
@@ -259,7 +263,7 @@ typedef struct etp_ep_group_info {
                                * padding to a multiple of 16 (docs/EP.md) */
     etp_ep_transport_t transport; /* the transport taken (never AUTO) */
     etp_dtype_t combine_wire;     /* ETP_DTYPE_F32 or ETP_DTYPE_BF16 */
-    int num_sms;                  /* NVLINK on CUDA: blocks of its kernels; else 0 */
+    int num_sms;                  /* NVLINK on CUDA: blocks of its sending kernels; else 0 */
 } etp_ep_group_info_t;
 
 #define ETP_EP_GROUP_INFO_INIT                                                          \
