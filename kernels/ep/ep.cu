@@ -16,10 +16,12 @@
 
 #include "ep/ep_rules.h"
 #include "ep_kernels.h"
+#include "ep_dev.cuh"
 #include "ep_vec.cuh"
 
 namespace {
 
+using namespace etp_ep_dev;
 using etp_ep_vec::store_bf16;
 using etp_ep_vec::unpack16;
 
@@ -36,54 +38,6 @@ static_assert(ETP__EP_DOT_LANES == kThreads, "the dot product's lanes are one bl
 __device__ __forceinline__ int64_t tokens_of(const int32_t *t_dev, int64_t t_max)
 {
     return etp__ep_clamp_tokens(*t_dev, t_max);
-}
-
-__device__ __forceinline__ unsigned long long *u64(int64_t *p)
-{
-    return reinterpret_cast<unsigned long long *>(p);
-}
-
-__device__ __forceinline__ void stat_add(int64_t *st, int which, int64_t v)
-{
-    if (v) atomicAdd(u64(st + which), (unsigned long long)v);
-}
-
-__device__ __forceinline__ void stat_flag(int64_t *st, unsigned f)
-{
-    atomicOr(u64(st + ETP__EP_ST_FLAGS), (unsigned long long)f);
-}
-
-__device__ __forceinline__ void stat_max(int64_t *st, int which, int64_t v)
-{
-    atomicMax(u64(st + which), (unsigned long long)v);
-}
-
-/* Exclusive prefix sum over a block of kScanThreads threads; *total gets
- * the block's sum. All threads must call it. */
-__device__ int block_excl_scan(int v, int *total)
-{
-    __shared__ int warp_sums[kScanThreads / 32];
-    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
-    int x = v;
-    for (int o = 1; o < 32; o <<= 1) {
-        int y = __shfl_up_sync(kFull, x, o);
-        if (lane >= o) x += y;
-    }
-    if (lane == 31) warp_sums[w] = x;
-    __syncthreads();
-    if (w == 0) {
-        int sx = warp_sums[lane];
-        for (int o = 1; o < 32; o <<= 1) {
-            int y = __shfl_up_sync(kFull, sx, o);
-            if (lane >= o) sx += y;
-        }
-        warp_sums[lane] = sx;
-    }
-    __syncthreads();
-    const int before = w > 0 ? warp_sums[w - 1] : 0;
-    *total = warp_sums[kScanThreads / 32 - 1];
-    __syncthreads(); /* warp_sums is reused by the next call */
-    return before + x - v;
 }
 
 unsigned blocks_for(int64_t n, int per)
@@ -127,14 +81,7 @@ __global__ void route_mark(etp__ep_route_args_t a)
     etp__ep_route_token(a.topk_idx + t * k, k, a.num_experts, a.local_experts, sd, &bad, &dup);
     for (int j = 0; j < k; j++)
         if (sd[j] >= 0) sp[sd[j]] = 1;
-    if (bad) {
-        stat_add(a.stats, ETP__EP_ST_BAD_INDEX, bad);
-        stat_flag(a.stats, ETP__EP_F_BAD_INDEX);
-    }
-    if (dup) {
-        stat_add(a.stats, ETP__EP_ST_DUPLICATE, dup);
-        stat_flag(a.stats, ETP__EP_F_DUPLICATE);
-    }
+    stat_route(a.stats, bad, dup);
 }
 
 /* One block per destination d: positions in token order (a scan of the
@@ -275,13 +222,8 @@ __global__ void layout_count(etp__ep_layout_args_t a)
 
 __global__ void layout_offsets(etp__ep_layout_args_t a)
 {
-    const etp__ep_layout_need_t need = etp__ep_layout_offsets(
-        a.counts, a.offsets, a.local_experts, a.alignment, a.fixed_slots, a.rows_cap);
-    stat_max(a.stats, ETP__EP_ST_ROWS_NEEDED, need.needed);
-    if (need.dropped) {
-        stat_add(a.stats, ETP__EP_ST_ROWS_DROPPED, need.dropped);
-        stat_flag(a.stats, ETP__EP_F_ROWS_FULL);
-    }
+    stat_layout(a.stats, etp__ep_layout_offsets(a.counts, a.offsets, a.local_experts, a.alignment,
+                                                 a.fixed_slots, a.rows_cap));
 }
 
 /* One block per local expert: its rows in receive order (= (source rank,
@@ -402,15 +344,9 @@ __global__ void layout_chunk_scan(etp__ep_layout_args_t a)
         if (lane == 0) a.counts[e] = running;
     }
     __syncthreads();
-    if (threadIdx.x == 0) {
-        const etp__ep_layout_need_t need = etp__ep_layout_offsets(
-            a.counts, a.offsets, a.local_experts, a.alignment, a.fixed_slots, a.rows_cap);
-        stat_max(a.stats, ETP__EP_ST_ROWS_NEEDED, need.needed);
-        if (need.dropped) {
-            stat_add(a.stats, ETP__EP_ST_ROWS_DROPPED, need.dropped);
-            stat_flag(a.stats, ETP__EP_F_ROWS_FULL);
-        }
-    }
+    if (threadIdx.x == 0)
+        stat_layout(a.stats, etp__ep_layout_offsets(a.counts, a.offsets, a.local_experts,
+                                                     a.alignment, a.fixed_slots, a.rows_cap));
 }
 
 /* Per chunk: every slot's row (the q-th row of its expert in receive order,

@@ -25,11 +25,13 @@
 
 #include "ep/ep_rules.h"
 #include "ll_kernels.h"
+#include "ep_dev.cuh"
 #include "nvl_sync.cuh"
 
 namespace
 {
 
+using namespace etp_ep_dev;
 using namespace etp_nvl_sync;
 
 constexpr int kThreads = 512;
@@ -40,53 +42,6 @@ constexpr int kMaxTopk = ETP__EP_LL_MAX_TOPK;
 constexpr int kMaxRanks = ETP__EP_LL_MAX_RANKS;
 /* block barriers a call passes (counts, offsets, rows) */
 constexpr int kBarriers = 3;
-
-__device__ __forceinline__ unsigned long long *u64(int64_t *p)
-{
-    return reinterpret_cast<unsigned long long *>(p);
-}
-
-__device__ __forceinline__ void stat_add(int64_t *st, int which, int64_t v)
-{
-    if (v) atomicAdd(u64(st + which), (unsigned long long)v);
-}
-
-__device__ __forceinline__ void stat_flag(int64_t *st, unsigned f)
-{
-    atomicOr(u64(st + ETP__EP_ST_FLAGS), (unsigned long long)f);
-}
-
-__device__ __forceinline__ void stat_max(int64_t *st, int which, int64_t v)
-{
-    atomicMax(u64(st + which), (unsigned long long)v);
-}
-
-/* Exclusive prefix sum over the block; *total gets the block's sum. */
-__device__ int block_excl_scan(int v, int *total)
-{
-    __shared__ int warp_sums[kWarps];
-    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
-    int x = v;
-    for (int o = 1; o < 32; o <<= 1) {
-        const int y = __shfl_up_sync(kFull, x, o);
-        if (lane >= o) x += y;
-    }
-    if (lane == 31) warp_sums[w] = x;
-    __syncthreads();
-    if (w == 0) {
-        int sx = lane < kWarps ? warp_sums[lane] : 0;
-        for (int o = 1; o < 32; o <<= 1) {
-            const int y = __shfl_up_sync(kFull, sx, o);
-            if (lane >= o) sx += y;
-        }
-        if (lane < kWarps) warp_sums[lane] = sx;
-    }
-    __syncthreads();
-    const int before = w > 0 ? warp_sums[w - 1] : 0;
-    *total = warp_sums[kWarps - 1];
-    __syncthreads();
-    return before + x - v;
-}
 
 /* Every block of this rank reached barrier b of call call_no (blocks of a
  * rank are resident together, as the NVLINK kernels need): bounded like
@@ -186,16 +141,7 @@ __global__ void __launch_bounds__(kThreads) ll_dispatch_kernel(etp__ep_ll_args_t
             etp__ep_route_token(a.topk_idx + t * k, k, a.num_experts, L, sd, &bad, &dup);
             for (int j = 0; j < k; j++)
                 if (sd[j] >= 0) m |= 1u << sd[j];
-            if (lead) {
-                if (bad) {
-                    stat_add(a.stats, ETP__EP_ST_BAD_INDEX, bad);
-                    stat_flag(a.stats, ETP__EP_F_BAD_INDEX);
-                }
-                if (dup) {
-                    stat_add(a.stats, ETP__EP_ST_DUPLICATE, dup);
-                    stat_flag(a.stats, ETP__EP_F_DUPLICATE);
-                }
-            }
+            if (lead) stat_route(a.stats, bad, dup);
         } else {
             for (int j = 0; j < k; j++) sd[j] = -1;
         }
@@ -311,14 +257,8 @@ __global__ void __launch_bounds__(kThreads) ll_dispatch_kernel(etp__ep_ll_args_t
     if (!block_barrier(n, call_no, 0, t0)) return;
     if (lead && threadIdx.x == 0) {
         for (int64_t e = 0; e < L; e++) a.counts[e] = __ldcg(a.counts + e);
-        const etp__ep_layout_need_t need = etp__ep_layout_offsets(a.counts, a.offsets, L,
-                                                                  a.alignment, a.fixed_slots,
-                                                                  a.rows_cap);
-        stat_max(a.stats, ETP__EP_ST_ROWS_NEEDED, need.needed);
-        if (need.dropped) {
-            stat_add(a.stats, ETP__EP_ST_ROWS_DROPPED, need.dropped);
-            stat_flag(a.stats, ETP__EP_F_ROWS_FULL);
-        }
+        stat_layout(a.stats, etp__ep_layout_offsets(a.counts, a.offsets, L, a.alignment,
+                                                     a.fixed_slots, a.rows_cap));
     }
     if (!block_barrier(n, call_no, 1, t0)) return;
     /* what other blocks wrote before a barrier is read past L1 (__ldcg) */

@@ -20,6 +20,7 @@
 #include <stdint.h>
 
 #include "ep/ep_rules.h"
+#include "ep_dev.cuh"
 #include "ep_vec.cuh"
 #include "nvl_kernels.h"
 #include "nvl_sync.cuh"
@@ -99,10 +100,9 @@ __global__ void __launch_bounds__(kThreads) xchg_kernel(etp__ep_xchg_args_t a)
     if (blockIdx.x == 0) {
         for (int x = threadIdx.x; x < R * R; x += blockDim.x) a.C[x] = C[x];
         if ((int)threadIdx.x < R && acc[threadIdx.x] != C[(int64_t)me * R + threadIdx.x]) {
-            atomicMax(reinterpret_cast<unsigned long long *>(a.stats + ETP__EP_ST_TRANSPORT_NEEDED),
-                      (unsigned long long)etp__ep_wanted_by(C, R, (int)threadIdx.x));
-            atomicOr(reinterpret_cast<unsigned long long *>(a.stats + ETP__EP_ST_FLAGS),
-                     (unsigned long long)ETP__EP_F_TRANSPORT_FULL);
+            etp_ep_dev::stat_max(a.stats, ETP__EP_ST_TRANSPORT_NEEDED,
+                                 etp__ep_wanted_by(C, R, (int)threadIdx.x));
+            etp_ep_dev::stat_flag(a.stats, ETP__EP_F_TRANSPORT_FULL);
         }
     }
     const int64_t nm = (int64_t)R * tm * k;
@@ -116,9 +116,7 @@ __global__ void __launch_bounds__(kThreads) xchg_kernel(etp__ep_xchg_args_t a)
     for (int64_t x = tid; x < T * R; x += nth) {
         const int d = (int)(x % R);
         const int dropped = etp__ep_clip_copy(acc[d], a.slot_dest + (x / R) * k, k, d, a.send_pos + x);
-        if (dropped)
-            atomicAdd(reinterpret_cast<unsigned long long *>(a.stats + ETP__EP_ST_TRANSPORT_DROPPED),
-                      (unsigned long long)dropped);
+        etp_ep_dev::stat_add(a.stats, ETP__EP_ST_TRANSPORT_DROPPED, dropped);
     }
     block_end(n, call_no);
 }

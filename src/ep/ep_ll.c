@@ -130,7 +130,7 @@ etp_status_t etp__ep_ll_create(const etp__ep_ll_env_t *env, int64_t t_max, etp__
         PART(&x->recv_base, R * 4);
         PART(&x->counts, L * 4);
         PART(&x->offsets, (L + 1) * 4);
-        PART(&x->scratch, L * 4);
+        PART(&x->scratch, ETP__EP_LAYOUT_SCRATCH(L, nrecv) * 4); /* the layout kernel's */
         PART(&x->recv_row, nrecv * k * 4);
         PART(&x->tok_rows, nrecv * k * 4);
         PART(&x->row_src, rows * 4);

@@ -1,0 +1,91 @@
+/*
+ * Device helpers the EP kernels share (ep.cu, nvl.cu, ll.cu): the report's
+ * counters (src/backend/ep_args.h: ETP__EP_ST_*) and a block-wide scan.
+ */
+#ifndef ETP__EP_DEV_CUH
+#define ETP__EP_DEV_CUH
+
+#include <stdint.h>
+
+#include "backend/ep_args.h"
+#include "ep/ep_rules.h"
+
+namespace etp_ep_dev
+{
+
+static __device__ __forceinline__ unsigned long long *u64(int64_t *p)
+{
+    return reinterpret_cast<unsigned long long *>(p);
+}
+
+static __device__ __forceinline__ void stat_add(int64_t *st, int which, int64_t v)
+{
+    if (v) atomicAdd(u64(st + which), (unsigned long long)v);
+}
+
+static __device__ __forceinline__ void stat_flag(int64_t *st, unsigned f)
+{
+    atomicOr(u64(st + ETP__EP_ST_FLAGS), (unsigned long long)f);
+}
+
+static __device__ __forceinline__ void stat_max(int64_t *st, int which, int64_t v)
+{
+    atomicMax(u64(st + which), (unsigned long long)v);
+}
+
+/* A token's slot rules broke: bad indices and repeated experts counted and
+ * flagged (etp__ep_route_token's counts). */
+static __device__ __forceinline__ void stat_route(int64_t *st, int bad, int dup)
+{
+    if (bad) {
+        stat_add(st, ETP__EP_ST_BAD_INDEX, bad);
+        stat_flag(st, ETP__EP_F_BAD_INDEX);
+    }
+    if (dup) {
+        stat_add(st, ETP__EP_ST_DUPLICATE, dup);
+        stat_flag(st, ETP__EP_F_DUPLICATE);
+    }
+}
+
+/* What a layout needed (etp__ep_layout_offsets) into the report. */
+static __device__ __forceinline__ void stat_layout(int64_t *st, etp__ep_layout_need_t need)
+{
+    stat_max(st, ETP__EP_ST_ROWS_NEEDED, need.needed);
+    if (need.dropped) {
+        stat_add(st, ETP__EP_ST_ROWS_DROPPED, need.dropped);
+        stat_flag(st, ETP__EP_F_ROWS_FULL);
+    }
+}
+
+/* Exclusive prefix sum over the block (blockDim.x a multiple of 32, at most
+ * 1024); *total gets the block's sum. All threads must call it. */
+static __device__ int block_excl_scan(int v, int *total)
+{
+    __shared__ int warp_sums[32];
+    const unsigned full = 0xffffffffu;
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    int x = v;
+    for (int o = 1; o < 32; o <<= 1) {
+        const int y = __shfl_up_sync(full, x, o);
+        if (lane >= o) x += y;
+    }
+    if (lane == 31) warp_sums[w] = x;
+    __syncthreads();
+    if (w == 0) {
+        int sx = lane < nw ? warp_sums[lane] : 0;
+        for (int o = 1; o < 32; o <<= 1) {
+            const int y = __shfl_up_sync(full, sx, o);
+            if (lane >= o) sx += y;
+        }
+        if (lane < nw) warp_sums[lane] = sx;
+    }
+    __syncthreads();
+    const int before = w > 0 ? warp_sums[w - 1] : 0;
+    *total = warp_sums[nw - 1];
+    __syncthreads(); /* warp_sums is reused by the next call */
+    return before + x - v;
+}
+
+} // namespace etp_ep_dev
+
+#endif
