@@ -1,15 +1,18 @@
 /*
- * The NVLink transport's kernels (src/backend/ep_args.h: etp__ep_t2e_args_t
- * and etp__ep_e2t_args_t define what each computes; the window and its
- * flags are described there). Each is one kernel of `blocks` blocks per
- * rank: the blocks store their share of the rows straight into the peers'
- * slabs (addresses from NCCL's LSA pointers, taken once at the window's
- * creation), count their arrival in each peer's window, wait until every
- * block of every rank has arrived here, then finish the call's work on
- * their own slabs (the expand, or the token sums) and release the slabs to
- * their writers. Every wait is bounded by nvl.timeout_ns: a kernel that
- * gives up records the rank it waited for in host-mapped memory, which the
- * backend's waits report (cuda_nvl.c), and leaves.
+ * The NVLink transport's kernels (src/backend/ep_args.h: etp__ep_xchg_args_t,
+ * etp__ep_t2e_args_t and etp__ep_e2t_args_t define what each computes; the
+ * window and its flags are described there). A call's sending kernel has
+ * `blocks` blocks per rank: they store their share of the rows straight
+ * into the peers' slabs (addresses from NCCL's LSA pointers, taken once at
+ * the window's creation) and count their arrival in each peer's window. Its
+ * receiving kernel (wide_blocks: the whole device) waits until every
+ * sending block of every rank has arrived here, finishes the call's work on
+ * this rank's slabs (the expand, or the token sums) and releases them to
+ * their writers. combine's sending kernel pre-sums on its other blocks;
+ * prepare's exchange and the small-batch combine are one kernel each.
+ * Every wait is bounded by nvl.timeout_ns: a kernel that gives up records
+ * the rank it waited for in host-mapped memory (nvl_sync.cuh), which the
+ * backend's waits report (cuda_ep.c), and leaves.
  *
  * The arithmetic is ep_rules.h's, element by element in the same order as
  * the host backend's pack/expand/presum/reduce kernels: a warp owns a row,
