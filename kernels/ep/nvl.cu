@@ -764,6 +764,7 @@ __global__ void __launch_bounds__(kThreads) e2t_send(etp__ep_e2t_args_t a, int v
                 }
             ok = __shfl_sync(kFull, ok, 0);
             if (!ok) break;
+            __syncwarp(); /* lane 0's acquire orders the other lanes' loads too */
             const char *src = static_cast<const char *>(a.stage) + i * wb;
             char *dst = n.peers[s] + n.tok_off + back * wb;
             if (vec && wb % 16 == 0) {
