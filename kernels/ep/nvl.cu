@@ -790,9 +790,10 @@ __global__ void __launch_bounds__(kThreads) e2t_recv(etp__ep_e2t_args_t a, int v
 {
     const etp__ep_nvl_t &n = a.nvl;
     /* the sending kernel's chunk counters, free again (it has finished) */
-    if (a.chunk_done && blockIdx.x == 0)
-        for (int64_t c = threadIdx.x; c < ETP__EP_NVL_CHUNK_WORDS((int64_t)n.ranks * n.t_max); c += blockDim.x)
-            a.chunk_done[c] = 0;
+    if (a.chunk_done && blockIdx.x == 0) {
+        const int64_t words = ETP__EP_NVL_CHUNK_WORDS((int64_t)n.ranks * n.t_max);
+        for (int64_t c = threadIdx.x; c < words; c += blockDim.x) a.chunk_done[c] = 0;
+    }
     uint64_t call_no;
     if (!wide_begin(n, a.call, &call_no)) return;
     __shared__ int64_t src_s[kWarps][kMaxRanks];
