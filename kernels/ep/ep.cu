@@ -85,7 +85,9 @@ __global__ void route_mark(etp__ep_route_args_t a)
 }
 
 /* One block per destination d: positions in token order (a scan of the
- * marks), slab drops, the count. */
+ * marks), slab drops, the count; with slabs (CAPACITY, NVLINK: blocks at
+ * d*slab) also the base and the metadata rows, so route needs no more
+ * kernels. */
 __global__ void route_scan(etp__ep_route_args_t a)
 {
     const int d = blockIdx.x, R = a.ranks, k = a.k;
@@ -103,50 +105,20 @@ __global__ void route_scan(etp__ep_route_args_t a)
                          etp__ep_slots_to(a.slot_dest + t * k, k, d));
                 stat_flag(a.stats, ETP__EP_F_TRANSPORT_FULL);
             }
-        }
-        running += total;
-    }
-    if (threadIdx.x == 0) {
-        if (a.slab_report) stat_max(a.stats, ETP__EP_ST_TRANSPORT_NEEDED, running);
-        a.send_cnt[d] = (int32_t)etp__ep_min(running, a.slab);
-    }
-}
-
-/* CAPACITY and NVLINK (blocks at d*slab): route_scan, route_base and
- * route_meta in one kernel, a block per destination d. */
-__global__ void route_scan_slab(etp__ep_route_args_t a)
-{
-    const int d = blockIdx.x, R = a.ranks, k = a.k;
-    const int64_t T = tokens_of(a.t_dev, a.t_max);
-    int64_t running = 0;
-    for (int64_t t0 = 0; t0 < T; t0 += kScanThreads) {
-        const int64_t t = t0 + threadIdx.x;
-        int32_t *sp = t < T ? a.send_pos + t * R + d : nullptr;
-        const int flag = sp ? *sp : 0;
-        int total = 0;
-        const int64_t pos = running + block_excl_scan(flag, &total);
-        if (sp) {
-            *sp = flag ? etp__ep_slab_pos(pos, a.slab) : -1;
-            if (flag && *sp < 0) {
-                stat_add(a.stats, ETP__EP_ST_TRANSPORT_DROPPED,
-                         etp__ep_slots_to(a.slot_dest + t * k, k, d));
-                stat_flag(a.stats, ETP__EP_F_TRANSPORT_FULL);
-            }
-            if (*sp >= 0 && a.send_meta)
+            if (!a.exact && a.send_meta && *sp >= 0)
                 etp__ep_meta_row(a.topk_idx + t * k, a.slot_dest + t * k, k, d, a.local_experts,
                                  a.send_meta + ((int64_t)d * a.slab + *sp) * k);
         }
         running += total;
     }
-    /* tokens past T: not sent */
-    for (int64_t t = T + threadIdx.x; t < a.t_max; t += blockDim.x) a.send_pos[t * R + d] = -1;
     if (threadIdx.x == 0) {
         if (a.slab_report) stat_max(a.stats, ETP__EP_ST_TRANSPORT_NEEDED, running);
         a.send_cnt[d] = (int32_t)etp__ep_min(running, a.slab);
-        a.send_base[d] = (int32_t)((int64_t)d * a.slab);
+        if (!a.exact) a.send_base[d] = (int32_t)((int64_t)d * a.slab);
     }
 }
 
+/* EXACT: the blocks back to back, once every count is known. */
 __global__ void route_base(etp__ep_route_args_t a)
 {
     etp__ep_block_bases(a.send_cnt, a.ranks, a.exact, a.slab, a.send_base);
@@ -721,8 +693,8 @@ __global__ void wscatter_kernel(etp__ep_wscatter_args_t a)
 extern "C" cudaError_t etp__cuda_ep_route(cudaStream_t s, const etp__ep_route_args_t *a)
 {
     ETP__TRY_CUDA(launch(route_mark, blocks_for(a->t_max, kThreads), kThreads, s, *a));
-    if (!a->exact) return launch(route_scan_slab, (unsigned)a->ranks, kScanThreads, s, *a);
     ETP__TRY_CUDA(launch(route_scan, (unsigned)a->ranks, kScanThreads, s, *a));
+    if (!a->exact) return cudaSuccess; /* route_scan wrote the bases and metadata */
     ETP__TRY_CUDA(launch(route_base, 1, 1, s, *a));
     if (!a->send_meta) return cudaSuccess;
     return launch(route_meta, blocks_for(a->t_max, kThreads), kThreads, s, *a);

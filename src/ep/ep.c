@@ -502,15 +502,16 @@ etp_status_t etp_ep_group_create(etp_group_t *group, const etp_ep_group_config_t
     ep->tok_cap = tok_cap;
     ep->send_rows = send_rows;
     ep->recv_rows = recv_rows;
-    /* the fused kernels need only the prepare's metadata slabs (and
-     * combine_bwd's weight gradients in recv_small), and the stage of the
+    /* the fused kernels need only the received metadata rows and
+     * combine_bwd's weight gradients (recv_small), and the stage of the
      * partials they send (send_tok: a partial per received token row) */
     const size_t stage_bytes = ((size_t)recv_rows * H * etp_dtype_size(c.combine_wire) + 255) / 256 * 256;
     const size_t send_bytes =
         ep->fused ? stage_bytes + (size_t)ETP__EP_NVL_CHUNK_WORDS(recv_rows) * sizeof(uint32_t)
                   : (size_t)send_rows * H * 4;
     size_t sizes[4] = {send_bytes, ep->fused ? 0 : (size_t)recv_rows * H * 4,
-                       (size_t)send_rows * (size_t)K * 4, (size_t)recv_rows * (size_t)K * 4};
+                       ep->fused ? 0 : (size_t)send_rows * (size_t)K * 4,
+                       (size_t)recv_rows * (size_t)K * 4};
     void **bufs[4] = {&ep->send_tok, &ep->recv_tok, &ep->send_small, &ep->recv_small};
     for (int i = 0; i < 4 && st == ETP_SUCCESS; i++) {
         if (sizes[i] == 0) continue;
@@ -866,8 +867,8 @@ static etp_status_t ep_prepare_call(etp_ep_layer_t *ly, const void *topk_idx, et
         .k = ly->k, .ranks = ep->R, .exact = exact,
         .slab_report = ep->cfg.transport == ETP_EP_TRANSPORT_CAPACITY, .slot_dest = ly->slot_dest,
         .send_pos = ly->send_pos, .send_cnt = ly->send_cnt, .send_base = ly->send_base,
-        .send_meta = ep->send_small, .stats = ly->stats};
-    if (ep->fused) ra.send_meta = NULL; /* the exchange kernel stores the metadata rows */
+        /* fused: the exchange kernel stores the metadata rows */
+        .send_meta = ep->fused ? NULL : ep->send_small, .stats = ly->stats};
     ETP__TRY(kt->route(be, s->bs, &ra));
     if (ep->fused) {
         /* the counts, the metadata rows and the clip in one kernel on the
