@@ -59,14 +59,14 @@ typedef struct {
     const etp__logger_t *log;
 } cplan_t;
 
-/* cuBLAS(Lt)'s status as etp's: memory, a shape it cannot do (at plan
+/* cuBLASLt's status as etp's: memory, a shape it cannot do (at plan
  * creation: unsupported), anything else a backend error */
 static etp_status_t lt_err_as(cublasStatus_t st, int plan_time, const char *plan, const char *what)
 {
     etp_status_t es = st == CUBLAS_STATUS_ALLOC_FAILED                 ? ETP_ERR_OUT_OF_MEMORY
                       : st == CUBLAS_STATUS_NOT_SUPPORTED && plan_time ? ETP_ERR_UNSUPPORTED
                                                                        : ETP_ERR_BACKEND;
-    return etp__err(es, "gemm '%s': %s: cuBLAS status %d (%s)", plan, what, (int)st,
+    return etp__err(es, "gemm '%s': %s: cuBLASLt status %d (%s)", plan, what, (int)st,
                     cublasLtGetStatusString(st));
 }
 
@@ -171,20 +171,30 @@ static int bucket_of(int64_t m)
     return 4 + (oct - 2) * 4 + (int)quarter - 1;
 }
 
+/* The heuristic's pick for the layouts as they are into *algo; *found 0:
+ * it has none. */
+static cublasStatus_t ask(cplan_t *p, cublasLtMatmulPreference_t pref, cublasLtMatmulAlgo_t *algo,
+                          int *found)
+{
+    cublasLtMatmulHeuristicResult_t h;
+    *found = 0;
+    cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(p->lt, p->desc, p->la, p->lb, p->ld, p->ld,
+                                                       pref, 1, &h, found);
+    if (st == CUBLAS_STATUS_SUCCESS && *found > 0) *algo = h.algo;
+    return st;
+}
+
+/* The plan's algorithm: none is a shape cuBLASLt cannot do (refused). */
 static etp_status_t heuristic(cplan_t *p, const etp__gemm_shape_t *s,
                               cublasLtMatmulPreference_t pref, cublasLtMatmulAlgo_t *algo)
 {
-    cublasLtMatmulHeuristicResult_t h;
     int found = 0;
-    LT(cublasLtMatmulAlgoGetHeuristic(p->lt, p->desc, p->la, p->lb, p->ld, p->ld, pref, 1, &h,
-                                      &found),
-       "cublasLtMatmulAlgoGetHeuristic");
+    LT(ask(p, pref, algo, &found), "cublasLtMatmulAlgoGetHeuristic");
     if (found < 1)
         return etp__err(ETP_ERR_UNSUPPORTED,
                         "gemm '%s': cuBLASLt has no algorithm for M %lld, n %lld, k %lld (%s out)",
                         s->name, (long long)p->cur_m, (long long)s->n, (long long)s->k,
                         etp_dtype_name(s->out_dtype));
-    *algo = h.algo;
     return ETP_SUCCESS;
 }
 
@@ -392,17 +402,14 @@ static etp_status_t packed_expert(cplan_t *p, const etp__gemm_shape_t *s, const 
     if (!p->have[b]) {
         /* the bucket's first count: the heuristic, host work only (no
          * device work, no synchronization), once per bucket and plan */
-        cublasLtMatmulHeuristicResult_t h;
         int found = 0;
-        cublasStatus_t hs = cublasLtMatmulAlgoGetHeuristic(p->lt, p->desc, p->la, p->lb, p->ld,
-                                                           p->ld, p->pref, 1, &h, &found);
+        const cublasStatus_t hs = ask(p, p->pref, &p->algo[b], &found);
         if (hs != CUBLAS_STATUS_SUCCESS) {
             char what[96];
             snprintf(what, sizeof what, "cublasLtMatmulAlgoGetHeuristic (expert %lld, rows %lld)",
                      (long long)e, (long long)m);
             return lt_err_as(hs, 0, s->name, what);
         }
-        if (found > 0) p->algo[b] = h.algo;
         p->have[b] = found > 0 ? 1 : 2;
     }
     const cublasLtMatmulAlgo_t *algo = p->have[b] == 1 ? &p->algo[b] : NULL;
