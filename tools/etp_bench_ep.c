@@ -637,6 +637,25 @@ static int64_t layout_capacity(const opts_t *o, const case_t *c, int R, const in
     return need_packed > a ? need_packed : a;
 }
 
+/* A case's group: its shape, drops (never the OVERFLOW error), wire and
+ * num_sms; transport and capacity factor are the caller's. */
+static etp_ep_group_config_t group_config(const opts_t *o, const case_t *c, const char *name,
+                                          int64_t E, int64_t H, int64_t T, int k, int64_t cap)
+{
+    etp_ep_group_config_t gc = ETP_EP_GROUP_CONFIG_INIT;
+    gc.name = name;
+    gc.num_experts = E;
+    gc.hidden = H;
+    gc.token_dtype = c->dt;
+    gc.max_tokens_per_rank = T;
+    gc.max_topk = k;
+    gc.recv_capacity_per_rank = cap;
+    gc.overflow = ETP_EP_OVERFLOW_DROP;
+    gc.combine_wire = c->wire;
+    gc.num_sms = o->sms;
+    return gc;
+}
+
 static void run_case(bench_t *b, const opts_t *o, case_t *c, etp_group_t *world,
                      etp_stream_t *s, baseline_t *base, peercopy_t *pc, phases_t *ph,
                      bench_timer_t *tm)
@@ -675,21 +694,10 @@ static void run_case(bench_t *b, const opts_t *o, case_t *c, etp_group_t *world,
     int64_t expanded_me = 0;
     for (int64_t e = (int64_t)me * L; e < (int64_t)(me + 1) * L; e++) expanded_me += ecnt[e];
 
-    etp_ep_group_config_t gc = ETP_EP_GROUP_CONFIG_INIT;
-    gc.name = "bench";
-    gc.role = 0;
-    gc.num_experts = E;
-    gc.hidden = H;
-    gc.token_dtype = c->dt;
-    gc.max_tokens_per_rank = T;
-    gc.max_topk = k;
-    gc.recv_capacity_per_rank = cap;
-    gc.overflow = ETP_EP_OVERFLOW_DROP;
+    etp_ep_group_config_t gc = group_config(o, c, "bench", E, H, T, k, cap);
     gc.transport = c->transport;
     /* AUTO may take capacity (ETP_EP_TRANSPORT in the environment) */
     gc.capacity_factor = c->cf > 0 ? c->cf : o->default_cf;
-    gc.combine_wire = c->wire;
-    gc.num_sms = o->sms;
     etp_ep_group_t *ep = NULL;
     const etp_status_t made = etp_ep_group_create(world, &gc, &ep);
     /* nvlink asked for where it cannot run: that case is skipped, the
@@ -1047,18 +1055,9 @@ static void run_ll_case(bench_t *b, const opts_t *o, case_t *c, etp_group_t *wor
     int64_t slots = 1;
     const int64_t cap = layout_capacity(o, c, R, ecnt, &slots);
 
-    etp_ep_group_config_t gc = ETP_EP_GROUP_CONFIG_INIT;
-    gc.name = "bench_capacity";
-    gc.num_experts = E;
-    gc.hidden = H;
-    gc.token_dtype = c->dt;
-    gc.max_tokens_per_rank = T;
-    gc.max_topk = k;
-    gc.recv_capacity_per_rank = cap;
+    etp_ep_group_config_t gc = group_config(o, c, "bench_capacity", E, H, T, k, cap);
     gc.transport = ETP_EP_TRANSPORT_CAPACITY;
     gc.capacity_factor = o->default_cf;
-    gc.combine_wire = c->wire;
-    gc.num_sms = o->sms;
     etp_ep_group_config_t gl = gc;
     gl.name = "bench_ll";
     gl.transport = ETP_EP_TRANSPORT_NVLINK;
