@@ -156,6 +156,8 @@ typedef struct {
     etp_stream_t *s;
     int marked[4];
     double t[4];
+    /* while set: prepare's exchange and layout points mark 2 and 3 of it */
+    bench_seq_t *prep_q;
 #if ETP_HAVE_CUDA
     cudaEvent_t ev[4];
 #endif
@@ -201,6 +203,10 @@ static void phases_mark(phases_t *p, int i, etp_stream_t *s)
 static void phase_trace(void *user, etp_trace_point_t point, etp_stream_t *s)
 {
     phases_t *p = user;
+    if (point == ETP_TRACE_EP_PREPARE_EXCHANGE || point == ETP_TRACE_EP_PREPARE_LAYOUT) {
+        if (p->prep_q) bench_seq_mark(p->prep_q, point == ETP_TRACE_EP_PREPARE_EXCHANGE ? 2 : 3);
+        return;
+    }
     if (point == ETP_TRACE_EP_DISPATCH_EXCHANGE || point == ETP_TRACE_EP_COMBINE_EXCHANGE)
         phases_mark(p, 1, s);
     else if (point == ETP_TRACE_EP_DISPATCH_EXPAND || point == ETP_TRACE_EP_COMBINE_SUM)
@@ -574,7 +580,7 @@ static void case_shape(case_t *c, etp_ep_transport_t taken, double cf)
 }
 
 typedef struct {
-    double base_d, prep, d[4], prep_d, base_c, peer, c[4], copy;
+    double base_d, prep, prep_ph[3], d[4], prep_d, base_c, peer, c[4], copy;
 } sample_t;
 
 static void fill_tokens(bench_t *b, const case_t *c, etp_stream_t *s, void *dev, uint64_t seed)
@@ -829,7 +835,7 @@ static void run_case(bench_t *b, const opts_t *o, case_t *c, etp_group_t *world,
     if (!smp) die(b, "out of host memory");
     const void *wptr = c->weighted ? topk_w : NULL;
     float *rwptr = c->weighted ? recv_w : NULL;
-    bench_seq_t *pq = bench_seq_create(b, s, 3);
+    bench_seq_t *pq = bench_seq_create(b, s, 5);
     for (int it = -b->warmup; it < n; it++) {
         sample_t x;
         baseline_set(base, to, drow, from, drow);
@@ -847,16 +853,21 @@ static void run_case(bench_t *b, const opts_t *o, case_t *c, etp_group_t *world,
             BENCH_CHECK(b, etp_ep_prepare(ly, topk_idx, ETP_DTYPE_I64, T, NULL, s));
             bench_timer_stop(tm);
             x.prep = bench_timer_us(tm);
+            x.prep_ph[0] = x.prep_ph[1] = x.prep_ph[2] = 0;
         } else {
             /* held, twice back to back: the second's time (the first pays
-             * the device's start after the hold) */
+             * the device's start after the hold), and its phases (route,
+             * exchange, layout: marks 1-2, 2-3, 3-4) */
             bench_hold(b, s);
             bench_seq_mark(pq, 0);
-            for (int r = 1; r <= 2; r++) {
-                BENCH_CHECK(b, etp_ep_prepare(ly, topk_idx, ETP_DTYPE_I64, T, NULL, s));
-                bench_seq_mark(pq, r);
-            }
-            x.prep = bench_seq_us(pq, 1, 2);
+            BENCH_CHECK(b, etp_ep_prepare(ly, topk_idx, ETP_DTYPE_I64, T, NULL, s));
+            bench_seq_mark(pq, 1);
+            ph->prep_q = pq;
+            BENCH_CHECK(b, etp_ep_prepare(ly, topk_idx, ETP_DTYPE_I64, T, NULL, s));
+            ph->prep_q = NULL;
+            bench_seq_mark(pq, 4);
+            x.prep = bench_seq_us(pq, 1, 4);
+            for (int i = 0; i < 3; i++) x.prep_ph[i] = bench_seq_us(pq, 1 + i, 2 + i);
         }
 
         MPI_Barrier(MPI_COMM_WORLD);
@@ -932,7 +943,9 @@ static void run_case(bench_t *b, const opts_t *o, case_t *c, etp_group_t *world,
     double us_bd = med_max(b, v + o_bd, st, n), us_bc = med_max(b, v + o_bc, st, n);
     double us_prep = med_max(b, v + o_pr, st, n), us_copy = med_max(b, v + o_cp, st, n);
     double us_pd = med_max(b, v + o_pd, st, n), us_peer = med_max(b, v + o_pe, st, n);
-    double us_d[4], us_c[4];
+    double us_d[4], us_c[4], us_pp[3];
+    const int o_pp = (int)(offsetof(sample_t, prep_ph) / sizeof(double));
+    for (int i = 0; i < 3; i++) us_pp[i] = med_max(b, v + o_pp + i, st, n);
     for (int i = 0; i < 4; i++) {
         us_d[i] = med_max(b, v + o_d + i, st, n);
         us_c[i] = med_max(b, v + o_c + i, st, n);
@@ -944,6 +957,13 @@ static void run_case(bench_t *b, const opts_t *o, case_t *c, etp_group_t *world,
     bench_row_t *cp = bench_add(b, "copy: expanded rows", sh, bytes_exp, us_copy, 0);
     const double copy_gbps = cp->gbps;
     bench_add(b, "ep prepare", sh, 0, us_prep, 0);
+    if (info.transport != ETP_EP_TRANSPORT_EXACT) {
+        /* the phases' medians (each the slowest rank's): they need not sum
+         * to the whole's */
+        bench_add(b, "prepare: route", sh, 0, us_pp[0], 0);
+        bench_add(b, "prepare: exchange", sh, 0, us_pp[1], 0);
+        bench_add(b, "prepare: layout", sh, 0, us_pp[2], 0);
+    }
     snprintf(nm, sizeof nm, "%s: dispatch bytes", bname);
     bench_row_t *bd = bench_add(b, nm, sh, bytes_xd, us_bd, 0);
     const double gbps_ld =

@@ -115,8 +115,9 @@
  * time, like their context.
  *
  * Tracing: etp_ep_group_set_trace() sets a callback (etp/trace.h) that
- * dispatch, combine and dispatch_bwd call at their phase boundaries, with
- * their stream, so that a caller can time the phases with events.
+ * prepare, dispatch, combine and dispatch_bwd call at their phase
+ * boundaries, with their stream, so that a caller can time the phases with
+ * events.
  *
  * MXFP8 dispatch: a group made with token_dtype ETP_EP_TOKEN_MXFP8 takes
  * BF16 tokens in dispatch (etp_ep_dispatch_ex), quantizes each token row once

@@ -63,7 +63,15 @@ typedef enum etp_trace_point {
     ETP_TRACE_EP_DISPATCH_BWD_PRESUM = 0x120,
     ETP_TRACE_EP_DISPATCH_BWD_EXCHANGE = 0x121,
     ETP_TRACE_EP_DISPATCH_BWD_SUM = 0x122,
-    ETP_TRACE_EP_DISPATCH_BWD_END = 0x123
+    ETP_TRACE_EP_DISPATCH_BWD_END = 0x123,
+    /* etp_ep_prepare: | route (token side: each slot's destination, each
+     * copy's position in its destination's rows) | exchange (the counts
+     * and the routing rows to the expert ranks) | layout (expert side: the
+     * received rows laid out per local expert) | */
+    ETP_TRACE_EP_PREPARE_ROUTE = 0x130,    /* before the route */
+    ETP_TRACE_EP_PREPARE_EXCHANGE = 0x131, /* after the route, before the exchange */
+    ETP_TRACE_EP_PREPARE_LAYOUT = 0x132,   /* after the exchange, before the layout */
+    ETP_TRACE_EP_PREPARE_END = 0x133       /* after the layout: the call's last work */
 } etp_trace_point_t;
 
 /* A trace callback: `user` as given to the setter, the point, and the

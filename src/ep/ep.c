@@ -860,6 +860,7 @@ static etp_status_t ep_prepare_call(etp_ep_layer_t *ly, const void *topk_idx, et
     ly->weights_kept = 0;
     ETP__TRY(join(ep, s));
 
+    trace(ep, ETP_TRACE_EP_PREPARE_ROUTE, s);
     etp__ep_route_args_t ra = {
         .topk_idx = topk_idx, .t_in = num_tokens_dev, .t_value = num_tokens, .t_dev = ly->t_dev,
         .t_max = ep->cfg.max_tokens_per_rank, .num_experts = ep->cfg.num_experts,
@@ -870,6 +871,7 @@ static etp_status_t ep_prepare_call(etp_ep_layer_t *ly, const void *topk_idx, et
         /* fused: the exchange kernel stores the metadata rows */
         .send_meta = ep->fused ? NULL : ep->send_small, .stats = ly->stats};
     ETP__TRY(kt->route(be, s->bs, &ra));
+    trace(ep, ETP_TRACE_EP_PREPARE_EXCHANGE, s);
     if (ep->fused) {
         /* the counts, the metadata rows and the clip in one kernel on the
          * window */
@@ -908,9 +910,11 @@ static etp_status_t ep_prepare_call(etp_ep_layer_t *ly, const void *topk_idx, et
         .recv_cnt = ly->recv_cnt, .recv_base = ly->recv_base, .counts = ly->counts,
         .offsets = ly->offsets, .recv_row = ly->recv_row, .tok_rows = ly->tok_rows,
         .row_src = ly->row_src, .scratch = ly->layout_scratch, .stats = ly->stats};
+    trace(ep, ETP_TRACE_EP_PREPARE_LAYOUT, s);
     ETP__TRY(kt->layout(be, s->bs, &la));
     ETP__TRY(etp_memcpy_async(s, (void *)ly->host_stats, ly->stats,
                               ETP__EP_ST_COUNT * sizeof(int64_t)));
+    trace(ep, ETP_TRACE_EP_PREPARE_END, s);
     ETP__TRY(etp_event_record(ly->prep_ev, s));
     ly->prepared_once = 1;
     ly->t_host = num_tokens_dev ? -1 : num_tokens;

@@ -630,8 +630,10 @@ static void test_many_experts(void **state)
 typedef struct {
     etp_ep_group_t *ep;
     etp_ep_layer_t *ly;
-    const uint8_t *watch[3]; /* dispatch's recv_tokens, combine's out, dispatch_bwd's grad_tokens */
-    size_t watch_bytes[3];
+    /* dispatch's recv_tokens, combine's out, dispatch_bwd's grad_tokens;
+     * prepare writes no output of the caller's (none watched) */
+    const uint8_t *watch[4];
+    size_t watch_bytes[4];
     int n;
     etp_trace_point_t pt[32];
     etp_stream_t *st[32];
@@ -644,7 +646,7 @@ static void trace_record(void *user, etp_trace_point_t point, etp_stream_t *s)
     trace_log_t *log = user;
     if (log->n == 32) fail_msg("more than 32 trace points");
     const int call = (int)(point - ETP_TRACE_EP_DISPATCH_PACK) / 16;
-    if (call < 0 || call > 2) fail_msg("unknown trace point 0x%x", (unsigned)point);
+    if (call < 0 || call > 3) fail_msg("unknown trace point 0x%x", (unsigned)point);
     /* the host backend's device memory is host memory */
     ETP_OK(etp_stream_synchronize(s));
     int all = 1;
@@ -660,10 +662,10 @@ static void trace_record(void *user, etp_trace_point_t point, etp_stream_t *s)
     log->n++;
 }
 
-/* The trace callback (etp_ep_group_set_trace): dispatch, combine and
- * dispatch_bwd report their points in order, with the call's stream, at
+/* The trace callback (etp_ep_group_set_trace): prepare, dispatch, combine
+ * and dispatch_bwd report their points in order, with the call's stream, at
  * the boundaries of their phases (the call's output is untouched until its
- * last phase, written by its end); prepare and combine_bwd report none;
+ * last phase, written by its end); combine_bwd reports none;
  * EP calls from inside the callback are refused; NULL turns it off. The
  * steps are checked against the reference as everywhere. */
 static void test_trace(void **state)
@@ -690,27 +692,31 @@ static void test_trace(void **state)
     ETP_OK(etp_ep_group_set_trace(ep, trace_record, &log));
     /* on the second stream: the points must carry the call's */
     ep_step(f, &g, &l, ly, f->s1, &b, 9850, &o);
-    static const etp_trace_point_t want[12] = {
+    static const etp_trace_point_t want[16] = {
+        ETP_TRACE_EP_PREPARE_ROUTE,       ETP_TRACE_EP_PREPARE_EXCHANGE,
+        ETP_TRACE_EP_PREPARE_LAYOUT,      ETP_TRACE_EP_PREPARE_END,
         ETP_TRACE_EP_DISPATCH_PACK,       ETP_TRACE_EP_DISPATCH_EXCHANGE,
         ETP_TRACE_EP_DISPATCH_EXPAND,     ETP_TRACE_EP_DISPATCH_END,
         ETP_TRACE_EP_COMBINE_PRESUM,      ETP_TRACE_EP_COMBINE_EXCHANGE,
         ETP_TRACE_EP_COMBINE_SUM,         ETP_TRACE_EP_COMBINE_END,
         ETP_TRACE_EP_DISPATCH_BWD_PRESUM, ETP_TRACE_EP_DISPATCH_BWD_EXCHANGE,
         ETP_TRACE_EP_DISPATCH_BWD_SUM,    ETP_TRACE_EP_DISPATCH_BWD_END};
-    assert_int_equal(log.n, 12);
-    for (int i = 0; i < 12; i++) {
-        if (log.pt[i] != want[i] || log.st[i] != f->s1 || log.poisoned[i] != (i % 4 != 3)) {
+    assert_int_equal(log.n, 16);
+    for (int i = 0; i < 16; i++) {
+        /* prepare (i < 4) watches nothing */
+        const int untouched = i < 4 || i % 4 != 3;
+        if (log.pt[i] != want[i] || log.st[i] != f->s1 || log.poisoned[i] != untouched) {
             print_error("trace point %d: 0x%x on stream %p, output %s; expected 0x%x on %p, %s\n", i,
                         (unsigned)log.pt[i], (void *)log.st[i],
                         log.poisoned[i] ? "untouched" : "written", (unsigned)want[i],
-                        (void *)f->s1, i % 4 != 3 ? "untouched" : "written");
+                        (void *)f->s1, untouched ? "untouched" : "written");
             fail();
         }
     }
     for (int i = 0; i < 3; i++) assert_int_equal(log.reenter[i], ETP_ERR_INVALID_STATE);
     ETP_OK(etp_ep_group_set_trace(ep, NULL, &log));
     ep_step(f, &g, &l, ly, f->s0, &b, 9851, &o);
-    assert_int_equal(log.n, 12);
+    assert_int_equal(log.n, 16);
     ep_bufs_free(f, &b);
     ETP_OK(etp_ep_layer_destroy(ly));
     ETP_OK(etp_ep_group_destroy(ep));
