@@ -118,6 +118,68 @@ __global__ void route_scan(etp__ep_route_args_t a)
     }
 }
 
+/* Top-k up to this: a token's slots live in registers and local memory.
+ * The rules take pointers; given the global arrays instead, every store of
+ * a slot and reload of an earlier one becomes a round trip to L2, and a
+ * token's dozens of them a chain (8 us for one block of 128 tokens). */
+constexpr int kLocalK = ETP__EP_LAYOUT_FEW_K;
+
+/* k <= kLocalK: route and positions in one kernel, one block per
+ * destination d, each routing every token (a few hundred loads a thread at
+ * most) so that no block waits for another; block 0 writes the slots and
+ * the route's counters. The same positions, drops and metadata as
+ * route_mark + route_scan. */
+__global__ void route_fused(etp__ep_route_args_t a)
+{
+    const int d = blockIdx.x, R = a.ranks, k = a.k;
+    const bool lead = d == 0;
+    const int64_t raw = a.t_in ? *a.t_in : a.t_value;
+    const int64_t T = etp__ep_clamp_tokens(raw, a.t_max);
+    if (lead && threadIdx.x == 0) {
+        *a.t_dev = (int32_t)T;
+        if (T != raw) stat_flag(a.stats, ETP__EP_F_BAD_TOKENS);
+        stat_add(a.stats, ETP__EP_ST_PREPARES, 1);
+    }
+    int64_t running = 0;
+    for (int64_t t0 = 0; t0 < a.t_max; t0 += blockDim.x) {
+        const int64_t t = t0 + threadIdx.x;
+        int64_t idx[kLocalK];
+        int32_t sd[kLocalK];
+        int flag = 0;
+        if (t < T) {
+            for (int j = 0; j < k; j++) idx[j] = a.topk_idx[t * k + j];
+            int bad, dup;
+            etp__ep_route_token(idx, k, a.num_experts, a.local_experts, sd, &bad, &dup);
+            for (int j = 0; j < k; j++) flag |= sd[j] == d;
+            if (lead) {
+                for (int j = 0; j < k; j++) a.slot_dest[t * k + j] = sd[j];
+                stat_route(a.stats, bad, dup);
+            }
+        } else if (lead && t < a.t_max) {
+            for (int j = 0; j < k; j++) a.slot_dest[t * k + j] = -1;
+        }
+        int total = 0;
+        const int64_t pos = running + block_excl_scan(flag, &total);
+        if (t < a.t_max) {
+            const int32_t sp = flag ? etp__ep_slab_pos(pos, a.slab) : -1;
+            a.send_pos[t * R + d] = sp;
+            if (flag && sp < 0) {
+                stat_add(a.stats, ETP__EP_ST_TRANSPORT_DROPPED, etp__ep_slots_to(sd, k, d));
+                stat_flag(a.stats, ETP__EP_F_TRANSPORT_FULL);
+            }
+            if (!a.exact && a.send_meta && sp >= 0)
+                etp__ep_meta_row(idx, sd, k, d, a.local_experts,
+                                 a.send_meta + ((int64_t)d * a.slab + sp) * k);
+        }
+        running += total;
+    }
+    if (threadIdx.x == 0) {
+        if (a.slab_report) stat_max(a.stats, ETP__EP_ST_TRANSPORT_NEEDED, running);
+        a.send_cnt[d] = (int32_t)etp__ep_min(running, a.slab);
+        if (!a.exact) a.send_base[d] = (int32_t)((int64_t)d * a.slab);
+    }
+}
+
 /* EXACT: the blocks back to back, once every count is known. */
 __global__ void route_base(etp__ep_route_args_t a)
 {
@@ -219,12 +281,33 @@ __global__ void layout_assign(etp__ep_layout_args_t a)
     }
 }
 
-/* Each received row's expert rows, ascending (the pre-sum's order). */
+/* The counters into the host's mirror (a.mirror), by one block of the
+ * layout's last kernel: every earlier kernel of prepare has counted, and
+ * this block's own counts are fenced before its barrier. */
+__device__ void copy_mirror(const etp__ep_layout_args_t &a)
+{
+    __syncthreads();
+    if (a.mirror && (int)threadIdx.x < ETP__EP_ST_COUNT)
+        a.mirror[threadIdx.x] = *static_cast<volatile const int64_t *>(a.stats + threadIdx.x);
+}
+
+/* Each received row's expert rows, ascending (the pre-sum's order), sorted
+ * in local memory when k allows (kLocalK). */
 __global__ void layout_sort(etp__ep_layout_args_t a)
 {
     const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= a.recv_rows) return;
-    etp__ep_sort_rows(a.recv_row + i * a.k, a.k, a.tok_rows + i * a.k);
+    const int k = a.k;
+    if (i < a.recv_rows) {
+        if (k <= kLocalK) {
+            int32_t rr[kLocalK], out[kLocalK];
+            for (int j = 0; j < k; j++) rr[j] = a.recv_row[i * k + j];
+            etp__ep_sort_rows(rr, k, out);
+            for (int j = 0; j < k; j++) a.tok_rows[i * k + j] = out[j];
+        } else {
+            etp__ep_sort_rows(a.recv_row + i * k, k, a.tok_rows + i * k);
+        }
+    }
+    if (blockIdx.x == 0) copy_mirror(a);
 }
 
 /* ---- layout with few local experts --------------------------------------
@@ -232,7 +315,7 @@ __global__ void layout_sort(etp__ep_layout_args_t a)
  * of 32 received rows, a lane one row; one ballot per expert gives each
  * row's rank among the chunk's rows that select it, and the chunks' counts
  * (scratch [L][chunks]) are scanned per expert in between. The same rows,
- * order and drops as the per-expert scans above, in three kernels instead
+ * order and drops as the per-expert scans above, in two kernels instead
  * of one pass per expert over every received row. */
 
 /* The local experts received row i selects, as bits (0: not a valid row);
@@ -283,72 +366,98 @@ __global__ void layout_chunks(etp__ep_layout_args_t a)
     }
 }
 
-/* One block: per expert, the exclusive scan of the chunks' counts (in
- * place) and its total; then the offsets and the kept counts. */
-__global__ void layout_chunk_scan(etp__ep_layout_args_t a)
+/* Per chunk (a warp each): every slot's row (the q-th row of its expert in
+ * receive order, kept when q < the kept count), row_src of the kept rows,
+ * and each received row's rows ascending. Each block first sums the
+ * chunks' counts per expert, all of them (the counts, hence the offsets,
+ * which every block computes alike) and those before its own chunks (its
+ * rows' start): the scan of layout_chunks' counts, without a kernel of its
+ * own between them. */
+constexpr int kPlaceWarps = kThreads / 32;
+
+__global__ void __launch_bounds__(kThreads) layout_place(etp__ep_layout_args_t a)
 {
-    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
-    const int L = (int)a.local_experts;
+    __shared__ int32_t cnt_s[ETP__EP_LAYOUT_FEW_L], off_s[ETP__EP_LAYOUT_FEW_L + 1],
+        pre_s[kPlaceWarps][ETP__EP_LAYOUT_FEW_L];
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, L = (int)a.local_experts, k = a.k;
     const int64_t nch = (a.recv_rows + ETP__EP_LAYOUT_CHUNK - 1) / ETP__EP_LAYOUT_CHUNK;
-    constexpr int kBatch = 8; /* loads in flight a lane */
-    for (int e = w; e < L; e += nw) {
-        int32_t *h = a.scratch + (int64_t)e * nch;
-        int running = 0;
-        for (int64_t b0 = 0; b0 < nch; b0 += 32 * kBatch) {
-            int v[kBatch];
-#pragma unroll
-            for (int u = 0; u < kBatch; u++) {
-                const int64_t c = b0 + 32 * u + lane;
-                v[u] = c < nch ? h[c] : 0;
-            }
-#pragma unroll
-            for (int u = 0; u < kBatch; u++) {
-                const int64_t c = b0 + 32 * u + lane;
-                int x = v[u];
-                for (int o = 1; o < 32; o <<= 1) {
-                    const int y = __shfl_up_sync(kFull, x, o);
-                    if (lane >= o) x += y;
-                }
-                if (c < nch) h[c] = running + x - v[u];
-                running += __shfl_sync(kFull, x, 31);
-            }
+    const int64_t c_first = (int64_t)blockIdx.x * kPlaceWarps;
+    for (int e = w; e < L; e += kPlaceWarps) {
+        const int32_t *h = a.scratch + (int64_t)e * nch;
+        int all = 0, before = 0;
+        for (int64_t c = lane; c < nch; c += 32) {
+            const int v = h[c];
+            all += v;
+            if (c < c_first) before += v;
         }
-        if (lane == 0) a.counts[e] = running;
+        for (int o = 16; o > 0; o >>= 1) {
+            all += __shfl_xor_sync(kFull, all, o);
+            before += __shfl_xor_sync(kFull, before, o);
+        }
+        if (lane == 0) {
+            cnt_s[e] = all;
+            pre_s[0][e] = before;
+        }
     }
     __syncthreads();
-    if (threadIdx.x == 0)
-        stat_layout(a.stats, etp__ep_layout_offsets(a.counts, a.offsets, a.local_experts,
-                                                     a.alignment, a.fixed_slots, a.rows_cap));
-}
-
-/* Per chunk: every slot's row (the q-th row of its expert in receive order,
- * kept when q < the kept count), row_src of the kept rows, and each
- * received row's rows ascending. */
-__global__ void layout_place(etp__ep_layout_args_t a)
-{
-    const int lane = threadIdx.x & 31, L = (int)a.local_experts, k = a.k;
-    const int64_t nth = (int64_t)gridDim.x * blockDim.x;
-    const int64_t nch = (a.recv_rows + ETP__EP_LAYOUT_CHUNK - 1) / ETP__EP_LAYOUT_CHUNK;
-    const unsigned below = (1u << lane) - 1u;
-    for (int64_t c = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5; c < nch; c += nth >> 5) {
-        const int64_t i = c * ETP__EP_LAYOUT_CHUNK + lane;
-        const uint64_t m = row_experts(a, i, a.recv_base, a.recv_cnt);
-        int32_t *rr = a.recv_row + i * k;
-        if (i < a.recv_rows)
-            for (int j = 0; j < k; j++) rr[j] = -1;
-        for (int e = 0; e < L; e++) {
-            const unsigned sel = (unsigned)(m >> e) & 1u;
-            const unsigned b = __ballot_sync(kFull, sel);
-            if (!sel) continue;
-            const int64_t q = (int64_t)a.scratch[(int64_t)e * nch + c] + __popc(b & below);
-            const int32_t row = q < a.counts[e] ? (int32_t)(a.offsets[e] + q) : -1;
-            for (int j = 0; j < k; j++) {
-                if (etp__ep_recv_expert(a.recv_meta, k, a.local_experts, i, j) != e) continue;
-                rr[j] = row;
-                if (row >= 0) a.row_src[row] = (int32_t)(i * k + j);
-            }
+    /* the rows of the block's chunks before each warp's, per expert */
+    for (int e = threadIdx.x; e < L; e += blockDim.x) {
+        int run = pre_s[0][e];
+        for (int u = 0; u < kPlaceWarps; u++) {
+            const int64_t c = c_first + u;
+            pre_s[u][e] = run;
+            if (c < nch) run += a.scratch[(int64_t)e * nch + c];
         }
-        if (i < a.recv_rows) etp__ep_sort_rows(rr, k, a.tok_rows + i * k);
+    }
+    if (threadIdx.x == 0) {
+        const etp__ep_layout_need_t need =
+            etp__ep_layout_offsets(cnt_s, off_s, L, a.alignment, a.fixed_slots, a.rows_cap);
+        if (blockIdx.x == 0) {
+            stat_layout(a.stats, need);
+            __threadfence();
+        }
+    }
+    __syncthreads();
+    if (blockIdx.x == 0) {
+        for (int e = threadIdx.x; e <= L; e += blockDim.x) {
+            a.offsets[e] = off_s[e];
+            if (e < L) a.counts[e] = cnt_s[e];
+        }
+        copy_mirror(a);
+    }
+    const unsigned below = (1u << lane) - 1u;
+    const int64_t c = c_first + w;
+    if (c >= nch) return;
+    const int64_t i = c * ETP__EP_LAYOUT_CHUNK + lane;
+    const bool valid = i < a.recv_rows && etp__ep_recv_valid(a.recv_base, a.recv_cnt, a.ranks,
+                                                             a.exact, a.slab, i);
+    /* the row's slots' experts and rows in registers / local memory */
+    int32_t ex[kLocalK], rr[kLocalK];
+    uint64_t m = 0;
+    for (int j = 0; j < k; j++) {
+        ex[j] = valid ? etp__ep_recv_expert(a.recv_meta, k, a.local_experts, i, j) : -1;
+        rr[j] = -1;
+        if (ex[j] >= 0) m |= 1ull << ex[j];
+    }
+    for (int e = 0; e < L; e++) {
+        const unsigned sel = (unsigned)(m >> e) & 1u;
+        const unsigned b = __ballot_sync(kFull, sel);
+        if (!sel) continue;
+        const int q = pre_s[w][e] + __popc(b & below);
+        const int32_t row = q < cnt_s[e] ? off_s[e] + q : -1;
+        for (int j = 0; j < k; j++) {
+            if (ex[j] != e) continue;
+            rr[j] = row;
+            if (row >= 0) a.row_src[row] = (int32_t)(i * k + j);
+        }
+    }
+    if (i < a.recv_rows) {
+        int32_t out[kLocalK];
+        etp__ep_sort_rows(rr, k, out);
+        for (int j = 0; j < k; j++) {
+            a.recv_row[i * k + j] = rr[j];
+            a.tok_rows[i * k + j] = out[j];
+        }
     }
 }
 
@@ -692,9 +801,13 @@ __global__ void wscatter_kernel(etp__ep_wscatter_args_t a)
 
 extern "C" cudaError_t etp__cuda_ep_route(cudaStream_t s, const etp__ep_route_args_t *a)
 {
-    ETP__TRY_CUDA(launch(route_mark, blocks_for(a->t_max, kThreads), kThreads, s, *a));
-    ETP__TRY_CUDA(launch(route_scan, (unsigned)a->ranks, kScanThreads, s, *a));
-    if (!a->exact) return cudaSuccess; /* route_scan wrote the bases and metadata */
+    if (a->k <= kLocalK) {
+        ETP__TRY_CUDA(launch(route_fused, (unsigned)a->ranks, kScanThreads, s, *a));
+    } else {
+        ETP__TRY_CUDA(launch(route_mark, blocks_for(a->t_max, kThreads), kThreads, s, *a));
+        ETP__TRY_CUDA(launch(route_scan, (unsigned)a->ranks, kScanThreads, s, *a));
+    }
+    if (!a->exact) return cudaSuccess; /* the scan wrote the bases and metadata */
     ETP__TRY_CUDA(launch(route_base, 1, 1, s, *a));
     if (!a->send_meta) return cudaSuccess;
     return launch(route_meta, blocks_for(a->t_max, kThreads), kThreads, s, *a);
@@ -712,7 +825,7 @@ extern "C" cudaError_t etp__cuda_ep_layout(cudaStream_t s, const etp__ep_layout_
         a->ranks <= ETP__EP_LAYOUT_FEW_R && a->recv_rows > ETP__EP_LAYOUT_CHUNK) {
         const int64_t nch = (a->recv_rows + ETP__EP_LAYOUT_CHUNK - 1) / ETP__EP_LAYOUT_CHUNK;
         ETP__TRY_CUDA(launch(layout_chunks, blocks_for(nch * 32, kThreads), kThreads, s, *a));
-        ETP__TRY_CUDA(launch(layout_chunk_scan, 1, kScanThreads, s, *a));
+        /* a warp per chunk */
         return launch(layout_place, blocks_for(nch * 32, kThreads), kThreads, s, *a);
     }
     const size_t per_tok = (size_t)a->recv_rows * (size_t)a->k * sizeof(int32_t);

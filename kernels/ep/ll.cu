@@ -40,6 +40,8 @@ constexpr unsigned kFull = 0xffffffffu;
 constexpr int kMaxTokens = 256; /* ETP_EP_LL_MAX_TOKENS */
 constexpr int kMaxTopk = ETP__EP_LL_MAX_TOPK;
 constexpr int kMaxRanks = ETP__EP_LL_MAX_RANKS;
+/* local experts whose offsets are computed in shared memory */
+constexpr int kFastL = 64;
 /* block barriers a call passes (counts, offsets, rows) */
 constexpr int kBarriers = 3;
 
@@ -255,10 +257,26 @@ __global__ void __launch_bounds__(kThreads) ll_dispatch_kernel(etp__ep_ll_args_t
         if (threadIdx.x == 0) a.counts[e] = (int32_t)running;
     }
     if (!block_barrier(n, call_no, 0, t0)) return;
-    if (lead && threadIdx.x == 0) {
-        for (int64_t e = 0; e < L; e++) a.counts[e] = __ldcg(a.counts + e);
-        stat_layout(a.stats, etp__ep_layout_offsets(a.counts, a.offsets, L, a.alignment,
-                                                     a.fixed_slots, a.rows_cap));
+    if (lead) {
+        /* in shared memory: the rule's stores and reloads of global
+         * counts would chain round trips to L2 */
+        __shared__ int32_t lc_s[kFastL], lo_s[kFastL + 1];
+        if (L <= kFastL) {
+            for (int e = threadIdx.x; e < L; e += kThreads) lc_s[e] = __ldcg(a.counts + e);
+            __syncthreads();
+            if (threadIdx.x == 0)
+                stat_layout(a.stats, etp__ep_layout_offsets(lc_s, lo_s, L, a.alignment,
+                                                             a.fixed_slots, a.rows_cap));
+            __syncthreads();
+            for (int e = threadIdx.x; e <= L; e += kThreads) {
+                a.offsets[e] = lo_s[e];
+                if (e < L) a.counts[e] = lc_s[e];
+            }
+        } else if (threadIdx.x == 0) {
+            for (int64_t e = 0; e < L; e++) a.counts[e] = __ldcg(a.counts + e);
+            stat_layout(a.stats, etp__ep_layout_offsets(a.counts, a.offsets, L, a.alignment,
+                                                         a.fixed_slots, a.rows_cap));
+        }
     }
     if (!block_barrier(n, call_no, 1, t0)) return;
     /* what other blocks wrote before a barrier is read past L1 (__ldcg) */
@@ -280,9 +298,10 @@ __global__ void __launch_bounds__(kThreads) ll_dispatch_kernel(etp__ep_ll_args_t
     }
     if (!block_barrier(n, call_no, 2, t0)) return;
     for (int64_t i = gt; i < nrecv; i += nt) {
-        int32_t rr[kMaxTopk];
+        int32_t rr[kMaxTopk], out[kMaxTopk];
         for (int j = 0; j < k; j++) rr[j] = __ldcg(a.recv_row + i * k + j);
-        etp__ep_sort_rows(rr, k, a.tok_rows + i * k);
+        etp__ep_sort_rows(rr, k, out);
+        for (int j = 0; j < k; j++) a.tok_rows[i * k + j] = out[j];
     }
     /* the expand: each row of the layout from its received token row */
     const char *slab = n.peers[me] + n.tok_off;
@@ -297,12 +316,20 @@ __global__ void __launch_bounds__(kThreads) ll_dispatch_kernel(etp__ep_ll_args_t
         else
             copy_bytes(o, slab + (int64_t)(src / k) * rb, in_rb, vec != 0);
     }
-    /* the call is done when every block is */
+    /* the call is done when every block is; the last copies the counters
+     * (all counted: each block fenced its counts before its arrival) */
     __syncthreads();
-    if (threadIdx.x == 0 && atomicAdd(reinterpret_cast<unsigned long long *>(n.calls + 1), 1ull) ==
-                                (unsigned long long)(n.blocks - 1)) {
-        n.calls[1] = 0;
-        n.calls[0] = call_no;
+    if (threadIdx.x == 0) {
+        __threadfence();
+        if (atomicAdd(reinterpret_cast<unsigned long long *>(n.calls + 1), 1ull) ==
+            (unsigned long long)(n.blocks - 1)) {
+            __threadfence();
+            if (a.mirror)
+                for (int x = 0; x < ETP__EP_ST_COUNT; x++)
+                    a.mirror[x] = *static_cast<volatile const int64_t *>(a.stats + x);
+            n.calls[1] = 0;
+            n.calls[0] = call_no;
+        }
     }
 }
 

@@ -487,6 +487,13 @@ __device__ __forceinline__ void load_vals(const void *p, int dtype, int64_t e, f
     }
 }
 
+/* The groups of V elements (V: 8 for BF16 rows, 4 for FP32) a row holds
+ * with vec; without, one unit (the whole row). */
+__device__ __forceinline__ int64_t groups_of(const etp__ep_e2t_args_t &a, int vec)
+{
+    return vec ? a.hidden / (a.dtype == ETP__EP_BF16 ? 8 : 4) : 1;
+}
+
 /* The pre-sum of received token row i (its rows m < nr, ascending) into
  * `dst` (H elements of the wire dtype). A lane takes two groups of V
  * elements (c and c + 32) and loads their rows 4 at a time, so that up to
@@ -494,13 +501,13 @@ __device__ __forceinline__ void load_vals(const void *p, int dtype, int64_t e, f
  * order. */
 template <int V>
 __device__ void presum_row(const etp__ep_e2t_args_t &a, const int32_t *rows, const float *w,
-                           int nr, char *dst)
+                           int nr, char *dst, int64_t g_lo, int64_t g_hi)
 {
     const int lane = threadIdx.x & 31;
-    const int64_t H = a.hidden, ng = H / V;
+    const int64_t ng = a.hidden / V;
     const uint4 *in = static_cast<const uint4 *>(a.in);
-    for (int64_t c0 = lane; c0 < ng; c0 += 64) {
-        const bool two = c0 + 32 < ng;
+    for (int64_t c0 = g_lo + lane; c0 < g_hi; c0 += 64) {
+        const bool two = c0 + 32 < g_hi;
         float acc[2][V];
 #pragma unroll
         for (int q = 0; q < 2; q++)
@@ -540,12 +547,12 @@ __device__ void presum_row(const etp__ep_e2t_args_t &a, const int32_t *rows, con
  * order). */
 template <int V>
 __device__ void reduce_row(const etp__ep_e2t_args_t &a, const char *slab, const int64_t *src, int ns,
-                           int64_t t)
+                           int64_t t, int64_t g_lo, int64_t g_hi)
 {
     const int lane = threadIdx.x & 31;
-    const int64_t H = a.hidden, ng = H / V;
-    for (int64_t c0 = lane; c0 < ng; c0 += 64) {
-        const bool two = c0 + 32 < ng;
+    const int64_t H = a.hidden;
+    for (int64_t c0 = g_lo + lane; c0 < g_hi; c0 += 64) {
+        const bool two = c0 + 32 < g_hi;
         float acc[2][V];
 #pragma unroll
         for (int q = 0; q < 2; q++)
@@ -574,27 +581,37 @@ __device__ void reduce_row(const etp__ep_e2t_args_t &a, const char *slab, const 
 }
 
 /* Received token row i's pre-sum into dst (H elements of the wire dtype),
- * a warp; rows_s, w_s: the warp's shared scratch of kTopkMax entries. */
+ * a warp: with vec, the groups [g_lo, g_hi) of V elements only (a slice:
+ * several warps share a long row); without, the whole row. rows_s, w_s:
+ * the warp's shared scratch of kTopkMax entries. */
 constexpr int kTopkMax = 64;
 
 __device__ void presum_token(const etp__ep_e2t_args_t &a, int64_t i, char *dst, int vec,
-                             int32_t *rows_s, float *w_s)
+                             int32_t *rows_s, float *w_s, int64_t g_lo, int64_t g_hi)
 {
     const int lane = threadIdx.x & 31, k = a.k;
     const int64_t H = a.hidden;
     const int32_t *tr = a.tok_rows + i * k;
-    int nr = 0;
-    while (nr < k && tr[nr] >= 0) nr++;
     if (vec) {
-        for (int m = lane; m < nr; m += 32) {
-            rows_s[m] = tr[m];
-            w_s[m] = a.row_w ? a.row_w[tr[m]] : 1.0f;
+        /* the rows (ascending, then -1s): every lane loads its slots at
+         * once instead of one load after another */
+        int nr = 0;
+        for (int j0 = 0; j0 < k; j0 += 32) {
+            const int j = j0 + lane;
+            const int32_t r = j < k ? tr[j] : -1;
+            const unsigned b = __ballot_sync(kFull, r >= 0);
+            if (r >= 0) {
+                rows_s[j] = r;
+                w_s[j] = a.row_w ? a.row_w[r] : 1.0f;
+            }
+            nr += __popc(b);
+            if (b != kFull) break;
         }
         __syncwarp();
         if (a.dtype == ETP__EP_BF16)
-            presum_row<8>(a, rows_s, w_s, nr, dst);
+            presum_row<8>(a, rows_s, w_s, nr, dst, g_lo, g_hi);
         else
-            presum_row<4>(a, rows_s, w_s, nr, dst);
+            presum_row<4>(a, rows_s, w_s, nr, dst, g_lo, g_hi);
         __syncwarp();
     } else {
         etp__ep_presum_args_t pa;
@@ -629,9 +646,11 @@ __device__ void send_wgrads(const etp__ep_e2t_args_t &a, int64_t i, int s, int64
 }
 
 /* Token t's sums from this rank's slabs, a warp: its output row (when `in`
- * is set) and its weight gradients (grad_topk). src_s, ns_s: the warp's
- * shared scratch. */
-__device__ void sum_token(const etp__ep_e2t_args_t &a, int64_t t, int vec, int64_t *src_s, int *ns_s)
+ * is set; with vec, the groups [g_lo, g_hi) of V elements only) and, in
+ * the slice that starts at 0, its weight gradients (grad_topk). src_s:
+ * the warp's shared scratch. */
+__device__ void sum_token(const etp__ep_e2t_args_t &a, int64_t t, int vec, int64_t *src_s,
+                          int64_t g_lo, int64_t g_hi)
 {
     const etp__ep_nvl_t &n = a.nvl;
     const int lane = threadIdx.x & 31, R = n.ranks, k = a.k;
@@ -639,20 +658,17 @@ __device__ void sum_token(const etp__ep_e2t_args_t &a, int64_t t, int vec, int64
     const char *slab = n.peers[n.me] + n.tok_off;
     if (a.out) {
         if (vec) {
-            if (lane == 0) {
-                int ns = 0;
-                for (int d = 0; d < R; d++) {
-                    const int64_t row = etp__ep_send_row(a.send_pos, a.send_base, R, t, d);
-                    if (row >= 0) src_s[ns++] = row * H;
-                }
-                *ns_s = ns;
-            }
+            /* the sources in rank order: lane d looks up rank d (R <=
+             * kMaxRanks <= 32), all at once */
+            const int64_t row = lane < R ? etp__ep_send_row(a.send_pos, a.send_base, R, t, lane) : -1;
+            const unsigned b = __ballot_sync(kFull, row >= 0);
+            if (row >= 0) src_s[__popc(b & ((1u << lane) - 1u))] = row * H;
             __syncwarp();
-            const int ns = *ns_s;
+            const int ns = __popc(b);
             if (a.dtype == ETP__EP_BF16)
-                reduce_row<8>(a, slab, src_s, ns, t);
+                reduce_row<8>(a, slab, src_s, ns, t, g_lo, g_hi);
             else
-                reduce_row<4>(a, slab, src_s, ns, t);
+                reduce_row<4>(a, slab, src_s, ns, t, g_lo, g_hi);
             __syncwarp();
         } else {
             etp__ep_reduce_args_t ra;
@@ -670,7 +686,7 @@ __device__ void sum_token(const etp__ep_e2t_args_t &a, int64_t t, int vec, int64
                 etp__ep_store(a.out, a.dtype, t * H + h, etp__ep_reduce_elem(&ra, t, h));
         }
     }
-    if (a.grad_topk) {
+    if (a.grad_topk && g_lo == 0) {
         etp__ep_wscatter_args_t wa;
         wa.g_recv = reinterpret_cast<const float *>(n.peers[n.me] + n.small_off);
         wa.t_dev = a.t_dev;
@@ -729,7 +745,8 @@ __global__ void __launch_bounds__(kThreads) e2t_send(etp__ep_e2t_args_t a, int v
             int64_t p;
             const int64_t i = row_of(n, x, &s, &p);
             if (p < a.recv_cnt[s])
-                presum_token(a, i, static_cast<char *>(a.stage) + i * wb, vec, rows_s[warp], w_s[warp]);
+                presum_token(a, i, static_cast<char *>(a.stage) + i * wb, vec, rows_s[warp], w_s[warp],
+                             0, groups_of(a, vec));
             __syncwarp();
             if (lane == 0) {
                 __threadfence();
@@ -797,23 +814,27 @@ __global__ void __launch_bounds__(kThreads) e2t_recv(etp__ep_e2t_args_t a, int v
     uint64_t call_no;
     if (!wide_begin(n, a.call, &call_no)) return;
     __shared__ int64_t src_s[kWarps][kMaxRanks];
-    __shared__ int ns_s[kWarps];
     const int warp = threadIdx.x / 32;
     const int64_t gw = (int64_t)blockIdx.x * kWarps + warp, nw = (int64_t)gridDim.x * kWarps;
-    const int64_t T = tokens_of(a.t_dev, n.t_max);
-    for (int64_t t = gw; t < T; t += nw) sum_token(a, t, vec, src_s[warp], &ns_s[warp]);
+    const int64_t T = tokens_of(a.t_dev, n.t_max), ng = groups_of(a, vec);
+    for (int64_t t = gw; t < T; t += nw) sum_token(a, t, vec, src_s[warp], 0, ng);
     wide_end(n, call_no);
 }
 
 /* The whole call in one kernel of n.blocks blocks (small batches, where
- * launches and not bytes cost): the pre-sums straight into the peers'
- * slabs, the arrival, the token sums, the release. No stage. */
+ * launches and latency, not bytes, cost): the pre-sums straight into the
+ * peers' slabs, the arrival, the token sums, the release. No stage. A
+ * warp's unit is a slice of kSliceGroups groups of a row or token (with
+ * vec), so that a few hundred tokens still keep every warp busy: a whole
+ * row a warp leaves most of the warps idle in the token sums, and each of
+ * the others walking a 14 KB row alone. */
+constexpr int64_t kSliceGroups = 128;
+
 __global__ void __launch_bounds__(kThreads) e2t_fused(etp__ep_e2t_args_t a, int vec)
 {
     __shared__ int32_t rows_s[kWarps][kTopkMax];
     __shared__ float w_s[kWarps][kTopkMax];
     __shared__ int64_t src_s[kWarps][kMaxRanks];
-    __shared__ int ns_s[kWarps];
     const etp__ep_nvl_t &n = a.nvl;
     uint64_t call_no;
     int64_t t0;
@@ -821,21 +842,29 @@ __global__ void __launch_bounds__(kThreads) e2t_fused(etp__ep_e2t_args_t a, int 
     const int warp = threadIdx.x / 32;
     const int64_t gw = (int64_t)blockIdx.x * kWarps + warp, nw = (int64_t)n.blocks * kWarps;
     const int64_t tm = n.t_max, wb = a.hidden * etp__ep_esize(a.wire);
+    const int64_t ng = groups_of(a, vec), nsl = vec ? (ng + kSliceGroups - 1) / kSliceGroups : 1;
     const bool g_travels = a.g_pre != nullptr || a.grad_row_w != nullptr;
-    for (int64_t x = gw; x < (int64_t)n.ranks * tm; x += nw) {
-        const int s = (int)(x % n.ranks);
-        const int64_t p = x / n.ranks, i = (int64_t)s * tm + p;
+    for (int64_t x = gw; x < (int64_t)n.ranks * tm * nsl; x += nw) {
+        const int64_t y = x / nsl, sl = x % nsl;
+        const int s = (int)(y % n.ranks);
+        const int64_t p = y / n.ranks, i = (int64_t)s * tm + p;
         if (p >= a.recv_cnt[s]) continue;
         const int64_t back = etp__ep_nvl_row(n.me, tm, p);
-        if (a.in) presum_token(a, i, n.peers[s] + n.tok_off + back * wb, vec, rows_s[warp], w_s[warp]);
-        if (g_travels) send_wgrads(a, i, s, back);
+        if (a.in)
+            presum_token(a, i, n.peers[s] + n.tok_off + back * wb, vec, rows_s[warp], w_s[warp],
+                         sl * kSliceGroups, etp__ep_min((sl + 1) * kSliceGroups, ng));
+        if (g_travels && sl == 0) send_wgrads(a, i, s, back);
     }
     __syncthreads();
     if (threadIdx.x == 0) signal_all(n, 0);
     if (!block_wait(n, 0, etp__ep_nvl_mark(call_no, n.blocks), a.call, ETP__EP_NVL_WAIT_ARRIVAL, t0))
         return;
     const int64_t T = tokens_of(a.t_dev, tm);
-    for (int64_t t = gw; t < T; t += nw) sum_token(a, t, vec, src_s[warp], &ns_s[warp]);
+    for (int64_t x = gw; x < T * nsl; x += nw) {
+        const int64_t sl = x % nsl;
+        sum_token(a, x / nsl, vec, src_s[warp], sl * kSliceGroups,
+                  etp__ep_min((sl + 1) * kSliceGroups, ng));
+    }
     block_end(n, call_no);
 }
 

@@ -107,7 +107,11 @@ typedef struct etp__ep_clip_args {
  * scratch: ETP__EP_LAYOUT_SCRATCH(local_experts, recv_rows) int32 of the
  * layer's memory that a kernel may use as it likes (the host's per-expert
  * cursors; the CUDA kernels' per-chunk counts), so that no backend needs
- * memory sized by the experts on a stack or per call. */
+ * memory sized by the experts on a stack or per call.
+ * mirror: when set, the counters (stats, ETP__EP_ST_COUNT of them) are
+ * copied there once the layout has counted: the host's pinned mirror of
+ * them, which the device writes directly on CUDA (layout ends prepare, so
+ * no copy of its own follows). */
 #define ETP__EP_LAYOUT_CHUNK 32  /* received rows a warp takes (CUDA, few experts) */
 #define ETP__EP_LAYOUT_FEW_L 64  /* "few experts": a bit each in a uint64 */
 #define ETP__EP_LAYOUT_FEW_K 32
@@ -123,6 +127,7 @@ typedef struct etp__ep_layout_args {
     int32_t *recv_cnt, *recv_base, *counts, *offsets, *recv_row, *tok_rows, *row_src;
     int32_t *scratch;
     int64_t *stats;
+    volatile int64_t *mirror;
 } etp__ep_layout_args_t;
 
 /* Dispatch, token side: copy token t to row send_base[d] + send_pos[t*R+d]
@@ -384,6 +389,9 @@ typedef struct etp__ep_ll_args {
     void *out;    /* [rows_cap, H] */
     float *out_w; /* [rows_cap], when carry */
     int64_t *stats;
+    /* the counters' host mirror (pinned, mapped): the kernel's last block
+     * copies them there (no copy after it) */
+    volatile int64_t *mirror;
 } etp__ep_ll_args_t;
 
 #endif /* ETP__EP_ARGS_H */

@@ -46,8 +46,9 @@ struct etp__ep_kernels {
      * without peer stores (the host backend runs it with its kernels and
      * all-to-alls). Low-latency combine is nvl_e2t on the layer's window. */
     etp_status_t (*ll_dispatch)(etp__be_t *be, etp__bstream_t *s, const etp__ep_ll_args_t *a);
-    /* Host memory the device can write with an async copy and the host can
-     * read without a stream operation (pinned on CUDA; malloc on host). */
+    /* Host memory the device can write, with an async copy or from a
+     * kernel at the same address, and the host can read without a stream
+     * operation (pinned and mapped on CUDA; malloc on host). */
     etp_status_t (*pinned_alloc)(etp__be_t *be, size_t bytes, void **ptr);
     void (*pinned_free)(etp__be_t *be, void *ptr);
 };

@@ -909,11 +909,10 @@ static etp_status_t ep_prepare_call(etp_ep_layer_t *ly, const void *topk_idx, et
         .fixed_slots = ly->slots, .k = ly->k, .ranks = ep->R, .me = ep->rank, .exact = exact,
         .recv_cnt = ly->recv_cnt, .recv_base = ly->recv_base, .counts = ly->counts,
         .offsets = ly->offsets, .recv_row = ly->recv_row, .tok_rows = ly->tok_rows,
-        .row_src = ly->row_src, .scratch = ly->layout_scratch, .stats = ly->stats};
+        .row_src = ly->row_src, .scratch = ly->layout_scratch, .stats = ly->stats,
+        .mirror = ly->host_stats};
     trace(ep, ETP_TRACE_EP_PREPARE_LAYOUT, s);
     ETP__TRY(kt->layout(be, s->bs, &la));
-    ETP__TRY(etp_memcpy_async(s, (void *)ly->host_stats, ly->stats,
-                              ETP__EP_ST_COUNT * sizeof(int64_t)));
     trace(ep, ETP_TRACE_EP_PREPARE_END, s);
     ETP__TRY(etp_event_record(ly->prep_ev, s));
     ly->prepared_once = 1;

@@ -382,7 +382,8 @@ static etp_status_t dispatch_fused(const etp__ep_ll_env_t *env, etp__ep_ll_t *ll
                             .row_src = x->row_src,
                             .out = x->rows,
                             .out_w = carry ? x->w : NULL,
-                            .stats = env->stats};
+                            .stats = env->stats,
+                            .mirror = env->host_stats};
     return env->kt->ll_dispatch(env->be, s->bs, &la);
 }
 
@@ -447,9 +448,10 @@ static etp_status_t ll_dispatch(etp_ep_layer_t *ly, const etp_ep_ll_dispatch_arg
                        : dispatch_host(&env, ll, x, &a, carry, s));
     etp__ep_ll_trace(ly, ETP_TRACE_EP_DISPATCH_EXPAND, s);
     etp__ep_ll_trace(ly, ETP_TRACE_EP_DISPATCH_END, s);
-    /* the counters' mirror, as prepare's */
-    ETP__TRY(
-        etp_memcpy_async(s, (void *)env.host_stats, env.stats, ETP__EP_ST_COUNT * sizeof(int64_t)));
+    /* the counters' mirror, as prepare's (the fused kernel writes it) */
+    if (!env.fused)
+        ETP__TRY(etp_memcpy_async(s, (void *)env.host_stats, env.stats,
+                                  ETP__EP_ST_COUNT * sizeof(int64_t)));
     ETP__TRY(etp_event_record(env.prep_ev, s));
     *env.prepared_once = 1;
     ll->t_host[h] = dev ? -1 : a.num_tokens;

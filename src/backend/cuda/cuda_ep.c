@@ -215,7 +215,9 @@ static etp_status_t cuda_pinned_alloc(etp__be_t *be, size_t bytes, void **ptr)
 {
     ETP__TRY(etp__cuda_set_device(etp__cuda_of(be)));
     void *p = NULL;
-    cudaError_t e = cudaHostAlloc(&p, bytes ? bytes : 1, cudaHostAllocDefault);
+    /* mapped: kernels write the report mirror there directly (with unified
+     * addressing, at the host pointer) */
+    cudaError_t e = cudaHostAlloc(&p, bytes ? bytes : 1, cudaHostAllocMapped);
     if (e != cudaSuccess) {
         (void)cudaGetLastError();
         return etp__err(ETP_ERR_OUT_OF_MEMORY, "EP: cudaHostAlloc of %zu bytes: %s", bytes,

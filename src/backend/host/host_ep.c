@@ -139,6 +139,8 @@ static void layout_run(void *p)
     }
     for (int64_t i = 0; i < a->recv_rows; i++)
         etp__ep_sort_rows(a->recv_row + i * k, k, a->tok_rows + i * k);
+    if (a->mirror)
+        for (int i = 0; i < ETP__EP_ST_COUNT; i++) a->mirror[i] = a->stats[i];
 }
 
 /* ---- data movement ------------------------------------------------------ */
