@@ -213,7 +213,9 @@ typedef struct etp_ep_group_config {
      * (and run prepare's exchange), the same on every rank; the local work
      * of a call (expand, pre-sums, token sums) takes the whole device, and
      * combine's pre-sums run on the SMs the sending blocks leave.
-     * 0: 24, or the smallest SM count of the group's devices if smaller.
+     * 0: 24, or the smallest SM count of the group's devices if smaller;
+     * a low-latency layer's kernels (which do all of a call's work on these
+     * blocks) then take half the smallest device's SMs instead.
      * More than a device's SMs: NVLINK cannot run (ETP_ERR_UNSUPPORTED when
      * asked for, saying so; AUTO takes EXACT). Ignored otherwise. */
     int num_sms;

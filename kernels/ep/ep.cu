@@ -118,20 +118,20 @@ __global__ void route_scan(etp__ep_route_args_t a)
     }
 }
 
-/* Top-k up to this: a token's slots live in registers and local memory.
- * The rules take pointers; given the global arrays instead, every store of
- * a slot and reload of an earlier one becomes a round trip to L2, and a
- * token's dozens of them a chain (8 us for one block of 128 tokens). */
-constexpr int kLocalK = ETP__EP_LAYOUT_FEW_K;
+/* k = K <= kRouteK: route and positions in one kernel, one block per
+ * destination d, each routing every token (T / 1024 tokens a thread) so
+ * that no block waits for another; block 0 writes the slots and the
+ * route's counters. The same positions, drops and metadata as route_mark +
+ * route_scan. A token's K slots are registers (K is known here, so the
+ * rule's loops unroll): given global arrays, the rule's stores and reloads
+ * of earlier slots chain round trips to L2 (8 us for a block of 128
+ * tokens), and local arrays of 1024 threads spill past L1. */
+constexpr int kRouteK = 8;
 
-/* k <= kLocalK: route and positions in one kernel, one block per
- * destination d, each routing every token (a few hundred loads a thread at
- * most) so that no block waits for another; block 0 writes the slots and
- * the route's counters. The same positions, drops and metadata as
- * route_mark + route_scan. */
-__global__ void route_fused(etp__ep_route_args_t a)
+template <int K>
+__global__ void __launch_bounds__(kScanThreads) route_fused(etp__ep_route_args_t a)
 {
-    const int d = blockIdx.x, R = a.ranks, k = a.k;
+    const int d = blockIdx.x, R = a.ranks;
     const bool lead = d == 0;
     const int64_t raw = a.t_in ? *a.t_in : a.t_value;
     const int64_t T = etp__ep_clamp_tokens(raw, a.t_max);
@@ -143,20 +143,24 @@ __global__ void route_fused(etp__ep_route_args_t a)
     int64_t running = 0;
     for (int64_t t0 = 0; t0 < a.t_max; t0 += blockDim.x) {
         const int64_t t = t0 + threadIdx.x;
-        int64_t idx[kLocalK];
-        int32_t sd[kLocalK];
+        int64_t idx[K];
+        int32_t sd[K];
         int flag = 0;
         if (t < T) {
-            for (int j = 0; j < k; j++) idx[j] = a.topk_idx[t * k + j];
+#pragma unroll
+            for (int j = 0; j < K; j++) idx[j] = a.topk_idx[t * K + j];
             int bad, dup;
-            etp__ep_route_token(idx, k, a.num_experts, a.local_experts, sd, &bad, &dup);
-            for (int j = 0; j < k; j++) flag |= sd[j] == d;
+            etp__ep_route_token(idx, K, a.num_experts, a.local_experts, sd, &bad, &dup);
+#pragma unroll
+            for (int j = 0; j < K; j++) flag |= sd[j] == d;
             if (lead) {
-                for (int j = 0; j < k; j++) a.slot_dest[t * k + j] = sd[j];
+#pragma unroll
+                for (int j = 0; j < K; j++) a.slot_dest[t * K + j] = sd[j];
                 stat_route(a.stats, bad, dup);
             }
         } else if (lead && t < a.t_max) {
-            for (int j = 0; j < k; j++) a.slot_dest[t * k + j] = -1;
+#pragma unroll
+            for (int j = 0; j < K; j++) a.slot_dest[t * K + j] = -1;
         }
         int total = 0;
         const int64_t pos = running + block_excl_scan(flag, &total);
@@ -164,12 +168,15 @@ __global__ void route_fused(etp__ep_route_args_t a)
             const int32_t sp = flag ? etp__ep_slab_pos(pos, a.slab) : -1;
             a.send_pos[t * R + d] = sp;
             if (flag && sp < 0) {
-                stat_add(a.stats, ETP__EP_ST_TRANSPORT_DROPPED, etp__ep_slots_to(sd, k, d));
+                stat_add(a.stats, ETP__EP_ST_TRANSPORT_DROPPED, etp__ep_slots_to(sd, K, d));
                 stat_flag(a.stats, ETP__EP_F_TRANSPORT_FULL);
             }
-            if (!a.exact && a.send_meta && sp >= 0)
-                etp__ep_meta_row(idx, sd, k, d, a.local_experts,
-                                 a.send_meta + ((int64_t)d * a.slab + sp) * k);
+            if (!a.exact && a.send_meta && sp >= 0) {
+                int32_t m[K];
+                etp__ep_meta_row(idx, sd, K, d, a.local_experts, m);
+#pragma unroll
+                for (int j = 0; j < K; j++) a.send_meta[((int64_t)d * a.slab + sp) * K + j] = m[j];
+            }
         }
         running += total;
     }
@@ -179,6 +186,10 @@ __global__ void route_fused(etp__ep_route_args_t a)
         if (!a.exact) a.send_base[d] = (int32_t)((int64_t)d * a.slab);
     }
 }
+
+/* A token's slots in local memory where the layout kernels take them one
+ * row a thread (256 threads a block: within L1). */
+constexpr int kLocalK = ETP__EP_LAYOUT_FEW_K;
 
 /* EXACT: the blocks back to back, once every count is known. */
 __global__ void route_base(etp__ep_route_args_t a)
@@ -379,6 +390,7 @@ __global__ void __launch_bounds__(kThreads) layout_place(etp__ep_layout_args_t a
 {
     __shared__ int32_t cnt_s[ETP__EP_LAYOUT_FEW_L], off_s[ETP__EP_LAYOUT_FEW_L + 1],
         pre_s[kPlaceWarps][ETP__EP_LAYOUT_FEW_L];
+    __shared__ unsigned bal_s[kPlaceWarps][ETP__EP_LAYOUT_FEW_L];
     const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, L = (int)a.local_experts, k = a.k;
     const int64_t nch = (a.recv_rows + ETP__EP_LAYOUT_CHUNK - 1) / ETP__EP_LAYOUT_CHUNK;
     const int64_t c_first = (int64_t)blockIdx.x * kPlaceWarps;
@@ -429,36 +441,34 @@ __global__ void __launch_bounds__(kThreads) layout_place(etp__ep_layout_args_t a
     const int64_t c = c_first + w;
     if (c >= nch) return;
     const int64_t i = c * ETP__EP_LAYOUT_CHUNK + lane;
-    const bool valid = i < a.recv_rows && etp__ep_recv_valid(a.recv_base, a.recv_cnt, a.ranks,
-                                                             a.exact, a.slab, i);
-    /* the row's slots' experts and rows in registers / local memory */
-    int32_t ex[kLocalK], rr[kLocalK];
-    uint64_t m = 0;
-    for (int j = 0; j < k; j++) {
-        ex[j] = valid ? etp__ep_recv_expert(a.recv_meta, k, a.local_experts, i, j) : -1;
-        rr[j] = -1;
-        if (ex[j] >= 0) m |= 1ull << ex[j];
-    }
+    const uint64_t m = row_experts(a, i, a.recv_base, a.recv_cnt);
+    /* per expert, which of the chunk's rows select it: a ballot each */
     for (int e = 0; e < L; e++) {
-        const unsigned sel = (unsigned)(m >> e) & 1u;
-        const unsigned b = __ballot_sync(kFull, sel);
-        if (!sel) continue;
-        const int q = pre_s[w][e] + __popc(b & below);
-        const int32_t row = q < cnt_s[e] ? off_s[e] + q : -1;
-        for (int j = 0; j < k; j++) {
-            if (ex[j] != e) continue;
-            rr[j] = row;
-            if (row >= 0) a.row_src[row] = (int32_t)(i * k + j);
-        }
+        const unsigned b = __ballot_sync(kFull, (unsigned)(m >> e) & 1u);
+        if (lane == 0) bal_s[w][e] = b;
     }
-    if (i < a.recv_rows) {
-        int32_t out[kLocalK];
-        etp__ep_sort_rows(rr, k, out);
-        for (int j = 0; j < k; j++) {
-            a.recv_row[i * k + j] = rr[j];
-            a.tok_rows[i * k + j] = out[j];
-        }
+    __syncwarp();
+    if (i >= a.recv_rows) return;
+    /* row e of this received row: the q-th of expert e, kept below its count */
+    auto row_of = [&](int e) -> int32_t {
+        const int q = pre_s[w][e] + __popc(bal_s[w][e] & below);
+        return q < cnt_s[e] ? off_s[e] + q : -1;
+    };
+    for (int j = 0; j < k; j++) {
+        const int32_t e = m ? etp__ep_recv_expert(a.recv_meta, k, a.local_experts, i, j) : -1;
+        const int32_t row = e >= 0 ? row_of(e) : -1;
+        a.recv_row[i * k + j] = row;
+        if (row >= 0) a.row_src[row] = (int32_t)(i * k + j);
     }
+    /* the rows ascending (etp__ep_sort_rows' order) are the experts'
+     * ascending: expert e's rows lie below expert e + 1's, and a row
+     * selects an expert at most once */
+    int nr = 0;
+    for (uint64_t mm = m; mm; mm &= mm - 1) {
+        const int32_t row = row_of(__ffsll((long long)mm) - 1);
+        if (row >= 0) a.tok_rows[i * k + nr++] = row;
+    }
+    for (; nr < k; nr++) a.tok_rows[i * k + nr] = -1;
 }
 
 /* ---- data movement ------------------------------------------------------ */
@@ -801,8 +811,21 @@ __global__ void wscatter_kernel(etp__ep_wscatter_args_t a)
 
 extern "C" cudaError_t etp__cuda_ep_route(cudaStream_t s, const etp__ep_route_args_t *a)
 {
-    if (a->k <= kLocalK) {
-        ETP__TRY_CUDA(launch(route_fused, (unsigned)a->ranks, kScanThreads, s, *a));
+    cudaError_t e = cudaErrorNotSupported;
+    switch (a->k) {
+    case 1: e = launch(route_fused<1>, (unsigned)a->ranks, kScanThreads, s, *a); break;
+    case 2: e = launch(route_fused<2>, (unsigned)a->ranks, kScanThreads, s, *a); break;
+    case 3: e = launch(route_fused<3>, (unsigned)a->ranks, kScanThreads, s, *a); break;
+    case 4: e = launch(route_fused<4>, (unsigned)a->ranks, kScanThreads, s, *a); break;
+    case 5: e = launch(route_fused<5>, (unsigned)a->ranks, kScanThreads, s, *a); break;
+    case 6: e = launch(route_fused<6>, (unsigned)a->ranks, kScanThreads, s, *a); break;
+    case 7: e = launch(route_fused<7>, (unsigned)a->ranks, kScanThreads, s, *a); break;
+    case 8: e = launch(route_fused<8>, (unsigned)a->ranks, kScanThreads, s, *a); break;
+    default: break;
+    }
+    static_assert(kRouteK == 8, "route_fused is instantiated for k = 1 .. 8");
+    if (a->k <= kRouteK) {
+        ETP__TRY_CUDA(e);
     } else {
         ETP__TRY_CUDA(launch(route_mark, blocks_for(a->t_max, kThreads), kThreads, s, *a));
         ETP__TRY_CUDA(launch(route_scan, (unsigned)a->ranks, kScanThreads, s, *a));

@@ -42,13 +42,17 @@ constexpr int kMaxTopk = ETP__EP_LL_MAX_TOPK;
 constexpr int kMaxRanks = ETP__EP_LL_MAX_RANKS;
 /* local experts whose offsets are computed in shared memory */
 constexpr int kFastL = 64;
-/* block barriers a call passes (counts, offsets, rows) */
+/* block barriers a call passes (counts, offsets, rows); with few local
+ * experts (layout_chunked) one */
 constexpr int kBarriers = 3;
+/* chunks of 32 received rows at most: ETP__EP_LL_MAX_RANKS x kMaxTokens rows */
+constexpr int kMaxChunks = kMaxRanks * kMaxTokens / 32;
 
 /* Every block of this rank reached barrier b of call call_no (blocks of a
  * rank are resident together, as the NVLINK kernels need): bounded like
  * the cross-rank waits. */
-__device__ bool block_barrier(const etp__ep_nvl_t &n, uint64_t call_no, int b, int64_t t0)
+__device__ bool block_barrier(const etp__ep_nvl_t &n, uint64_t call_no, int b, int per_call,
+                              int64_t t0)
 {
     __shared__ int ok;
     __syncthreads();
@@ -56,7 +60,8 @@ __device__ bool block_barrier(const etp__ep_nvl_t &n, uint64_t call_no, int b, i
         ok = 1;
         __threadfence();
         atomicAdd(reinterpret_cast<unsigned long long *>(n.calls + 2), 1ull);
-        const uint64_t want = ((call_no - 1) * kBarriers + (uint64_t)b + 1) * (uint64_t)n.blocks;
+        const uint64_t want = ((call_no - 1) * (uint64_t)per_call + (uint64_t)b + 1) *
+                              (uint64_t)n.blocks;
         if (!wait_for(n, n.calls + 2, want, t0, n.me, ETP__EP_NVL_LL_DISPATCH,
                       ETP__EP_NVL_WAIT_ARRIVAL))
             ok = 0;
@@ -109,6 +114,124 @@ __device__ void zero_bytes(char *dst, int64_t rb, bool vec)
     } else {
         for (int64_t b = lane; b < rb; b += 32) dst[b] = 0;
     }
+}
+
+/* The local experts received row i selects, as bits (0: no valid row). */
+__device__ __forceinline__ uint64_t row_mask(const etp__ep_ll_args_t &a, const int32_t *meta,
+                                             const int32_t *rc, int64_t nrecv, int64_t i)
+{
+    const int64_t tm = a.nvl.t_max;
+    if (i >= nrecv || i % tm >= rc[i / tm]) return 0;
+    uint64_t m = 0;
+    for (int j = 0; j < a.k; j++) {
+        const int32_t e = etp__ep_recv_expert(meta, a.k, a.local_experts, i, j);
+        if (e >= 0) m |= 1ull << e;
+    }
+    return m;
+}
+
+/* The layout and the expand with few local experts (L <= kFastL), past one
+ * block barrier instead of three and without a sort: rows in (source,
+ * token) order within each expert, the first counts[e] kept, as
+ * layout_count / offsets / assign / sort of ep.cu lay them out.
+ * (a) Blocks e < L count, per chunk of 32 received rows, the rows that
+ *     select expert e (a ballot), scan the chunks' counts into
+ *     scratch[e][chunk] and write the total.
+ * (b) Every block computes the offsets and kept counts (cnt_s, off_s) from
+ *     the totals itself.
+ * (c) A warp per received row i: the row of each of its slots (the prefix
+ *     of its chunk plus its rank in the chunk's ballot), recv_row, row_src,
+ *     the weights, tok_rows (ascending rows are ascending experts: expert
+ *     e's rows lie below e + 1's, and a row selects an expert at most
+ *     once), and the token's bytes into each of its rows; then a warp per
+ *     layout row that holds no token: zeros.
+ * The caller's last block writes the kept counts and offsets (block e's
+ * totals are read by every block before that). false: a wait gave up. */
+__device__ bool layout_chunked(const etp__ep_ll_args_t &a, const int32_t *meta, const int32_t *rc,
+                               int64_t nrecv, const char *slab, const float *recv_w, int64_t rb,
+                               int64_t in_rb, bool vec, uint64_t call_no, int64_t t0,
+                               int32_t *cnt_s, int32_t *off_s)
+{
+    __shared__ int32_t cc_s[kMaxChunks];
+    const etp__ep_nvl_t &n = a.nvl;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x & 31, k = a.k;
+    const int L = (int)a.local_experts;
+    const int64_t nch = (nrecv + 31) / 32;
+    for (int e = blockIdx.x; e < L; e += n.blocks) {
+        for (int64_t c = warp; c < nch; c += kWarps) {
+            const uint64_t m = row_mask(a, meta, rc, nrecv, c * 32 + lane);
+            const unsigned b = __ballot_sync(kFull, (unsigned)(m >> e) & 1u);
+            if (lane == 0) cc_s[c] = __popc(b);
+        }
+        __syncthreads();
+        int total = 0;
+        const int pre = block_excl_scan((int64_t)threadIdx.x < nch ? cc_s[threadIdx.x] : 0, &total);
+        if ((int64_t)threadIdx.x < nch) a.scratch[(int64_t)e * nch + threadIdx.x] = pre;
+        if (threadIdx.x == 0) a.counts[e] = total;
+    }
+    if (!block_barrier(n, call_no, 0, 1, t0)) return false;
+    for (int e = threadIdx.x; e < L; e += kThreads) cnt_s[e] = __ldcg(a.counts + e);
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        const etp__ep_layout_need_t need =
+            etp__ep_layout_offsets(cnt_s, off_s, L, a.alignment, a.fixed_slots, a.rows_cap);
+        if (blockIdx.x == 0) stat_layout(a.stats, need);
+    }
+    __syncthreads();
+    const int64_t gw = (int64_t)blockIdx.x * kWarps + warp, nw = (int64_t)n.blocks * kWarps;
+    for (int64_t i = gw; i < nrecv; i += nw) {
+        const int64_t c = i / 32;
+        const int li = (int)(i % 32);
+        const uint64_t m = row_mask(a, meta, rc, nrecv, c * 32 + lane);
+        const uint64_t mi = __shfl_sync(kFull, m, li);
+        const int32_t ej =
+            lane < k && mi ? etp__ep_recv_expert(meta, k, a.local_experts, i, lane) : -1;
+        int32_t row = -1;
+        for (uint64_t mm = mi; mm; mm &= mm - 1) {
+            const int e = __ffsll((long long)mm) - 1;
+            const unsigned b = __ballot_sync(kFull, (unsigned)(m >> e) & 1u);
+            if (ej == e) {
+                const int q = __ldcg(a.scratch + (int64_t)e * nch + c) + __popc(b & ((1u << li) - 1u));
+                row = q < cnt_s[e] ? off_s[e] + q : -1;
+            }
+        }
+        const bool kept = row >= 0;
+        if (lane < k) {
+            a.recv_row[i * k + lane] = row;
+            if (kept) {
+                a.row_src[row] = (int32_t)(i * k + lane);
+                if (a.out_w) a.out_w[row] = etp__ep_row_weight(recv_w, (int32_t)(i * k + lane));
+            }
+        }
+        const unsigned kb = __ballot_sync(kFull, kept);
+        int rank = 0;
+        for (int j = 0; j < k; j++) {
+            const int32_t e2 = __shfl_sync(kFull, ej, j);
+            rank += ((kb >> j) & 1u) && e2 < ej;
+        }
+        if (kept) a.tok_rows[i * k + rank] = row;
+        if (lane < k && lane >= __popc(kb)) a.tok_rows[i * k + lane] = -1;
+        for (unsigned bb = kb; bb; bb &= bb - 1) {
+            const int32_t r = __shfl_sync(kFull, row, __ffs(bb) - 1);
+            copy_bytes(static_cast<char *>(a.out) + r * in_rb, slab + i * rb, in_rb, vec);
+        }
+    }
+    /* the rows no token fills: an expert's tail past its kept rows (the
+     * alignment's padding, fixed slots' empty ones) and past the last */
+    for (int64_t r = gw; r < a.rows_cap; r += nw) {
+        int lo = 0, hi = L; /* the expert whose range holds r: off_s[lo] <= r < off_s[lo + 1] */
+        while (lo < hi) {
+            const int mid = (lo + hi) / 2;
+            if (off_s[mid + 1] <= r) lo = mid + 1; else hi = mid;
+        }
+        if (lo < L && r < off_s[lo] + cnt_s[lo]) continue;
+        if (lane == 0) {
+            a.row_src[r] = -1;
+            if (a.out_w) a.out_w[r] = 0.0f;
+        }
+        zero_bytes(static_cast<char *>(a.out) + r * in_rb, in_rb, vec);
+    }
+    return true;
 }
 
 __global__ void __launch_bounds__(kThreads) ll_dispatch_kernel(etp__ep_ll_args_t a, int vec)
@@ -238,83 +361,75 @@ __global__ void __launch_bounds__(kThreads) ll_dispatch_kernel(etp__ep_ll_args_t
                     ETP__EP_NVL_WAIT_ARRIVAL, t0))
         return;
 
-    /* 3. the layout (layout_count / offsets / assign / sort of ep.cu) */
+    /* 3. the layout and the expand */
     const int32_t *meta = reinterpret_cast<const int32_t *>(n.peers[me] + n.small_off);
     const int64_t nrecv = (int64_t)R * tm;
-    const int64_t gt = (int64_t)blockIdx.x * kThreads + threadIdx.x,
-                  nt = (int64_t)n.blocks * kThreads;
-    for (int64_t x = gt; x < nrecv * k; x += nt) a.recv_row[x] = -1;
-    for (int64_t r = gt; r < a.rows_cap; r += nt) a.row_src[r] = -1;
-    for (int64_t e = blockIdx.x; e < L; e += n.blocks) {
-        int64_t running = 0;
-        for (int64_t i0 = 0; i0 < nrecv; i0 += kThreads) {
-            const int64_t i = i0 + threadIdx.x;
-            const int flag = i < nrecv && slot_of(a, meta, rc_s, i, (int)e) >= 0;
-            int total = 0;
-            (void)block_excl_scan(flag, &total);
-            running += total;
-        }
-        if (threadIdx.x == 0) a.counts[e] = (int32_t)running;
-    }
-    if (!block_barrier(n, call_no, 0, t0)) return;
-    if (lead) {
-        /* in shared memory: the rule's stores and reloads of global
-         * counts would chain round trips to L2 */
-        __shared__ int32_t lc_s[kFastL], lo_s[kFastL + 1];
-        if (L <= kFastL) {
-            for (int e = threadIdx.x; e < L; e += kThreads) lc_s[e] = __ldcg(a.counts + e);
-            __syncthreads();
-            if (threadIdx.x == 0)
-                stat_layout(a.stats, etp__ep_layout_offsets(lc_s, lo_s, L, a.alignment,
-                                                             a.fixed_slots, a.rows_cap));
-            __syncthreads();
-            for (int e = threadIdx.x; e <= L; e += kThreads) {
-                a.offsets[e] = lo_s[e];
-                if (e < L) a.counts[e] = lc_s[e];
+    const float *recv_w = a.carry ? reinterpret_cast<const float *>(n.peers[me] + a.w_off)
+                                  : nullptr;
+    const char *slab = n.peers[me] + n.tok_off;
+    __shared__ int32_t kept_s[kFastL], off_s[kFastL + 1];
+    const bool chunked = L <= kFastL && a.scratch;
+    if (chunked) {
+        if (!layout_chunked(a, meta, rc_s, nrecv, slab, recv_w, rb, in_rb, vec != 0, call_no, t0,
+                            kept_s, off_s))
+            return;
+    } else {
+        const int64_t gt = (int64_t)blockIdx.x * kThreads + threadIdx.x,
+                      nt = (int64_t)n.blocks * kThreads;
+        for (int64_t x = gt; x < nrecv * k; x += nt) a.recv_row[x] = -1;
+        for (int64_t r = gt; r < a.rows_cap; r += nt) a.row_src[r] = -1;
+        for (int64_t e = blockIdx.x; e < L; e += n.blocks) {
+            int64_t running = 0;
+            for (int64_t i0 = 0; i0 < nrecv; i0 += kThreads) {
+                const int64_t i = i0 + threadIdx.x;
+                const int flag = i < nrecv && slot_of(a, meta, rc_s, i, (int)e) >= 0;
+                int total = 0;
+                (void)block_excl_scan(flag, &total);
+                running += total;
             }
-        } else if (threadIdx.x == 0) {
+            if (threadIdx.x == 0) a.counts[e] = (int32_t)running;
+        }
+        if (!block_barrier(n, call_no, 0, kBarriers, t0)) return;
+        if (lead && threadIdx.x == 0) {
             for (int64_t e = 0; e < L; e++) a.counts[e] = __ldcg(a.counts + e);
             stat_layout(a.stats, etp__ep_layout_offsets(a.counts, a.offsets, L, a.alignment,
                                                          a.fixed_slots, a.rows_cap));
         }
-    }
-    if (!block_barrier(n, call_no, 1, t0)) return;
-    /* what other blocks wrote before a barrier is read past L1 (__ldcg) */
-    for (int64_t e = blockIdx.x; e < L; e += n.blocks) {
-        const int64_t kept = __ldcg(a.counts + e), base = __ldcg(a.offsets + e);
-        int64_t running = 0;
-        for (int64_t i0 = 0; i0 < nrecv && running < kept; i0 += kThreads) {
-            const int64_t i = i0 + threadIdx.x;
-            const int j = i < nrecv ? slot_of(a, meta, rc_s, i, (int)e) : -1;
-            int total = 0;
-            const int64_t q = running + block_excl_scan(j >= 0, &total);
-            if (j >= 0 && q < kept) {
-                const int64_t row = base + q;
-                a.recv_row[i * k + j] = (int32_t)row;
-                a.row_src[row] = (int32_t)(i * k + j);
+        if (!block_barrier(n, call_no, 1, kBarriers, t0)) return;
+        /* what other blocks wrote before a barrier is read past L1 (__ldcg) */
+        for (int64_t e = blockIdx.x; e < L; e += n.blocks) {
+            const int64_t kept = __ldcg(a.counts + e), base = __ldcg(a.offsets + e);
+            int64_t running = 0;
+            for (int64_t i0 = 0; i0 < nrecv && running < kept; i0 += kThreads) {
+                const int64_t i = i0 + threadIdx.x;
+                const int j = i < nrecv ? slot_of(a, meta, rc_s, i, (int)e) : -1;
+                int total = 0;
+                const int64_t q = running + block_excl_scan(j >= 0, &total);
+                if (j >= 0 && q < kept) {
+                    const int64_t row = base + q;
+                    a.recv_row[i * k + j] = (int32_t)row;
+                    a.row_src[row] = (int32_t)(i * k + j);
+                }
+                running += total;
             }
-            running += total;
         }
-    }
-    if (!block_barrier(n, call_no, 2, t0)) return;
-    for (int64_t i = gt; i < nrecv; i += nt) {
-        int32_t rr[kMaxTopk], out[kMaxTopk];
-        for (int j = 0; j < k; j++) rr[j] = __ldcg(a.recv_row + i * k + j);
-        etp__ep_sort_rows(rr, k, out);
-        for (int j = 0; j < k; j++) a.tok_rows[i * k + j] = out[j];
-    }
-    /* the expand: each row of the layout from its received token row */
-    const char *slab = n.peers[me] + n.tok_off;
-    const float *recv_w = a.carry ? reinterpret_cast<const float *>(n.peers[me] + a.w_off)
-                                  : nullptr;
-    for (int64_t r = gw; r < a.rows_cap; r += nw) {
-        const int32_t src = __ldcg(a.row_src + r);
-        char *o = static_cast<char *>(a.out) + r * in_rb;
-        if (lane == 0 && a.out_w) a.out_w[r] = etp__ep_row_weight(recv_w, src);
-        if (src < 0)
-            zero_bytes(o, in_rb, vec != 0);
-        else
-            copy_bytes(o, slab + (int64_t)(src / k) * rb, in_rb, vec != 0);
+        if (!block_barrier(n, call_no, 2, kBarriers, t0)) return;
+        for (int64_t i = gt; i < nrecv; i += nt) {
+            int32_t rr[kMaxTopk], out[kMaxTopk];
+            for (int j = 0; j < k; j++) rr[j] = __ldcg(a.recv_row + i * k + j);
+            etp__ep_sort_rows(rr, k, out);
+            for (int j = 0; j < k; j++) a.tok_rows[i * k + j] = out[j];
+        }
+        /* the expand: each row of the layout from its received token row */
+        for (int64_t r = gw; r < a.rows_cap; r += nw) {
+            const int32_t src = __ldcg(a.row_src + r);
+            char *o = static_cast<char *>(a.out) + r * in_rb;
+            if (lane == 0 && a.out_w) a.out_w[r] = etp__ep_row_weight(recv_w, src);
+            if (src < 0)
+                zero_bytes(o, in_rb, vec != 0);
+            else
+                copy_bytes(o, slab + (int64_t)(src / k) * rb, in_rb, vec != 0);
+        }
     }
     /* the call is done when every block is; the last copies the counters
      * (all counted: each block fenced its counts before its arrival) */
@@ -324,6 +439,10 @@ __global__ void __launch_bounds__(kThreads) ll_dispatch_kernel(etp__ep_ll_args_t
         if (atomicAdd(reinterpret_cast<unsigned long long *>(n.calls + 1), 1ull) ==
             (unsigned long long)(n.blocks - 1)) {
             __threadfence();
+            if (chunked) {
+                for (int e = 0; e < L; e++) a.counts[e] = kept_s[e];
+                for (int e = 0; e <= L; e++) a.offsets[e] = off_s[e];
+            }
             if (a.mirror)
                 for (int x = 0; x < ETP__EP_ST_COUNT; x++)
                     a.mirror[x] = *static_cast<volatile const int64_t *>(a.stats + x);

@@ -249,6 +249,8 @@ enum {
      * pre-sums stored straight into the peers (no stage): for small batches */
     ETP__EP_NVL_PHASE_ALL = 3
 };
+/* nvl_open's num_sms for half the device's SMs (kernels_ep.h) */
+#define ETP__EP_NVL_HALF_SMS (-1)
 /* e2t's sending kernel: received rows a chunk counter counts */
 #define ETP__EP_NVL_CHUNK 256
 /* its counters: one a chunk of the R*t_max received rows (and one spare) */
@@ -386,6 +388,7 @@ typedef struct etp__ep_ll_args {
     /* the half's routing and layout, named as in the structs above */
     int32_t *t_dev, *slot_dest, *send_pos, *send_cnt, *send_base, *recv_cnt, *recv_base;
     int32_t *counts, *offsets, *recv_row, *tok_rows, *row_src;
+    int32_t *scratch; /* ETP__EP_LAYOUT_SCRATCH(local_experts, t_max * ranks) */
     void *out;    /* [rows_cap, H] */
     float *out_w; /* [rows_cap], when carry */
     int64_t *stats;

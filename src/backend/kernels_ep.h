@@ -25,8 +25,9 @@ struct etp__ep_kernels {
      * nvl_open: collective over c (every rank calls it, with the same
      * sizes): a window of `bytes` on every rank whose peers' copies this
      * rank's kernels can store into, plus the device counters and the fault
-     * words; fills nvl's peers, calls, fault, timeout_ns, blocks (num_sms,
-     * 0: the default), me and ranks, and *local (this rank's window).
+     * words; fills nvl's peers, calls, fault, timeout_ns, blocks (num_sms;
+     * 0: the default, ETP__EP_NVL_HALF_SMS: half the device's SMs; the
+     * group's smallest), me and ranks, and *local (this rank's window).
      * local_ok = 0 says this rank cannot take part (a user allocator).
      * ETP_ERR_UNSUPPORTED on every rank alike, with the reason in why,
      * when a rank cannot (no peer access, NCCL too old, registration

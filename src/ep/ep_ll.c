@@ -188,7 +188,10 @@ etp_status_t etp__ep_ll_create(const etp__ep_ll_env_t *env, int64_t t_max, etp__
         e2->tok_row_bytes = part_row;
         off += (size_t)nrecv * part_row;
         char why[256] = "";
-        st = env->kt->nvl_open(env->be, ll->comm, env->name, off, env->cfg->num_sms,
+        /* its kernels do all of a call's work: half the device unless the
+         * group says (ep.h: num_sms) */
+        const int sms = env->cfg->num_sms > 0 ? env->cfg->num_sms : ETP__EP_NVL_HALF_SMS;
+        st = env->kt->nvl_open(env->be, ll->comm, env->name, off, sms,
                                env->ctx->allocator.alloc == NULL, nv, &ll->win_local,
                                &ll->win_handle, why, sizeof why);
         if (st == ETP_ERR_UNSUPPORTED)
@@ -380,6 +383,7 @@ static etp_status_t dispatch_fused(const etp__ep_ll_env_t *env, etp__ep_ll_t *ll
                             .recv_row = x->recv_row,
                             .tok_rows = x->tok_rows,
                             .row_src = x->row_src,
+                            .scratch = x->scratch,
                             .out = x->rows,
                             .out_w = carry ? x->w : NULL,
                             .stats = env->stats,

@@ -145,7 +145,8 @@ static void test_many_experts(void **state)
  * every output against the reference and an EXACT group's ordinary layer,
  * bit for bit; top-k 1, 2, 8, both layouts, weighted and not, BF16 and
  * F32, 16-byte rows (vector copies) and odd ones (byte copies), both
- * wires, the layer's T the group's or 128; device T; tight capacity. */
+ * wires, the layer's T the group's or 128; device T; tight capacity; more
+ * than 64 local experts. */
 static void test_ll_steps(void **state)
 {
     ep_fx_t *f = *state;
@@ -174,6 +175,15 @@ static void test_ll_steps(void **state)
                 ll_steps(f, &g, &l, tll, tag + 10, 2, &o);
                 tag += 100;
             }
+    /* more local experts than the chunked layout takes (64): the general
+     * path of the dispatch kernel */
+    gcfg_t g = cfg_for(2, 1024, ETP_DTYPE_BF16, ETP_EP_TRANSPORT_NVLINK);
+    g.L = 72;
+    g.E = (int64_t)g_size * g.L;
+    g.cap = ((int64_t)g_size * g.tmax * 2 + g.L * 16 + 15) / 16 * 16;
+    lcfg_t l = {.k = 2, .align = 16, .weighted = 1, .layout = ETP_EP_LAYOUT_PACKED};
+    ll_opts_t o = {.route = ROUTE_UNIFORM, .exact = 1, .report = 1};
+    ll_steps(f, &g, &l, 128, tag, 2, &o);
 }
 
 /* Two dispatches in flight, the overwrite refusal; a CUDA graph of

@@ -88,6 +88,7 @@ static etp_status_t cuda_nvl_open(etp__be_t *be, etp__bcomm_t *c, const char *na
      * num_sms past this device's SMs is refused, and the default (24, or
      * fewer SMs) is agreed as the group's smallest. */
     int blocks = num_sms > 0 ? num_sms : (sms < 24 ? sms : 24);
+    if (num_sms == ETP__EP_NVL_HALF_SMS) blocks = sms > 1 ? sms / 2 : 1;
     if (local_ok && blocks > sms) {
         local_ok = 0;
         snprintf(why, why_bytes, "num_sms %d exceeds rank %d's device's %d SMs", num_sms, c->rank,
