@@ -118,72 +118,45 @@ __global__ void route_scan(etp__ep_route_args_t a)
     }
 }
 
-/* k = K <= kRouteK: route and positions in one kernel, one block per
- * destination d, each routing every token (T / 1024 tokens a thread) so
- * that no block waits for another; block 0 writes the slots and the
- * route's counters. The same positions, drops and metadata as route_mark +
- * route_scan. A token's K slots are registers (K is known here, so the
- * rule's loops unroll): given global arrays, the rule's stores and reloads
- * of earlier slots chain round trips to L2 (8 us for a block of 128
- * tokens), and local arrays of 1024 threads spill past L1. */
+/* route_mark for k = K <= kRouteK: a token's K slots in registers (K is
+ * known here, so the rule's loops unroll). Given the global slot_dest, the
+ * rule's stores and reloads of earlier slots chain round trips to L2 (8 us
+ * for a block of 128 tokens); local arrays would spill past L1. */
 constexpr int kRouteK = 8;
 
 template <int K>
-__global__ void __launch_bounds__(kScanThreads) route_fused(etp__ep_route_args_t a)
+__global__ void route_mark_k(etp__ep_route_args_t a)
 {
-    const int d = blockIdx.x, R = a.ranks;
-    const bool lead = d == 0;
+    const int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     const int64_t raw = a.t_in ? *a.t_in : a.t_value;
     const int64_t T = etp__ep_clamp_tokens(raw, a.t_max);
-    if (lead && threadIdx.x == 0) {
+    if (t == 0) {
         *a.t_dev = (int32_t)T;
         if (T != raw) stat_flag(a.stats, ETP__EP_F_BAD_TOKENS);
         stat_add(a.stats, ETP__EP_ST_PREPARES, 1);
     }
-    int64_t running = 0;
-    for (int64_t t0 = 0; t0 < a.t_max; t0 += blockDim.x) {
-        const int64_t t = t0 + threadIdx.x;
+    if (t >= a.t_max) return;
+    const int R = a.ranks;
+    int32_t *sp = a.send_pos + t * R;
+    int32_t sd[K];
+    if (t < T) {
         int64_t idx[K];
-        int32_t sd[K];
-        int flag = 0;
-        if (t < T) {
 #pragma unroll
-            for (int j = 0; j < K; j++) idx[j] = a.topk_idx[t * K + j];
-            int bad, dup;
-            etp__ep_route_token(idx, K, a.num_experts, a.local_experts, sd, &bad, &dup);
+        for (int j = 0; j < K; j++) idx[j] = a.topk_idx[t * K + j];
+        int bad, dup;
+        etp__ep_route_token(idx, K, a.num_experts, a.local_experts, sd, &bad, &dup);
+        stat_route(a.stats, bad, dup);
+    } else {
 #pragma unroll
-            for (int j = 0; j < K; j++) flag |= sd[j] == d;
-            if (lead) {
-#pragma unroll
-                for (int j = 0; j < K; j++) a.slot_dest[t * K + j] = sd[j];
-                stat_route(a.stats, bad, dup);
-            }
-        } else if (lead && t < a.t_max) {
-#pragma unroll
-            for (int j = 0; j < K; j++) a.slot_dest[t * K + j] = -1;
-        }
-        int total = 0;
-        const int64_t pos = running + block_excl_scan(flag, &total);
-        if (t < a.t_max) {
-            const int32_t sp = flag ? etp__ep_slab_pos(pos, a.slab) : -1;
-            a.send_pos[t * R + d] = sp;
-            if (flag && sp < 0) {
-                stat_add(a.stats, ETP__EP_ST_TRANSPORT_DROPPED, etp__ep_slots_to(sd, K, d));
-                stat_flag(a.stats, ETP__EP_F_TRANSPORT_FULL);
-            }
-            if (!a.exact && a.send_meta && sp >= 0) {
-                int32_t m[K];
-                etp__ep_meta_row(idx, sd, K, d, a.local_experts, m);
-#pragma unroll
-                for (int j = 0; j < K; j++) a.send_meta[((int64_t)d * a.slab + sp) * K + j] = m[j];
-            }
-        }
-        running += total;
+        for (int j = 0; j < K; j++) sd[j] = -1;
     }
-    if (threadIdx.x == 0) {
-        if (a.slab_report) stat_max(a.stats, ETP__EP_ST_TRANSPORT_NEEDED, running);
-        a.send_cnt[d] = (int32_t)etp__ep_min(running, a.slab);
-        if (!a.exact) a.send_base[d] = (int32_t)((int64_t)d * a.slab);
+#pragma unroll
+    for (int j = 0; j < K; j++) a.slot_dest[t * K + j] = sd[j];
+    for (int d = 0; d < R; d++) {
+        int hit = 0;
+#pragma unroll
+        for (int j = 0; j < K; j++) hit |= sd[j] == d;
+        sp[d] = hit;
     }
 }
 
@@ -397,6 +370,7 @@ __global__ void __launch_bounds__(kThreads) layout_place(etp__ep_layout_args_t a
     for (int e = w; e < L; e += kPlaceWarps) {
         const int32_t *h = a.scratch + (int64_t)e * nch;
         int all = 0, before = 0;
+#pragma unroll 8
         for (int64_t c = lane; c < nch; c += 32) {
             const int v = h[c];
             all += v;
@@ -415,6 +389,7 @@ __global__ void __launch_bounds__(kThreads) layout_place(etp__ep_layout_args_t a
     /* the rows of the block's chunks before each warp's, per expert */
     for (int e = threadIdx.x; e < L; e += blockDim.x) {
         int run = pre_s[0][e];
+#pragma unroll
         for (int u = 0; u < kPlaceWarps; u++) {
             const int64_t c = c_first + u;
             pre_s[u][e] = run;
@@ -811,25 +786,23 @@ __global__ void wscatter_kernel(etp__ep_wscatter_args_t a)
 
 extern "C" cudaError_t etp__cuda_ep_route(cudaStream_t s, const etp__ep_route_args_t *a)
 {
-    cudaError_t e = cudaErrorNotSupported;
+    /* route_mark: a thread per token */
+    const unsigned g = blocks_for(a->t_max, kThreads);
+    cudaError_t e;
     switch (a->k) {
-    case 1: e = launch(route_fused<1>, (unsigned)a->ranks, kScanThreads, s, *a); break;
-    case 2: e = launch(route_fused<2>, (unsigned)a->ranks, kScanThreads, s, *a); break;
-    case 3: e = launch(route_fused<3>, (unsigned)a->ranks, kScanThreads, s, *a); break;
-    case 4: e = launch(route_fused<4>, (unsigned)a->ranks, kScanThreads, s, *a); break;
-    case 5: e = launch(route_fused<5>, (unsigned)a->ranks, kScanThreads, s, *a); break;
-    case 6: e = launch(route_fused<6>, (unsigned)a->ranks, kScanThreads, s, *a); break;
-    case 7: e = launch(route_fused<7>, (unsigned)a->ranks, kScanThreads, s, *a); break;
-    case 8: e = launch(route_fused<8>, (unsigned)a->ranks, kScanThreads, s, *a); break;
-    default: break;
+    case 1: e = launch(route_mark_k<1>, g, kThreads, s, *a); break;
+    case 2: e = launch(route_mark_k<2>, g, kThreads, s, *a); break;
+    case 3: e = launch(route_mark_k<3>, g, kThreads, s, *a); break;
+    case 4: e = launch(route_mark_k<4>, g, kThreads, s, *a); break;
+    case 5: e = launch(route_mark_k<5>, g, kThreads, s, *a); break;
+    case 6: e = launch(route_mark_k<6>, g, kThreads, s, *a); break;
+    case 7: e = launch(route_mark_k<7>, g, kThreads, s, *a); break;
+    case 8: e = launch(route_mark_k<8>, g, kThreads, s, *a); break;
+    default: e = launch(route_mark, g, kThreads, s, *a); break;
     }
-    static_assert(kRouteK == 8, "route_fused is instantiated for k = 1 .. 8");
-    if (a->k <= kRouteK) {
-        ETP__TRY_CUDA(e);
-    } else {
-        ETP__TRY_CUDA(launch(route_mark, blocks_for(a->t_max, kThreads), kThreads, s, *a));
-        ETP__TRY_CUDA(launch(route_scan, (unsigned)a->ranks, kScanThreads, s, *a));
-    }
+    static_assert(kRouteK == 8, "route_mark_k is instantiated for k = 1 .. 8");
+    ETP__TRY_CUDA(e);
+    ETP__TRY_CUDA(launch(route_scan, (unsigned)a->ranks, kScanThreads, s, *a));
     if (!a->exact) return cudaSuccess; /* the scan wrote the bases and metadata */
     ETP__TRY_CUDA(launch(route_base, 1, 1, s, *a));
     if (!a->send_meta) return cudaSuccess;
