@@ -14,8 +14,10 @@
  *    slab, and each block signals;
  * 3. once every block of every rank has stored, the blocks lay out the
  *    received rows (per local expert counts, offsets, rows in (source rank,
- *    token) order; a rank-local block barrier between the steps) and expand
- *    them into the half's rows.
+ *    token) order) and expand them into the half's rows: with at most
+ *    kFastL local experts past one rank-local block barrier
+ *    (layout_chunked), else the per-expert scans with three. The last
+ *    block to finish writes the counters' host mirror.
  *
  * Every rule is ep_rules.h's (the same the host backend runs), every wait
  * is bounded as in the NVLINK kernels (nvl_sync.cuh), and the call is
