@@ -57,7 +57,15 @@ cudaError_t launch(void (*k)(A), unsigned grid, unsigned block, cudaStream_t s, 
 /* ---- route -------------------------------------------------------------- */
 
 /* Per token: validate its slots, destinations, and mark send_pos[t*R+d] = 1
- * for each destination (0 otherwise), to be turned into positions. */
+ * for each destination (0 otherwise), to be turned into positions by
+ * route_scan. K = k <= kRouteK: the token's K slots in registers (K is
+ * known here, so the rule's loops unroll); given the global slot_dest, the
+ * rule's stores and reloads of earlier slots chain round trips to L2 (8 us
+ * for a block of 128 tokens), and local arrays would spill past L1.
+ * K = 0: any k, on slot_dest. */
+constexpr int kRouteK = 8;
+
+template <int K>
 __global__ void route_mark(etp__ep_route_args_t a)
 {
     const int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -69,19 +77,43 @@ __global__ void route_mark(etp__ep_route_args_t a)
         stat_add(a.stats, ETP__EP_ST_PREPARES, 1);
     }
     if (t >= a.t_max) return;
-    const int R = a.ranks, k = a.k;
-    int32_t *sd = a.slot_dest + t * k;
+    const int R = a.ranks;
     int32_t *sp = a.send_pos + t * R;
-    for (int d = 0; d < R; d++) sp[d] = 0;
-    if (t >= T) {
-        for (int j = 0; j < k; j++) sd[j] = -1;
-        return;
+    if constexpr (K == 0) {
+        const int k = a.k;
+        int32_t *sd = a.slot_dest + t * k;
+        for (int d = 0; d < R; d++) sp[d] = 0;
+        if (t >= T) {
+            for (int j = 0; j < k; j++) sd[j] = -1;
+            return;
+        }
+        int bad, dup;
+        etp__ep_route_token(a.topk_idx + t * k, k, a.num_experts, a.local_experts, sd, &bad, &dup);
+        for (int j = 0; j < k; j++)
+            if (sd[j] >= 0) sp[sd[j]] = 1;
+        stat_route(a.stats, bad, dup);
+    } else {
+        int32_t sd[K];
+        if (t < T) {
+            int64_t idx[K];
+#pragma unroll
+            for (int j = 0; j < K; j++) idx[j] = a.topk_idx[t * K + j];
+            int bad, dup;
+            etp__ep_route_token(idx, K, a.num_experts, a.local_experts, sd, &bad, &dup);
+            stat_route(a.stats, bad, dup);
+        } else {
+#pragma unroll
+            for (int j = 0; j < K; j++) sd[j] = -1;
+        }
+#pragma unroll
+        for (int j = 0; j < K; j++) a.slot_dest[t * K + j] = sd[j];
+        for (int d = 0; d < R; d++) {
+            int hit = 0;
+#pragma unroll
+            for (int j = 0; j < K; j++) hit |= sd[j] == d;
+            sp[d] = hit;
+        }
     }
-    int bad, dup;
-    etp__ep_route_token(a.topk_idx + t * k, k, a.num_experts, a.local_experts, sd, &bad, &dup);
-    for (int j = 0; j < k; j++)
-        if (sd[j] >= 0) sp[sd[j]] = 1;
-    stat_route(a.stats, bad, dup);
 }
 
 /* One block per destination d: positions in token order (a scan of the
@@ -115,48 +147,6 @@ __global__ void route_scan(etp__ep_route_args_t a)
         if (a.slab_report) stat_max(a.stats, ETP__EP_ST_TRANSPORT_NEEDED, running);
         a.send_cnt[d] = (int32_t)etp__ep_min(running, a.slab);
         if (!a.exact) a.send_base[d] = (int32_t)((int64_t)d * a.slab);
-    }
-}
-
-/* route_mark for k = K <= kRouteK: a token's K slots in registers (K is
- * known here, so the rule's loops unroll). Given the global slot_dest, the
- * rule's stores and reloads of earlier slots chain round trips to L2 (8 us
- * for a block of 128 tokens); local arrays would spill past L1. */
-constexpr int kRouteK = 8;
-
-template <int K>
-__global__ void route_mark_k(etp__ep_route_args_t a)
-{
-    const int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    const int64_t raw = a.t_in ? *a.t_in : a.t_value;
-    const int64_t T = etp__ep_clamp_tokens(raw, a.t_max);
-    if (t == 0) {
-        *a.t_dev = (int32_t)T;
-        if (T != raw) stat_flag(a.stats, ETP__EP_F_BAD_TOKENS);
-        stat_add(a.stats, ETP__EP_ST_PREPARES, 1);
-    }
-    if (t >= a.t_max) return;
-    const int R = a.ranks;
-    int32_t *sp = a.send_pos + t * R;
-    int32_t sd[K];
-    if (t < T) {
-        int64_t idx[K];
-#pragma unroll
-        for (int j = 0; j < K; j++) idx[j] = a.topk_idx[t * K + j];
-        int bad, dup;
-        etp__ep_route_token(idx, K, a.num_experts, a.local_experts, sd, &bad, &dup);
-        stat_route(a.stats, bad, dup);
-    } else {
-#pragma unroll
-        for (int j = 0; j < K; j++) sd[j] = -1;
-    }
-#pragma unroll
-    for (int j = 0; j < K; j++) a.slot_dest[t * K + j] = sd[j];
-    for (int d = 0; d < R; d++) {
-        int hit = 0;
-#pragma unroll
-        for (int j = 0; j < K; j++) hit |= sd[j] == d;
-        sp[d] = hit;
     }
 }
 
@@ -790,17 +780,17 @@ extern "C" cudaError_t etp__cuda_ep_route(cudaStream_t s, const etp__ep_route_ar
     const unsigned g = blocks_for(a->t_max, kThreads);
     cudaError_t e;
     switch (a->k) {
-    case 1: e = launch(route_mark_k<1>, g, kThreads, s, *a); break;
-    case 2: e = launch(route_mark_k<2>, g, kThreads, s, *a); break;
-    case 3: e = launch(route_mark_k<3>, g, kThreads, s, *a); break;
-    case 4: e = launch(route_mark_k<4>, g, kThreads, s, *a); break;
-    case 5: e = launch(route_mark_k<5>, g, kThreads, s, *a); break;
-    case 6: e = launch(route_mark_k<6>, g, kThreads, s, *a); break;
-    case 7: e = launch(route_mark_k<7>, g, kThreads, s, *a); break;
-    case 8: e = launch(route_mark_k<8>, g, kThreads, s, *a); break;
-    default: e = launch(route_mark, g, kThreads, s, *a); break;
+    case 1: e = launch(route_mark<1>, g, kThreads, s, *a); break;
+    case 2: e = launch(route_mark<2>, g, kThreads, s, *a); break;
+    case 3: e = launch(route_mark<3>, g, kThreads, s, *a); break;
+    case 4: e = launch(route_mark<4>, g, kThreads, s, *a); break;
+    case 5: e = launch(route_mark<5>, g, kThreads, s, *a); break;
+    case 6: e = launch(route_mark<6>, g, kThreads, s, *a); break;
+    case 7: e = launch(route_mark<7>, g, kThreads, s, *a); break;
+    case 8: e = launch(route_mark<8>, g, kThreads, s, *a); break;
+    default: e = launch(route_mark<0>, g, kThreads, s, *a); break;
     }
-    static_assert(kRouteK == 8, "route_mark_k is instantiated for k = 1 .. 8");
+    static_assert(kRouteK == 8, "route_mark is instantiated for k = 1 .. 8");
     ETP__TRY_CUDA(e);
     ETP__TRY_CUDA(launch(route_scan, (unsigned)a->ranks, kScanThreads, s, *a));
     if (!a->exact) return cudaSuccess; /* the scan wrote the bases and metadata */
