@@ -246,7 +246,7 @@ bench_row_t *bench_add(bench_t *b, const char *name, const char *shape, double b
 {
     if (b->nrows == b->cap_rows) {
         int cap = b->cap_rows ? 2 * b->cap_rows : 64;
-        bench_row_t *a = realloc(b->rows, (size_t)cap * sizeof *a);
+        bench_row_t **a = realloc(b->rows, (size_t)cap * sizeof *a);
         if (!a) {
             fprintf(stderr, "etp-bench rank %d: out of host memory for rows\n", b->rank);
             MPI_Abort(MPI_COMM_WORLD, 1);
@@ -254,7 +254,13 @@ bench_row_t *bench_add(bench_t *b, const char *name, const char *shape, double b
         b->rows = a;
         b->cap_rows = cap;
     }
-    bench_row_t *r = &b->rows[b->nrows++];
+    /* a row of its own: callers keep the pointer past later rows */
+    bench_row_t *r = calloc(1, sizeof *r);
+    if (!r) {
+        fprintf(stderr, "etp-bench rank %d: out of host memory for rows\n", b->rank);
+        MPI_Abort(MPI_COMM_WORLD, 1);
+    }
+    b->rows[b->nrows++] = r;
     snprintf(r->name, sizeof r->name, "%s", name);
     snprintf(r->shape, sizeof r->shape, "%s", shape);
     r->bytes = bytes;
@@ -338,7 +344,7 @@ static void print_table(const bench_t *b)
     printf("%-34s %-34s %12s %12s %10s %10s %7s\n", "benchmark", "shape", "bytes", "time_us",
            "GB/s", "base_GB/s", "ratio");
     for (int i = 0; i < b->nrows; i++) {
-        const bench_row_t *r = &b->rows[i];
+        const bench_row_t *r = b->rows[i];
         printf("%-34s %-34s %12.0f %12.1f %10.1f %10.1f %7.3f\n", r->name, r->shape, r->bytes,
                r->us, r->gbps, r->base_gbps, r->ratio);
     }
@@ -358,7 +364,7 @@ static int write_csv(const bench_t *b, const char *path)
     if (!f) return write_failed(path);
     fprintf(f, "benchmark,shape,bytes,time_us,gbps,base_gbps,ratio\n");
     for (int i = 0; i < b->nrows; i++) {
-        const bench_row_t *r = &b->rows[i];
+        const bench_row_t *r = b->rows[i];
         /* names hold commas ("cast mxfp8, 64 launches"): quoted like the shapes */
         fprintf(f, "\"%s\",\"%s\",%.0f,%.3f,%.3f,%.3f,%.4f\n", r->name, r->shape, r->bytes, r->us,
                 r->gbps, r->base_gbps, r->ratio);
@@ -373,7 +379,7 @@ static int write_json(const bench_t *b, const char *path)
     fprintf(f, "{\"ranks\": %d, \"backend\": \"%s\", \"iters\": %d, \"rows\": [\n", b->size,
             b->backend == ETP_BACKEND_CUDA ? "cuda" : "host", b->iters);
     for (int i = 0; i < b->nrows; i++) {
-        const bench_row_t *r = &b->rows[i];
+        const bench_row_t *r = b->rows[i];
         fprintf(f, "  {\"benchmark\": \"%s\", \"shape\": \"%s\", \"bytes\": %.0f, \"time_us\": %.3f, "
                    "\"gbps\": %.3f, \"base_gbps\": %.3f, \"ratio\": %.4f}%s\n",
                 r->name, r->shape, r->bytes, r->us, r->gbps, r->base_gbps, r->ratio,
@@ -461,6 +467,7 @@ int main(int argc, char **argv)
         BENCH_CHECK(&b, etp_context_destroy(b.ctx));
     }
     MPI_Allreduce(MPI_IN_PLACE, &rc, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD); /* every rank exits alike */
+    for (int i = 0; i < b.nrows; i++) free(b.rows[i]);
     free(b.rows);
     free(b.gate);
     MPI_Finalize();

@@ -26,7 +26,7 @@ typedef struct bench {
     int warmup, iters;
     const char *csv, *json; /* files to write the table to, or NULL */
     char prog[48];          /* "etp-bench gather", for messages */
-    bench_row_t *rows; /* grown as rows are added */
+    bench_row_t **rows; /* grown as rows are added; each row stays where it is */
     int nrows, cap_rows;
     void *gate;        /* bench_hold's flag (made at the first hold) */
     int held;          /* a stream is held until bench_release */
@@ -88,6 +88,8 @@ void bench_seq_destroy(bench_seq_t *q);
 double bench_median(double *v, int n);
 double bench_max_over_ranks(double x);
 
+/* A row of the table; the pointer stays valid until the program ends (rows
+ * added after it do not move it). */
 bench_row_t *bench_add(bench_t *b, const char *name, const char *shape, double bytes, double us,
                        double base_gbps);
 
