@@ -150,8 +150,8 @@ __global__ void route_scan(etp__ep_route_args_t a)
     }
 }
 
-/* A token's slots in local memory where the layout kernels take them one
- * row a thread (256 threads a block: within L1). */
+/* A received row's rows in local memory for layout_sort (a row a thread,
+ * 256 threads a block: within L1), for top-k up to this. */
 constexpr int kLocalK = ETP__EP_LAYOUT_FEW_K;
 
 /* EXACT: the blocks back to back, once every count is known. */
