@@ -42,8 +42,9 @@ constexpr unsigned kFull = 0xffffffffu;
 constexpr int kMaxTokens = 256; /* ETP_EP_LL_MAX_TOKENS */
 constexpr int kMaxTopk = ETP__EP_LL_MAX_TOPK;
 constexpr int kMaxRanks = ETP__EP_LL_MAX_RANKS;
-/* local experts whose offsets are computed in shared memory */
-constexpr int kFastL = 64;
+/* local experts the chunked layout takes: a bit each in a uint64, and a
+ * count per chunk and expert in the half's scratch (ETP__EP_LAYOUT_SCRATCH) */
+constexpr int kFastL = ETP__EP_LAYOUT_FEW_L;
 /* block barriers a call passes (counts, offsets, rows); with few local
  * experts (layout_chunked) one */
 constexpr int kBarriers = 3;
@@ -370,7 +371,7 @@ __global__ void __launch_bounds__(kThreads) ll_dispatch_kernel(etp__ep_ll_args_t
                                   : nullptr;
     const char *slab = n.peers[me] + n.tok_off;
     __shared__ int32_t kept_s[kFastL], off_s[kFastL + 1];
-    const bool chunked = L <= kFastL && a.scratch;
+    const bool chunked = L <= kFastL;
     if (chunked) {
         if (!layout_chunked(a, meta, rc_s, nrecv, slab, recv_w, rb, in_rb, vec != 0, call_no, t0,
                             kept_s, off_s))

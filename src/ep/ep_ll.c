@@ -315,7 +315,10 @@ static etp_status_t dispatch_host(const etp__ep_ll_env_t *env, etp__ep_ll_t *ll,
                                 .tok_rows = x->tok_rows,
                                 .row_src = x->row_src,
                                 .scratch = x->scratch,
-                                .stats = env->stats};
+                                .stats = env->stats,
+                                /* the last op that counts (pack, exchange
+                                 * and expand do not) */
+                                .mirror = env->host_stats};
     ETP__TRY(kt->layout(be, s->bs, &la));
     etp__ep_pack_args_t pa = {.tokens = a->tokens,
                               .weights = carry ? a->topk_weights : NULL,
@@ -452,10 +455,6 @@ static etp_status_t ll_dispatch(etp_ep_layer_t *ly, const etp_ep_ll_dispatch_arg
                        : dispatch_host(&env, ll, x, &a, carry, s));
     etp__ep_ll_trace(ly, ETP_TRACE_EP_DISPATCH_EXPAND, s);
     etp__ep_ll_trace(ly, ETP_TRACE_EP_DISPATCH_END, s);
-    /* the counters' mirror, as prepare's (the fused kernel writes it) */
-    if (!env.fused)
-        ETP__TRY(etp_memcpy_async(s, (void *)env.host_stats, env.stats,
-                                  ETP__EP_ST_COUNT * sizeof(int64_t)));
     ETP__TRY(etp_event_record(env.prep_ev, s));
     *env.prepared_once = 1;
     ll->t_host[h] = dev ? -1 : a.num_tokens;
