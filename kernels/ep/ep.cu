@@ -18,6 +18,7 @@
 #include "ep_kernels.h"
 #include "ep_dev.cuh"
 #include "ep_vec.cuh"
+#include "layout_dev.cuh"
 
 namespace {
 
@@ -292,52 +293,10 @@ __global__ void layout_sort(etp__ep_layout_args_t a)
  * order and drops as the per-expert scans above, in two kernels instead
  * of one pass per expert over every received row. */
 
-/* The local experts received row i selects, as bits (0: not a valid row);
- * base, cnt: recv_base, recv_cnt. */
-__device__ __forceinline__ uint64_t row_experts(const etp__ep_layout_args_t &a, int64_t i,
-                                               const int32_t *base, const int32_t *cnt)
-{
-    if (i >= a.recv_rows || !etp__ep_recv_valid(base, cnt, a.ranks, a.exact, a.slab, i)) return 0;
-    uint64_t m = 0;
-    for (int j = 0; j < a.k; j++) {
-        const int32_t e = etp__ep_recv_expert(a.recv_meta, a.k, a.local_experts, i, j);
-        if (e >= 0) m |= 1ull << e;
-    }
-    return m;
-}
-
-/* Per chunk and expert, the rows that select it; row_src emptied; the
- * received counts and bases (layout_bases, in every block). */
+/* Per chunk and expert, the rows that select it (layout_dev.cuh). */
 __global__ void layout_chunks(etp__ep_layout_args_t a)
 {
-    __shared__ int32_t cnt[ETP__EP_LAYOUT_FEW_R], base[ETP__EP_LAYOUT_FEW_R];
-    if (threadIdx.x == 0) {
-        for (int s = 0; s < a.ranks; s++)
-            cnt[s] = (int32_t)etp__ep_accepted(a.C, a.ranks, a.tok_cap, s, a.me);
-        etp__ep_block_bases(cnt, a.ranks, a.exact, a.slab, base);
-        if (blockIdx.x == 0)
-            for (int s = 0; s < a.ranks; s++) {
-                a.recv_cnt[s] = cnt[s];
-                a.recv_base[s] = base[s];
-            }
-    }
-    __syncthreads();
-    const int lane = threadIdx.x & 31, L = (int)a.local_experts;
-    const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    const int64_t nth = (int64_t)gridDim.x * blockDim.x;
-    for (int64_t r = tid; r < a.rows_cap; r += nth) a.row_src[r] = -1;
-    const int64_t nch = (a.recv_rows + ETP__EP_LAYOUT_CHUNK - 1) / ETP__EP_LAYOUT_CHUNK;
-    for (int64_t c = tid >> 5; c < nch; c += nth >> 5) {
-        const uint64_t m = row_experts(a, c * ETP__EP_LAYOUT_CHUNK + lane, base, cnt);
-        int lo = 0, hi = 0;
-        for (int e = 0; e < L; e++) {
-            const int n = __popc(__ballot_sync(kFull, (unsigned)(m >> e) & 1u));
-            if (e == lane) lo = n;
-            if (e == lane + 32) hi = n;
-        }
-        if (lane < L) a.scratch[(int64_t)lane * nch + c] = lo;
-        if (lane + 32 < L) a.scratch[(int64_t)(lane + 32) * nch + c] = hi;
-    }
+    etp_ep_layout::count_chunks(a);
 }
 
 /* Per chunk (a warp each): every slot's row (the q-th row of its expert in
@@ -406,7 +365,7 @@ __global__ void __launch_bounds__(kThreads) layout_place(etp__ep_layout_args_t a
     const int64_t c = c_first + w;
     if (c >= nch) return;
     const int64_t i = c * ETP__EP_LAYOUT_CHUNK + lane;
-    const uint64_t m = row_experts(a, i, a.recv_base, a.recv_cnt);
+    const uint64_t m = etp_ep_layout::row_experts(a, i, a.recv_base, a.recv_cnt);
     /* per expert, which of the chunk's rows select it: a ballot each */
     for (int e = 0; e < L; e++) {
         const unsigned b = __ballot_sync(kFull, (unsigned)(m >> e) & 1u);
@@ -807,10 +766,11 @@ extern "C" cudaError_t etp__cuda_ep_clip(cudaStream_t s, const etp__ep_clip_args
 extern "C" cudaError_t etp__cuda_ep_layout(cudaStream_t s, const etp__ep_layout_args_t *a)
 {
     /* the scratch holds the chunks' counts (ETP__EP_LAYOUT_SCRATCH) */
-    if (a->local_experts <= ETP__EP_LAYOUT_FEW_L && a->k <= ETP__EP_LAYOUT_FEW_K &&
-        a->ranks <= ETP__EP_LAYOUT_FEW_R && a->recv_rows > ETP__EP_LAYOUT_CHUNK) {
+    if (ETP__EP_LAYOUT_FEW(a->local_experts, a->k, a->ranks, a->recv_rows)) {
         const int64_t nch = (a->recv_rows + ETP__EP_LAYOUT_CHUNK - 1) / ETP__EP_LAYOUT_CHUNK;
-        ETP__TRY_CUDA(launch(layout_chunks, blocks_for(nch * 32, kThreads), kThreads, s, *a));
+        /* the exchange kernel counted the chunks (NVLINK) */
+        if (!a->after_exchange)
+            ETP__TRY_CUDA(launch(layout_chunks, blocks_for(nch * 32, kThreads), kThreads, s, *a));
         /* a warp per chunk */
         return launch(layout_place, blocks_for(nch * 32, kThreads), kThreads, s, *a);
     }

@@ -25,6 +25,7 @@
 #include "ep/ep_rules.h"
 #include "ep_dev.cuh"
 #include "ep_vec.cuh"
+#include "layout_dev.cuh"
 #include "nvl_kernels.h"
 #include "nvl_sync.cuh"
 
@@ -120,6 +121,14 @@ __global__ void __launch_bounds__(kThreads) xchg_kernel(etp__ep_xchg_args_t a)
         const int d = (int)(x % R);
         const int dropped = etp__ep_clip_copy(acc[d], a.slot_dest + (x / R) * k, k, d, a.send_pos + x);
         etp_ep_dev::stat_add(a.stats, ETP__EP_ST_TRANSPORT_DROPPED, dropped);
+    }
+    if (a.lay.after_exchange) {
+        /* the layout's chunk counts from the rows here, not from the copy
+         * other blocks are still writing */
+        etp__ep_layout_args_t la = a.lay;
+        la.C = C;
+        la.recv_meta = mine;
+        etp_ep_layout::count_chunks(la);
     }
     block_end(n, call_no);
 }
@@ -902,6 +911,8 @@ extern "C" cudaError_t etp__cuda_nvl_t2e(cudaStream_t s, const etp__ep_t2e_args_
 extern "C" cudaError_t etp__cuda_nvl_prepare(cudaStream_t s, const etp__ep_xchg_args_t *a)
 {
     etp__ep_xchg_args_t copy = *a;
+    const etp__ep_layout_args_t &l = a->lay;
+    copy.lay.after_exchange = ETP__EP_LAYOUT_FEW(l.local_experts, l.k, l.ranks, l.recv_rows);
     void *args[] = {&copy};
     return cudaLaunchKernel(reinterpret_cast<const void *>(xchg_kernel), dim3((unsigned)a->nvl.blocks),
                             dim3(kThreads), args, 0, s);

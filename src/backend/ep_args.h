@@ -120,6 +120,10 @@ typedef struct etp__ep_clip_args {
     ((L) <= ETP__EP_LAYOUT_FEW_L && (recv_rows) > ETP__EP_LAYOUT_CHUNK                          \
          ? ((recv_rows) + ETP__EP_LAYOUT_CHUNK - 1) / ETP__EP_LAYOUT_CHUNK * (L)                \
          : (L))
+/* The layout with few local experts applies (CUDA: chunk ballots). */
+#define ETP__EP_LAYOUT_FEW(L, k, R, recv_rows)                                                \
+    ((L) <= ETP__EP_LAYOUT_FEW_L && (k) <= ETP__EP_LAYOUT_FEW_K && (R) <= ETP__EP_LAYOUT_FEW_R && \
+     (recv_rows) > ETP__EP_LAYOUT_CHUNK)
 typedef struct etp__ep_layout_args {
     const int32_t *C, *recv_meta;
     int64_t tok_cap, recv_rows, slab, rows_cap, local_experts, alignment, fixed_slots;
@@ -128,6 +132,10 @@ typedef struct etp__ep_layout_args {
     int32_t *scratch;
     int64_t *stats;
     volatile int64_t *mirror;
+    /* 1: the NVLink exchange kernel ran (xchg's `lay`), and where
+     * ETP__EP_LAYOUT_FEW holds it counted the chunks (CUDA): the rest of
+     * the layout remains */
+    int after_exchange;
 } etp__ep_layout_args_t;
 
 /* Dispatch, token side: copy token t to row send_base[d] + send_pos[t*R+d]
@@ -290,6 +298,10 @@ typedef struct etp__ep_xchg_args {
     int k;
     int32_t *C, *recv_meta;
     int64_t *stats;
+    /* the layout that follows (CUDA: where ETP__EP_LAYOUT_FEW holds, the
+     * exchange kernel counts its chunks, from the routing rows in its
+     * window, before it releases them) */
+    etp__ep_layout_args_t lay;
 } etp__ep_xchg_args_t;
 
 /* Token side to expert side (dispatch, combine_bwd) in two kernels: the

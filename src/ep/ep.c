@@ -872,6 +872,15 @@ static etp_status_t ep_prepare_call(etp_ep_layer_t *ly, const void *topk_idx, et
         .send_meta = ep->fused ? NULL : ep->send_small, .stats = ly->stats};
     ETP__TRY(kt->route(be, s->bs, &ra));
     trace(ep, ETP_TRACE_EP_PREPARE_EXCHANGE, s);
+    etp__ep_layout_args_t la = {
+        .C = ly->C, .recv_meta = ep->recv_small, .tok_cap = ep->tok_cap,
+        .recv_rows = ep->recv_rows, .slab = ep->slab,
+        .rows_cap = ly->rows, .local_experts = ep->L, .alignment = ly->align,
+        .fixed_slots = ly->slots, .k = ly->k, .ranks = ep->R, .me = ep->rank, .exact = exact,
+        .recv_cnt = ly->recv_cnt, .recv_base = ly->recv_base, .counts = ly->counts,
+        .offsets = ly->offsets, .recv_row = ly->recv_row, .tok_rows = ly->tok_rows,
+        .row_src = ly->row_src, .scratch = ly->layout_scratch, .stats = ly->stats,
+        .mirror = ly->host_stats, .after_exchange = ep->fused};
     if (ep->fused) {
         /* the counts, the metadata rows and the clip in one kernel on the
          * window */
@@ -879,7 +888,7 @@ static etp_status_t ep_prepare_call(etp_ep_layer_t *ly, const void *topk_idx, et
             .nvl = ep->nv, .topk_idx = topk_idx, .t_dev = ly->t_dev, .slot_dest = ly->slot_dest,
             .send_cnt = ly->send_cnt, .send_pos = ly->send_pos, .local_experts = ep->L,
             .tok_cap = ep->tok_cap, .k = ly->k, .C = ly->C, .recv_meta = ep->recv_small,
-            .stats = ly->stats};
+            .stats = ly->stats, .lay = la};
         ETP__TRY(kt->nvl_prepare(be, s->bs, &xa));
         ly->ntok = ep->recv_rows;
     } else {
@@ -902,15 +911,6 @@ static etp_status_t ep_prepare_call(etp_ep_layer_t *ly, const void *topk_idx, et
         }
         ETP__TRY(exchange(ly, 1, ep->send_small, ep->recv_small, ly->k, ETP_DTYPE_I32, s));
     }
-    etp__ep_layout_args_t la = {
-        .C = ly->C, .recv_meta = ep->recv_small, .tok_cap = ep->tok_cap,
-        .recv_rows = ep->recv_rows, .slab = ep->slab,
-        .rows_cap = ly->rows, .local_experts = ep->L, .alignment = ly->align,
-        .fixed_slots = ly->slots, .k = ly->k, .ranks = ep->R, .me = ep->rank, .exact = exact,
-        .recv_cnt = ly->recv_cnt, .recv_base = ly->recv_base, .counts = ly->counts,
-        .offsets = ly->offsets, .recv_row = ly->recv_row, .tok_rows = ly->tok_rows,
-        .row_src = ly->row_src, .scratch = ly->layout_scratch, .stats = ly->stats,
-        .mirror = ly->host_stats};
     trace(ep, ETP_TRACE_EP_PREPARE_LAYOUT, s);
     ETP__TRY(kt->layout(be, s->bs, &la));
     trace(ep, ETP_TRACE_EP_PREPARE_END, s);
