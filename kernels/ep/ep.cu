@@ -59,11 +59,11 @@ cudaError_t launch(void (*k)(A), unsigned grid, unsigned block, cudaStream_t s, 
 
 /* Per token: validate its slots, destinations, and mark send_pos[t*R+d] = 1
  * for each destination (0 otherwise), to be turned into positions by
- * route_scan. K = k <= kRouteK: the token's K slots in registers (K is
- * known here, so the rule's loops unroll); given the global slot_dest, the
- * rule's stores and reloads of earlier slots chain round trips to L2 (8 us
- * for a block of 128 tokens), and local arrays would spill past L1.
- * K = 0: any k, on slot_dest. */
+ * route_scan. K = k <= kRouteK: the token's K slots in registers
+ * (route_regs); given the global slot_dest, the rule's stores and reloads
+ * of earlier slots chain round trips to L2 (8 us for a block of 128
+ * tokens), and local arrays would spill past L1. K = 0: any k, on
+ * slot_dest. */
 constexpr int kRouteK = 8;
 
 template <int K>
@@ -96,11 +96,8 @@ __global__ void route_mark(etp__ep_route_args_t a)
     } else {
         int32_t sd[K];
         if (t < T) {
-            int64_t idx[K];
-#pragma unroll
-            for (int j = 0; j < K; j++) idx[j] = a.topk_idx[t * K + j];
             int bad, dup;
-            etp__ep_route_token(idx, K, a.num_experts, a.local_experts, sd, &bad, &dup);
+            route_regs<K>(a.topk_idx + t * K, a.num_experts, a.local_experts, sd, &bad, &dup);
             stat_route(a.stats, bad, dup);
         } else {
 #pragma unroll

@@ -1,6 +1,7 @@
 /*
  * Device helpers the EP kernels share (ep.cu, nvl.cu, ll.cu): the report's
- * counters (src/backend/ep_args.h: ETP__EP_ST_*) and a block-wide scan.
+ * counters (src/backend/ep_args.h: ETP__EP_ST_*), a token's routing in
+ * registers and a block-wide scan.
  */
 #ifndef ETP__EP_DEV_CUH
 #define ETP__EP_DEV_CUH
@@ -55,6 +56,20 @@ static __device__ __forceinline__ void stat_layout(int64_t *st, etp__ep_layout_n
         stat_add(st, ETP__EP_ST_ROWS_DROPPED, need.dropped);
         stat_flag(st, ETP__EP_F_ROWS_FULL);
     }
+}
+
+/* A token's K slots routed (etp__ep_route_token) with its indices and
+ * destinations in registers: K is known, so the rule's loops unroll. Given
+ * global indices or shared destinations, the rule's duplicate check would
+ * reload earlier slots, a chain of round trips per slot. */
+template <int K>
+static __device__ __forceinline__ void route_regs(const int64_t *topk, int64_t E, int64_t L,
+                                                  int32_t (&sd)[K], int *bad, int *dup)
+{
+    int64_t idx[K];
+#pragma unroll
+    for (int j = 0; j < K; j++) idx[j] = topk[j];
+    etp__ep_route_token(idx, K, E, L, sd, bad, dup);
 }
 
 /* Exclusive prefix sum over the block (blockDim.x a multiple of 32, at most

@@ -85,27 +85,69 @@ __device__ __forceinline__ int slot_of(const etp__ep_ll_args_t &a, const int32_t
     return -1;
 }
 
-/* A warp copies rb bytes: 16 bytes a lane, 8 loads in flight (a row is
- * latency-bound, not bandwidth-bound, at a few rows a warp), else bytes. */
-__device__ void copy_bytes(char *dst, const char *src, int64_t rb, bool vec)
+__device__ __forceinline__ char *shfl_ptr(char *p, int from)
+{
+    return reinterpret_cast<char *>(
+        __shfl_sync(kFull, reinterpret_cast<unsigned long long>(p), from));
+}
+
+/* A warp stores bytes [b0, b1) of src into the row dst of each lane in
+ * `who` (warp-uniform): every 16-byte group (vec; else byte) is loaded
+ * once, 8 a lane in flight, and stored into every row. A row's copy is
+ * bound by the loads' latency at a few rows a warp, so loading once for
+ * all of a token's rows (or ranks) is what makes it fast. */
+__device__ void copy_fanout(char *dst, unsigned who, const char *src, int64_t b0, int64_t b1,
+                            bool vec)
 {
     const int lane = threadIdx.x & 31;
     if (vec) {
         const uint4 *s4 = reinterpret_cast<const uint4 *>(src);
-        uint4 *d4 = reinterpret_cast<uint4 *>(dst);
-        const int64_t nc = rb / 16;
-        int64_t c = lane;
-        for (; c + 7 * 32 < nc; c += 8 * 32) {
+        const int64_t c1 = b1 / 16;
+        for (int64_t base = b0 / 16; base < c1; base += 8 * 32) {
             uint4 v[8];
 #pragma unroll
-            for (int u = 0; u < 8; u++) v[u] = s4[c + u * 32];
+            for (int u = 0; u < 8; u++) {
+                const int64_t c = base + u * 32 + lane;
+                v[u] = c < c1 ? s4[c] : make_uint4(0, 0, 0, 0);
+            }
+            for (unsigned w = who; w; w &= w - 1) {
+                uint4 *d4 = reinterpret_cast<uint4 *>(shfl_ptr(dst, __ffs(w) - 1));
 #pragma unroll
-            for (int u = 0; u < 8; u++) d4[c + u * 32] = v[u];
+                for (int u = 0; u < 8; u++) {
+                    const int64_t c = base + u * 32 + lane;
+                    if (c < c1) d4[c] = v[u];
+                }
+            }
         }
-        for (; c < nc; c += 32) d4[c] = s4[c];
     } else {
-        for (int64_t b = lane; b < rb; b += 32) dst[b] = src[b];
+        for (int64_t base = b0; base < b1; base += 32) {
+            const int64_t b = base + lane;
+            const char v = b < b1 ? src[b] : 0;
+            for (unsigned w = who; w; w &= w - 1) {
+                char *d = shfl_ptr(dst, __ffs(w) - 1);
+                if (b < b1) d[b] = v;
+            }
+        }
     }
+}
+
+/* Into how many parts (1 .. kMaxParts) a row's copies are split so that
+ * n rows keep nw warps busy. */
+constexpr int kMaxParts = 8;
+__device__ __forceinline__ int parts_for(int n, int nw)
+{
+    const int p = n > 0 ? nw / n : 1;
+    return p < 1 ? 1 : p > kMaxParts ? kMaxParts : p;
+}
+
+/* Part `part` of P of a row of rb bytes: [*b0, *b1), whole 16-byte groups
+ * with vec. */
+__device__ __forceinline__ void part_of(int64_t rb, int P, int part, bool vec, int64_t *b0,
+                                        int64_t *b1)
+{
+    const int64_t g = vec ? 16 : 1, n = rb / g, per = (n + P - 1) / P;
+    *b0 = etp__ep_min((int64_t)part * per, n) * g;
+    *b1 = etp__ep_min((int64_t)(part + 1) * per, n) * g;
 }
 
 __device__ void zero_bytes(char *dst, int64_t rb, bool vec)
@@ -123,8 +165,8 @@ __device__ void zero_bytes(char *dst, int64_t rb, bool vec)
 __device__ __forceinline__ uint64_t row_mask(const etp__ep_ll_args_t &a, const int32_t *meta,
                                              const int32_t *rc, int64_t nrecv, int64_t i)
 {
-    const int64_t tm = a.nvl.t_max;
-    if (i >= nrecv || i % tm >= rc[i / tm]) return 0;
+    const int tm = (int)a.nvl.t_max, ii = (int)i; /* rows < kMaxChunks * 32: 32-bit division */
+    if (i >= nrecv || ii % tm >= rc[ii / tm]) return 0;
     uint64_t m = 0;
     for (int j = 0; j < a.k; j++) {
         const int32_t e = etp__ep_recv_expert(meta, a.k, a.local_experts, i, j);
@@ -182,11 +224,13 @@ __device__ bool layout_chunked(const etp__ep_ll_args_t &a, const int32_t *meta, 
     }
     __syncthreads();
     const int64_t gw = (int64_t)blockIdx.x * kWarps + warp, nw = (int64_t)n.blocks * kWarps;
-    for (int64_t i = gw; i < nrecv; i += nw) {
-        const int64_t c = i / 32;
-        const int li = (int)(i % 32);
+    /* a warp per (received row, part of it): nrecv <= kMaxChunks * 32 rows */
+    const int P = parts_for((int)nrecv, (int)nw);
+    for (int x = (int)gw; x < (int)nrecv * P; x += (int)nw) {
+        const int i = x / P, part = x % P, c = i / 32, li = i % 32;
         const uint64_t m = row_mask(a, meta, rc, nrecv, c * 32 + lane);
         const uint64_t mi = __shfl_sync(kFull, m, li);
+        if (!mi && part > 0) continue;
         const int32_t ej =
             lane < k && mi ? etp__ep_recv_expert(meta, k, a.local_experts, i, lane) : -1;
         int32_t row = -1;
@@ -199,25 +243,27 @@ __device__ bool layout_chunked(const etp__ep_ll_args_t &a, const int32_t *meta, 
             }
         }
         const bool kept = row >= 0;
-        if (lane < k) {
-            a.recv_row[i * k + lane] = row;
-            if (kept) {
-                a.row_src[row] = (int32_t)(i * k + lane);
-                if (a.out_w) a.out_w[row] = etp__ep_row_weight(recv_w, (int32_t)(i * k + lane));
-            }
-        }
         const unsigned kb = __ballot_sync(kFull, kept);
-        int rank = 0;
-        for (int j = 0; j < k; j++) {
-            const int32_t e2 = __shfl_sync(kFull, ej, j);
-            rank += ((kb >> j) & 1u) && e2 < ej;
+        if (part == 0) {
+            if (lane < k) {
+                a.recv_row[(int64_t)i * k + lane] = row;
+                if (kept) {
+                    a.row_src[row] = (int32_t)(i * k + lane);
+                    if (a.out_w) a.out_w[row] = etp__ep_row_weight(recv_w, (int32_t)(i * k + lane));
+                }
+            }
+            int rank = 0;
+            for (int j = 0; j < k; j++) {
+                const int32_t e2 = __shfl_sync(kFull, ej, j);
+                rank += ((kb >> j) & 1u) && e2 < ej;
+            }
+            if (kept) a.tok_rows[(int64_t)i * k + rank] = row;
+            if (lane < k && lane >= __popc(kb)) a.tok_rows[(int64_t)i * k + lane] = -1;
         }
-        if (kept) a.tok_rows[i * k + rank] = row;
-        if (lane < k && lane >= __popc(kb)) a.tok_rows[i * k + lane] = -1;
-        for (unsigned bb = kb; bb; bb &= bb - 1) {
-            const int32_t r = __shfl_sync(kFull, row, __ffs(bb) - 1);
-            copy_bytes(static_cast<char *>(a.out) + r * in_rb, slab + i * rb, in_rb, vec);
-        }
+        int64_t b0, b1;
+        part_of(in_rb, P, part, vec, &b0, &b1);
+        copy_fanout(kept ? static_cast<char *>(a.out) + (int64_t)row * in_rb : nullptr, kb,
+                    slab + (int64_t)i * rb, b0, b1, vec);
     }
     /* the rows no token fills: an expert's tail past its kept rows (the
      * alignment's padding, fixed slots' empty ones) and past the last */
@@ -235,6 +281,34 @@ __device__ bool layout_chunked(const etp__ep_ll_args_t &a, const int32_t *meta, 
         zero_bytes(static_cast<char *>(a.out) + r * in_rb, in_rb, vec);
     }
     return true;
+}
+
+/* Token t's slots routed into sd_s (the rule, etp__ep_route_token); its
+ * destinations as bits. K = k <= 8: in registers (route_regs); K = 0: any
+ * k, on sd_s. The lead block counts the rule's breaks and writes
+ * slot_dest. */
+template <int K>
+__device__ uint32_t route_one(const etp__ep_ll_args_t &a, int64_t t, int32_t *sd_s, bool lead)
+{
+    const int k = K ? K : a.k;
+    int32_t *sd = sd_s + t * k;
+    int bad, dup;
+    if constexpr (K == 0) {
+        etp__ep_route_token(a.topk_idx + t * k, k, a.num_experts, a.local_experts, sd, &bad, &dup);
+    } else {
+        int32_t r[K];
+        route_regs<K>(a.topk_idx + t * K, a.num_experts, a.local_experts, r, &bad, &dup);
+#pragma unroll
+        for (int j = 0; j < K; j++) sd[j] = r[j];
+    }
+    uint32_t m = 0;
+    for (int j = 0; j < k; j++)
+        if (sd[j] >= 0) m |= 1u << sd[j];
+    if (lead) {
+        stat_route(a.stats, bad, dup);
+        for (int j = 0; j < k; j++) a.slot_dest[t * k + j] = sd[j];
+    }
+    return m;
 }
 
 __global__ void __launch_bounds__(kThreads) ll_dispatch_kernel(etp__ep_ll_args_t a, int vec)
@@ -262,20 +336,24 @@ __global__ void __launch_bounds__(kThreads) ll_dispatch_kernel(etp__ep_ll_args_t
         stat_add(a.stats, ETP__EP_ST_PREPARES, 1);
     }
     for (int64_t t = threadIdx.x; t < tm; t += kThreads) {
-        int32_t *sd = sd_s + t * k;
         uint32_t m = 0;
-        if (t < T) {
-            int bad, dup;
-            etp__ep_route_token(a.topk_idx + t * k, k, a.num_experts, L, sd, &bad, &dup);
-            for (int j = 0; j < k; j++)
-                if (sd[j] >= 0) m |= 1u << sd[j];
-            if (lead) stat_route(a.stats, bad, dup);
-        } else {
-            for (int j = 0; j < k; j++) sd[j] = -1;
+        switch (t < T ? k : 0) {
+        case 0:
+            for (int j = 0; j < k; j++) sd_s[t * k + j] = -1;
+            break;
+        case 1: m = route_one<1>(a, t, sd_s, lead); break;
+        case 2: m = route_one<2>(a, t, sd_s, lead); break;
+        case 3: m = route_one<3>(a, t, sd_s, lead); break;
+        case 4: m = route_one<4>(a, t, sd_s, lead); break;
+        case 5: m = route_one<5>(a, t, sd_s, lead); break;
+        case 6: m = route_one<6>(a, t, sd_s, lead); break;
+        case 7: m = route_one<7>(a, t, sd_s, lead); break;
+        case 8: m = route_one<8>(a, t, sd_s, lead); break;
+        default: m = route_one<0>(a, t, sd_s, lead); break;
         }
         mask_s[t] = m;
-        if (lead)
-            for (int j = 0; j < k; j++) a.slot_dest[t * k + j] = sd[j];
+        if (lead && t >= T)
+            for (int j = 0; j < k; j++) a.slot_dest[t * k + j] = -1;
     }
     __syncthreads();
     /* positions in token order per destination: a warp per destination */
@@ -341,22 +419,32 @@ __global__ void __launch_bounds__(kThreads) ll_dispatch_kernel(etp__ep_ll_args_t
     const int64_t rb = n.tok_row_bytes;
     const int64_t in_rb = a.hidden * etp__ep_esize(a.dtype);
     const int64_t gw = (int64_t)blockIdx.x * kWarps + warp, nw = (int64_t)n.blocks * kWarps;
-    /* a warp per (token, destination): a token's copies go out in parallel */
-    for (int64_t x = gw; x < T * R; x += nw) {
-        const int64_t t = x / R;
-        const int d = (int)(x % R);
-        const int p = pos_s[x];
-        if (p < 0 || p >= acc_s[d]) continue;
+    /* a warp per (token, part of its row): the part is loaded once and
+     * stored into the slab of every rank that keeps the token */
+    const int P = parts_for((int)T, (int)nw);
+    for (int x = (int)gw; x < (int)T * P; x += (int)nw) {
+        const int t = x / P, part = x % P;
+        const int p = lane < R ? pos_s[t * R + lane] : -1;
+        const bool to = p >= 0 && p < acc_s[lane < R ? lane : 0];
         const int64_t row = etp__ep_nvl_row(me, tm, p);
-        copy_bytes(n.peers[d] + n.tok_off + row * rb,
-                   static_cast<const char *>(a.tokens) + t * in_rb, in_rb, vec != 0);
-        if (lane == 0)
-            etp__ep_meta_row(a.topk_idx + t * k, sd_s + t * k, k, d, L,
-                             reinterpret_cast<int32_t *>(n.peers[d] + n.small_off) + row * k);
-        if (a.carry)
-            for (int j = lane; j < k; j += 32)
-                reinterpret_cast<float *>(n.peers[d] + a.w_off)[row * k + j] =
-                    etp__ep_slot_weight(sd_s + t * k, a.weights + t * k, j, d);
+        const unsigned who = __ballot_sync(kFull, to);
+        if (!who) continue;
+        int64_t b0, b1;
+        part_of(in_rb, P, part, vec != 0, &b0, &b1);
+        copy_fanout(to ? n.peers[lane] + n.tok_off + row * rb : nullptr, who,
+                    static_cast<const char *>(a.tokens) + (int64_t)t * in_rb, b0, b1, vec != 0);
+        if (part > 0) continue;
+        for (unsigned w = who; w; w &= w - 1) {
+            const int d = __ffs(w) - 1;
+            const int64_t rd = etp__ep_nvl_row(me, tm, pos_s[t * R + d]);
+            if (lane == 0)
+                etp__ep_meta_row(a.topk_idx + (int64_t)t * k, sd_s + t * k, k, d, L,
+                                 reinterpret_cast<int32_t *>(n.peers[d] + n.small_off) + rd * k);
+            if (a.carry)
+                for (int j = lane; j < k; j += 32)
+                    reinterpret_cast<float *>(n.peers[d] + a.w_off)[rd * k + j] =
+                        etp__ep_slot_weight(sd_s + t * k, a.weights + (int64_t)t * k, j, d);
+        }
     }
     __syncthreads();
     if (threadIdx.x == 0) signal_all(n, 1);
@@ -431,7 +519,7 @@ __global__ void __launch_bounds__(kThreads) ll_dispatch_kernel(etp__ep_ll_args_t
             if (src < 0)
                 zero_bytes(o, in_rb, vec != 0);
             else
-                copy_bytes(o, slab + (int64_t)(src / k) * rb, in_rb, vec != 0);
+                copy_fanout(o, 1u, slab + (int64_t)(src / k) * rb, 0, in_rb, vec != 0);
         }
     }
     /* the call is done when every block is; the last copies the counters

@@ -38,10 +38,20 @@ ETP__EP_HD int64_t etp__ep_min(int64_t a, int64_t b)
     return a < b ? a : b;
 }
 
-/* n rounded up to a multiple of a (a >= 1): a padded expert block. */
+/* n / d for n >= 0, d >= 1. In 32 bits when both fit: on a GPU a 64-bit
+ * division is a long software sequence, and the layout's serial offsets
+ * chain two per local expert (the quotient is the same either way). */
+ETP__EP_HD int64_t etp__ep_div(int64_t n, int64_t d)
+{
+    if (((uint64_t)n | (uint64_t)d) <= 0xffffffffu) return (int64_t)((uint32_t)n / (uint32_t)d);
+    return n / d;
+}
+
+/* n rounded up to a multiple of a (n >= 0, a >= 1): a padded expert block. */
 ETP__EP_HD int64_t etp__ep_round_up(int64_t n, int64_t a)
 {
-    return (n + a - 1) / a * a;
+    if (a == 1) return n;
+    return etp__ep_div(n + a - 1, a) * a;
 }
 
 /* ---- elements --------------------------------------------------------- */
@@ -100,7 +110,7 @@ ETP__EP_HD void etp__ep_route_token(const int64_t *idx, int k, int64_t E, int64_
             (*dup)++;
             continue;
         }
-        sd[j] = (int32_t)(e / L);
+        sd[j] = (int32_t)etp__ep_div(e, L);
     }
 }
 
@@ -249,8 +259,8 @@ ETP__EP_HD etp__ep_layout_need_t etp__ep_layout_offsets(int32_t *counts, int32_t
 {
     int64_t off = 0, need = 0, dropped = 0, maxn = 0;
     for (int64_t e = 0; e < L; e++) {
-        const int64_t n = counts[e];
-        need += etp__ep_round_up(n, align);
+        const int64_t n = counts[e], padded = etp__ep_round_up(n, align);
+        need += padded;
         if (n > maxn) maxn = n;
         int64_t kept;
         if (fixed_slots > 0) {
@@ -262,7 +272,7 @@ ETP__EP_HD etp__ep_layout_need_t etp__ep_layout_offsets(int32_t *counts, int32_t
         offsets[e] = (int32_t)off;
         counts[e] = (int32_t)kept;
         dropped += n - kept;
-        if (fixed_slots == 0) off += etp__ep_round_up(kept, align);
+        if (fixed_slots == 0) off += kept == n ? padded : etp__ep_round_up(kept, align);
     }
     offsets[L] = (int32_t)(fixed_slots > 0 ? L * fixed_slots : off);
     etp__ep_layout_need_t r;
