@@ -342,13 +342,11 @@ __global__ void __launch_bounds__(kThreads) layout_place(etp__ep_layout_args_t a
             if (c < nch) run += a.scratch[(int64_t)e * nch + c];
         }
     }
-    if (threadIdx.x == 0) {
-        const etp__ep_layout_need_t need =
-            etp__ep_layout_offsets(cnt_s, off_s, L, a.alignment, a.fixed_slots, a.rows_cap);
-        if (blockIdx.x == 0) {
-            stat_layout(a.stats, need);
-            __threadfence();
-        }
+    const etp__ep_layout_need_t need =
+        block_layout_offsets(cnt_s, off_s, L, a.alignment, a.fixed_slots, a.rows_cap);
+    if (blockIdx.x == 0 && threadIdx.x == 0) {
+        stat_layout(a.stats, need);
+        __threadfence();
     }
     __syncthreads();
     if (blockIdx.x == 0) {

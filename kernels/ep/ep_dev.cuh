@@ -101,6 +101,41 @@ static __device__ int block_excl_scan(int v, int *total)
     return before + x - v;
 }
 
+/* The layout's offsets and kept counts (etp__ep_layout_offsets) of the L
+ * experts whose row counts are in cnt_s, by the whole block (all threads
+ * call it; cnt_s and off_s in shared memory, read after it returns). When
+ * every PACKED expert's padded block fits, the rule keeps every row and
+ * its offsets are the exclusive sum of the padded counts: one block scan
+ * instead of the rule's serial walk, which costs thread 0 a few
+ * microseconds of dependent steps. Otherwise (a drop, FIXED_SLOTS, more
+ * experts than threads) thread 0 runs the rule. */
+static __device__ etp__ep_layout_need_t block_layout_offsets(int32_t *cnt_s, int32_t *off_s, int L,
+                                                             int64_t align, int64_t fixed_slots,
+                                                             int64_t rows_cap)
+{
+    __shared__ etp__ep_layout_need_t need_s;
+    const int e = threadIdx.x;
+    /* the sum of L padded counts, each at most rows_cap, stays in an int */
+    if (fixed_slots == 0 && L <= (int)blockDim.x && (int64_t)L * (rows_cap + 1) <= 0x7fffffff) {
+        const int64_t n = e < L ? cnt_s[e] : 0, padded = etp__ep_round_up(n, align);
+        int total = 0;
+        const int off = block_excl_scan(padded <= rows_cap ? (int)padded : (int)rows_cap + 1, &total);
+        if (total <= rows_cap) {
+            if (e < L) off_s[e] = off;
+            if (e == 0) off_s[L] = total;
+            __syncthreads();
+            etp__ep_layout_need_t need;
+            need.needed = total;
+            need.dropped = 0;
+            return need;
+        }
+    }
+    if (threadIdx.x == 0)
+        need_s = etp__ep_layout_offsets(cnt_s, off_s, L, align, fixed_slots, rows_cap);
+    __syncthreads();
+    return need_s;
+}
+
 } // namespace etp_ep_dev
 
 #endif

@@ -217,12 +217,9 @@ __device__ bool layout_chunked(const etp__ep_ll_args_t &a, const int32_t *meta, 
     if (!block_barrier(n, call_no, 0, 1, t0)) return false;
     for (int e = threadIdx.x; e < L; e += kThreads) cnt_s[e] = __ldcg(a.counts + e);
     __syncthreads();
-    if (threadIdx.x == 0) {
-        const etp__ep_layout_need_t need =
-            etp__ep_layout_offsets(cnt_s, off_s, L, a.alignment, a.fixed_slots, a.rows_cap);
-        if (blockIdx.x == 0) stat_layout(a.stats, need);
-    }
-    __syncthreads();
+    const etp__ep_layout_need_t need =
+        block_layout_offsets(cnt_s, off_s, L, a.alignment, a.fixed_slots, a.rows_cap);
+    if (blockIdx.x == 0 && threadIdx.x == 0) stat_layout(a.stats, need);
     const int64_t gw = (int64_t)blockIdx.x * kWarps + warp, nw = (int64_t)n.blocks * kWarps;
     /* a warp per (received row, part of it): nrecv <= kMaxChunks * 32 rows */
     const int P = parts_for((int)nrecv, (int)nw);
@@ -437,13 +434,16 @@ __global__ void __launch_bounds__(kThreads) ll_dispatch_kernel(etp__ep_ll_args_t
         for (unsigned w = who; w; w &= w - 1) {
             const int d = __ffs(w) - 1;
             const int64_t rd = etp__ep_nvl_row(me, tm, pos_s[t * R + d]);
-            if (lane == 0)
-                etp__ep_meta_row(a.topk_idx + (int64_t)t * k, sd_s + t * k, k, d, L,
-                                 reinterpret_cast<int32_t *>(n.peers[d] + n.small_off) + rd * k);
-            if (a.carry)
-                for (int j = lane; j < k; j += 32)
+            /* a lane per slot: one rule call per slot (k = 1) keeps the
+             * index loads apart from the remote stores they would follow */
+            for (int j = lane; j < k; j += 32) {
+                const int64_t tj = (int64_t)t * k + j;
+                etp__ep_meta_row(a.topk_idx + tj, sd_s + tj, 1, d, L,
+                                 reinterpret_cast<int32_t *>(n.peers[d] + n.small_off) + rd * k + j);
+                if (a.carry)
                     reinterpret_cast<float *>(n.peers[d] + a.w_off)[rd * k + j] =
                         etp__ep_slot_weight(sd_s + t * k, a.weights + (int64_t)t * k, j, d);
+            }
         }
     }
     __syncthreads();
