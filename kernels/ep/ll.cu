@@ -230,14 +230,18 @@ __device__ bool layout_chunked(const etp__ep_ll_args_t &a, const int32_t *meta, 
         if (!mi && part > 0) continue;
         const int32_t ej =
             lane < k && mi ? etp__ep_recv_expert(meta, k, a.local_experts, i, lane) : -1;
-        int32_t row = -1;
+        /* the chunk's rows before row i that select each of i's experts
+         * (a ballot each), then every slot's chunk prefix in one load */
+        int below = 0;
         for (uint64_t mm = mi; mm; mm &= mm - 1) {
             const int e = __ffsll((long long)mm) - 1;
             const unsigned b = __ballot_sync(kFull, (unsigned)(m >> e) & 1u);
-            if (ej == e) {
-                const int q = __ldcg(a.scratch + (int64_t)e * nch + c) + __popc(b & ((1u << li) - 1u));
-                row = q < cnt_s[e] ? off_s[e] + q : -1;
-            }
+            if (ej == e) below = __popc(b & ((1u << li) - 1u));
+        }
+        int32_t row = -1;
+        if (ej >= 0) {
+            const int q = __ldcg(a.scratch + (int64_t)ej * nch + c) + below;
+            row = q < cnt_s[ej] ? off_s[ej] + q : -1;
         }
         const bool kept = row >= 0;
         const unsigned kb = __ballot_sync(kFull, kept);
