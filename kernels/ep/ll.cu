@@ -9,9 +9,10 @@
  *    the routing and stores this rank's count row into every rank's
  *    window and signals;
  * 2. once every rank's counts are here, the receive-capacity clip
- *    (EXACT's rule) is known everywhere; a warp per (token, destination)
- *    stores the token's row, metadata and weights into the destination's
- *    slab, and each block signals;
+ *    (EXACT's rule) is known everywhere; a warp per (token, part of its
+ *    row) stores the part into the slab of every rank that keeps the
+ *    token (part 0's warp also the metadata and weights), and each block
+ *    signals;
  * 3. once every block of every rank has stored, the blocks lay out the
  *    received rows (per local expert counts, offsets, rows in (source rank,
  *    token) order) and expand them into the half's rows: with at most
@@ -183,13 +184,14 @@ __device__ __forceinline__ uint64_t row_mask(const etp__ep_ll_args_t &a, const i
  *     select expert e (a ballot), scan the chunks' counts into
  *     scratch[e][chunk] and write the total.
  * (b) Every block computes the offsets and kept counts (cnt_s, off_s) from
- *     the totals itself.
- * (c) A warp per received row i: the row of each of its slots (the prefix
- *     of its chunk plus its rank in the chunk's ballot), recv_row, row_src,
- *     the weights, tok_rows (ascending rows are ascending experts: expert
- *     e's rows lie below e + 1's, and a row selects an expert at most
- *     once), and the token's bytes into each of its rows; then a warp per
- *     layout row that holds no token: zeros.
+ *     the totals itself (block_layout_offsets).
+ * (c) A warp per (received row i, part of it): the row of each of i's
+ *     slots (the prefix of its chunk plus its rank in the chunk's ballot),
+ *     the part of the token's bytes into each of its rows, and with part 0
+ *     recv_row, row_src, the weights and tok_rows (ascending rows are
+ *     ascending experts: expert e's rows lie below e + 1's, and a row
+ *     selects an expert at most once); then a warp per layout row that
+ *     holds no token: zeros.
  * The caller's last block writes the kept counts and offsets (block e's
  * totals are read by every block before that). false: a wait gave up. */
 __device__ bool layout_chunked(const etp__ep_ll_args_t &a, const int32_t *meta, const int32_t *rc,
