@@ -2,7 +2,8 @@
  * The first step of the layout with few local experts (ep.cu's
  * layout_chunks), as a device function: the NVLink exchange kernel
  * (nvl.cu) runs it too, on the routing rows in its window, so that
- * prepare's layout is one kernel after it.
+ * prepare's layout is one kernel after it. The low-latency dispatch
+ * (ll.cu) reads its rows' experts the same way.
  */
 #ifndef ETP__LAYOUT_DEV_CUH
 #define ETP__LAYOUT_DEV_CUH
@@ -15,18 +16,26 @@
 namespace etp_ep_layout
 {
 
+/* The local experts (fewer than 64) that valid received row i selects, as
+ * bits; meta: the received routing rows of k slots. */
+static __device__ __forceinline__ uint64_t expert_bits(const int32_t *meta, int k, int64_t L,
+                                                       int64_t i)
+{
+    uint64_t m = 0;
+    for (int j = 0; j < k; j++) {
+        const int32_t e = etp__ep_recv_expert(meta, k, L, i, j);
+        if (e >= 0) m |= 1ull << e;
+    }
+    return m;
+}
+
 /* The local experts received row i selects, as bits (0: not a valid row);
  * base, cnt: recv_base, recv_cnt. */
 static __device__ __forceinline__ uint64_t row_experts(const etp__ep_layout_args_t &a, int64_t i,
                                                        const int32_t *base, const int32_t *cnt)
 {
     if (i >= a.recv_rows || !etp__ep_recv_valid(base, cnt, a.ranks, a.exact, a.slab, i)) return 0;
-    uint64_t m = 0;
-    for (int j = 0; j < a.k; j++) {
-        const int32_t e = etp__ep_recv_expert(a.recv_meta, a.k, a.local_experts, i, j);
-        if (e >= 0) m |= 1ull << e;
-    }
-    return m;
+    return expert_bits(a.recv_meta, a.k, a.local_experts, i);
 }
 
 /* Over the whole grid (every thread of every block calls it): the

@@ -29,6 +29,7 @@
 #include "ep/ep_rules.h"
 #include "ll_kernels.h"
 #include "ep_dev.cuh"
+#include "layout_dev.cuh"
 #include "nvl_sync.cuh"
 
 namespace
@@ -162,18 +163,13 @@ __device__ void zero_bytes(char *dst, int64_t rb, bool vec)
     }
 }
 
-/* The local experts received row i selects, as bits (0: no valid row). */
+/* The local experts received row i selects, as bits (0: no valid row):
+ * slabs of t_max rows, rc[s] of them valid. */
 __device__ __forceinline__ uint64_t row_mask(const etp__ep_ll_args_t &a, const int32_t *meta,
                                              const int32_t *rc, int64_t nrecv, int64_t i)
 {
-    const int tm = (int)a.nvl.t_max, ii = (int)i; /* rows < kMaxChunks * 32: 32-bit division */
-    if (i >= nrecv || ii % tm >= rc[ii / tm]) return 0;
-    uint64_t m = 0;
-    for (int j = 0; j < a.k; j++) {
-        const int32_t e = etp__ep_recv_expert(meta, a.k, a.local_experts, i, j);
-        if (e >= 0) m |= 1ull << e;
-    }
-    return m;
+    if (i >= nrecv || !etp__ep_recv_valid(rc, rc, a.nvl.ranks, 0, a.nvl.t_max, i)) return 0;
+    return etp_ep_layout::expert_bits(meta, a.k, a.local_experts, i);
 }
 
 /* The layout and the expand with few local experts (L <= kFastL), past one

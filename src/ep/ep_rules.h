@@ -228,7 +228,8 @@ ETP__EP_HD int etp__ep_recv_valid(const int32_t *recv_base, const int32_t *recv_
                                   int exact, int64_t slab, int64_t i)
 {
     if (exact) return i < (int64_t)recv_base[R - 1] + recv_cnt[R - 1];
-    return i % slab < recv_cnt[i / slab];
+    const int64_t s = etp__ep_div(i, slab);
+    return i - s * slab < recv_cnt[s];
 }
 
 /* The local expert slot j of received row i selects (its metadata), or -1.
