@@ -253,7 +253,10 @@ typedef struct {
  * never pass it); later rows that do not fit are dropped. fixed_slots = S
  * (FIXED_SLOTS): expert e owns rows [e*S, (e+1)*S) and keeps its first S.
  * needed: PACKED the sum of the padded blocks, FIXED_SLOTS the largest
- * padded block. */
+ * padded block. So where PACKED's padded blocks all fit, nothing is dropped
+ * and the offsets are the exclusive sum of the padded counts: the GPU's
+ * layout kernels take that case as a block scan (ep_dev.cuh:
+ * block_layout_offsets) and call this for the rest. */
 ETP__EP_HD etp__ep_layout_need_t etp__ep_layout_offsets(int32_t *counts, int32_t *offsets,
                                                         int64_t L, int64_t align,
                                                         int64_t fixed_slots, int64_t rows_cap)
