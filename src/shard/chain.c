@@ -457,23 +457,27 @@ static etp_status_t issue(etp_chain_t *c, int u, etp_stream_t *caller)
         /* An in-place gather first copies the own shard into the slot. A
          * device-to-device copy runs on the SMs (the copy engines take it
          * only from CUDA 13.1's drivers, with a hint), so on the AG stream
-         * it waits behind the caller's next GEMM, and the gather starts a
-         * GEMM late: on 2 H200s the forward gathers then kept the main
-         * stream waiting 1.7 ms a step (docs/PERF.md, lessons).
-         * On the caller's stream, before its next kernel, the copy takes
-         * its ~40 us of SMs at once and the gather gets the whole GEMM. The
-         * caller's stream waits for the slot's last reader and the shard's
-         * writer first; the test-only edge switches keep the copy on the AG
-         * stream, where only those edges order it. */
+         * (or a graph's AG branch) it waits behind the caller's next GEMM,
+         * and the gather starts a GEMM late: on 2 H200s the forward gathers
+         * then kept the main stream waiting 1.7 ms a step (docs/PERF.md,
+         * lessons). On the caller's stream, before its next kernel, the
+         * copy takes its ~40 us of SMs at once and the gather gets the
+         * whole GEMM. The caller's stream waits for the slot's last reader
+         * and the shard's writer first (a graphed chain's caller is behind
+         * both already); the test-only edge switches keep the copy on the
+         * AG stream, where only those edges order it. */
         const unsigned order = ETP__EDGE_SLOT_RELEASE | ETP__EDGE_SHARD_WRITER;
-        if (s->window && !c->graphed && !(c->skip_edges & order)) {
+        if (s->window && !(c->skip_edges & order)) {
             /* after the slot's last reader's release, which followed its
              * gather; with no release since that gather (issued again into
              * its own slot, or a tenant never gathered: evicted, or left
              * by a forward-only step), after the gather itself */
-            if (s->release_recorded) ETP__TRY(etp_stream_wait_event(caller, s->released));
-            else if (s->tenant >= 0) ETP__TRY(etp_stream_wait_event(caller, s->ready));
-            if (p->updated_recorded) ETP__TRY(etp_stream_wait_event(caller, p->updated));
+            if (!c->graphed && s->release_recorded)
+                ETP__TRY(etp_stream_wait_event(caller, s->released));
+            else if (!c->graphed && s->tenant >= 0)
+                ETP__TRY(etp_stream_wait_event(caller, s->ready));
+            if (!c->graphed && p->updated_recorded)
+                ETP__TRY(etp_stream_wait_event(caller, p->updated));
             ETP__TRY(etp__slot_allgather_copy_on(c->group, c->ag_role, p->shard, shard_elems * es, s->ptr,
                                                  (size_t)(p->padded_rows * p->cols) * es, shard_elems,
                                                  p->dtype, p->experts, caller,
