@@ -245,7 +245,10 @@ typedef struct etp_graph etp_graph_t;
  * Errors: ETP_ERR_INVALID_STATE (a capture in progress), ETP_ERR_BACKEND. */
 ETP_API etp_status_t etp_stream_begin_capture(etp_stream_t *stream);
 /* End the capture begun on `stream` and instantiate the graph (*graph,
- * destroyed with etp_graph_destroy). Every joined stream's work must have
+ * destroyed with etp_graph_destroy); on CUDA each kernel of the graph keeps
+ * the priority of the stream that captured it (node priorities), so etp's
+ * high-priority gather and reduction streams keep their precedence over the
+ * caller's kernels in a replay. Every joined stream's work must have
  * been joined back into `stream` (it waited on an event recorded after that
  * work). Errors: ETP_ERR_INVALID_STATE (not the capturing stream, unjoined
  * work, a capture invalidated by an earlier error, which is named) on the

@@ -26,7 +26,12 @@ etp_status_t etp__cuda_capture_end(etp__be_t *be, etp__bstream_t *s, void **grap
     cuda_graph_t *g = calloc(1, sizeof *g);
     if (!g) return etp__err(ETP_ERR_OUT_OF_MEMORY, "end capture: out of host memory");
     cudaError_t e = cudaStreamEndCapture(s->s, &g->graph);
-    if (e == cudaSuccess) e = cudaGraphInstantiate(&g->exec, g->graph, 0);
+    /* Each kernel node keeps the priority of the stream it was captured
+     * on (the chains' gathers and reductions run at high priority, so their
+     * kernels get SMs ahead of the caller's GEMM blocks, as when eager);
+     * without the flag a replay runs every node at the launch stream's. */
+    if (e == cudaSuccess)
+        e = cudaGraphInstantiate(&g->exec, g->graph, cudaGraphInstantiateFlagUseNodePriority);
     if (e != cudaSuccess) {
         if (g->graph) cudaGraphDestroy(g->graph);
         free(g);
