@@ -42,6 +42,11 @@ etp_status_t etp_chain_create(etp_context_t *ctx, const etp_chain_config_t *conf
     ETP__CHECK_ARG(!(cfg->defer_zero_grad && cfg->graphed),
                    "%s: defer_zero_grad is for ungraphed chains (a captured reduction would store "
                    "or add on every replay, whatever etp_zero_grad said)", fn);
+    ETP__CHECK_ARG(cfg->graph_whole_step == 0 || cfg->graph_whole_step == 1,
+                   "%s: graph_whole_step %d (expected 0 or 1)", fn, cfg->graph_whole_step);
+    ETP__CHECK_ARG(!cfg->graph_whole_step || cfg->graphed,
+                   "%s: graph_whole_step is for graphed chains (an ungraphed chain's prefetches "
+                   "cross forward -> backward anyway)", fn);
     int roles = cfg->group->num_roles;
     /* the usual first mistake, the context's world (one role): say what to do */
     ETP__CHECK_ARG(roles >= 2,
@@ -72,6 +77,7 @@ etp_status_t etp_chain_create(etp_context_t *ctx, const etp_chain_config_t *conf
     c->num_micro = cfg->num_microbatches;
     c->prefetch_on_update = cfg->prefetch_on_update;
     c->defer_zero = cfg->defer_zero_grad;
+    c->whole_step = cfg->graph_whole_step;
     etp_status_t st = etp_stream_create(ctx, ETP_STREAM_PRIORITY_HIGH, &c->ag);
     if (st == ETP_SUCCESS) st = etp_stream_create(ctx, ETP_STREAM_PRIORITY_HIGH, &c->rs);
     if (st == ETP_SUCCESS) st = etp_event_create(ctx, &c->scratch);
@@ -584,7 +590,7 @@ etp_status_t etp_gather(etp_param_t *p, etp_pass_t pass, etp_stream_t *stream, e
     int last = t;
     if (c->state == ETP__CHAIN_FINALIZED)
         for (int k = 1; k <= c->depth && t + k < c->ntickets; k++) {
-            if (c->graphed && c->tickets[t + k].pass != tk->pass) break;
+            if (c->graphed && !c->whole_step && c->tickets[t + k].pass != tk->pass) break;
             last = t + k;
         }
     for (int u = t; u <= last; u++) {

@@ -90,6 +90,7 @@ struct etp_chain {
     int depth, graphed, ag_role, rs_role, ring_n, num_micro;
     int prefetch_on_update;
     int defer_zero; /* defer_zero_grad */
+    int whole_step; /* graph_whole_step: prefetches cross forward -> backward */
     int early_step; /* a step begun by mark_updated's prefetch, before its first gather */
     int state;
     etp_stream_t *ag, *rs;

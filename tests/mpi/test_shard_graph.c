@@ -14,6 +14,11 @@
  * elsewhere, as a resident baseline does): no gather marks the step's
  * start, so the eager steps' wgrad-ring edges must end at etp_wait_grads,
  * or the capture would wait on events recorded outside it.
+ *
+ * And with graph_whole_step (the last forward gather prefetches the first
+ * backward one inside the capture): the same results, and a capture that
+ * ends after the forward gathers fails at etp_stream_end_capture (its
+ * prefetch unjoined) instead of leaving a branch outside the graph.
  */
 #include <math.h>
 
@@ -54,6 +59,7 @@ typedef struct {
     void *hw[NG], *hg[NG], *got_f[NG], *got_b[NG];
     float *got_g[NG];
     int grads_only; /* the step gathers nothing: wgrads and reductions only */
+    int whole_step; /* graph_whole_step */
 } gfx_t;
 
 /* Weights and wgrads of version `ver`: small integers, exact in BF16, and
@@ -231,17 +237,19 @@ static long check_version(gfx_t *f, int ver)
     return bad;
 }
 
-static void run_graph_replay(int64_t seed, int grads_only)
+static void run_graph_replay(int64_t seed, int grads_only, int whole_step)
 {
     gfx_t f;
     memset(&f, 0, sizeof f);
     f.grads_only = grads_only;
+    f.whole_step = whole_step;
     f.ctx = tu_test_ctx(seed);
     f.tp = tu_test_tp(f.ctx, "etp");
     ETP_OK(etp_stream_create(f.ctx, ETP_STREAM_PRIORITY_NORMAL, &f.main));
     etp_chain_config_t cc = ETP_CHAIN_CONFIG_INIT;
     cc.group = f.tp;
     cc.graphed = 1;
+    cc.graph_whole_step = whole_step;
     ETP_OK(etp_chain_create(f.ctx, &cc, &f.chain));
     for (size_t i = 0; i < NG; i++) {
         const gspec_t *g = &gspecs[i];
@@ -303,8 +311,8 @@ static void run_graph_replay(int64_t seed, int grads_only)
     long all = 0;
     MPI_Allreduce(&bad, &all, 1, MPI_LONG, MPI_SUM, MPI_COMM_WORLD);
     if (all && g_rank == 0)
-        printf("seed %lld%s: %ld mismatches\n", (long long)seed, grads_only ? " (grads only)" : "",
-               all);
+        printf("seed %lld%s%s: %ld mismatches\n", (long long)seed,
+               grads_only ? " (grads only)" : "", whole_step ? " (whole step)" : "", all);
     assert_int_equal(all, 0);
 
     ETP_OK(etp_graph_destroy(graph));
@@ -333,10 +341,10 @@ static void test_graph_replay_fresh_versions(void **state)
 {
     (void)state;
 #ifdef ETP_SHARD_TEST_CUDA
-    run_graph_replay(0, 0);
+    run_graph_replay(0, 0, 0);
 #else
     const int64_t seeds[] = {0, 1, 42};
-    for (size_t k = 0; k < sizeof seeds / sizeof seeds[0]; k++) run_graph_replay(seeds[k], 0);
+    for (size_t k = 0; k < sizeof seeds / sizeof seeds[0]; k++) run_graph_replay(seeds[k], 0, 0);
 #endif
 }
 
@@ -344,10 +352,74 @@ static void test_graph_replay_grads_only(void **state)
 {
     (void)state;
 #ifdef ETP_SHARD_TEST_CUDA
-    run_graph_replay(0, 1);
+    run_graph_replay(0, 1, 0);
 #else
     const int64_t seeds[] = {0, 1};
-    for (size_t k = 0; k < sizeof seeds / sizeof seeds[0]; k++) run_graph_replay(seeds[k], 1);
+    for (size_t k = 0; k < sizeof seeds / sizeof seeds[0]; k++) run_graph_replay(seeds[k], 1, 0);
+#endif
+}
+
+static void test_graph_replay_whole_step(void **state)
+{
+    (void)state;
+#ifdef ETP_SHARD_TEST_CUDA
+    run_graph_replay(0, 0, 1);
+#else
+    const int64_t seeds[] = {0, 1};
+    for (size_t k = 0; k < sizeof seeds / sizeof seeds[0]; k++) run_graph_replay(seeds[k], 0, 1);
+#endif
+}
+
+/* graph_whole_step with forward and backward captured apart: the forward
+ * capture ends with the first backward gather's prefetch on the chain's
+ * all-gather stream, not joined into the capturing stream, and
+ * etp_stream_end_capture says so. Host backend only (on CUDA a failed
+ * capture is CUDA's error, ETP_ERR_BACKEND). */
+static void test_whole_step_split_capture_fails(void **state)
+{
+    (void)state;
+#ifndef ETP_SHARD_TEST_CUDA
+    etp_context_t *ctx = tu_test_ctx(3);
+    etp_group_t *tp = tu_test_tp(ctx, "etp");
+    etp_stream_t *s;
+    ETP_OK(etp_stream_create(ctx, ETP_STREAM_PRIORITY_NORMAL, &s));
+    etp_chain_config_t cc = ETP_CHAIN_CONFIG_INIT;
+    cc.group = tp;
+    cc.graphed = 1;
+    cc.graph_whole_step = 1;
+    etp_chain_t *chain;
+    ETP_OK(etp_chain_create(ctx, &cc, &chain));
+    etp_param_t *p[2];
+    for (int i = 0; i < 2; i++) {
+        etp_param_config_t pc = ETP_PARAM_CONFIG_INIT;
+        pc.group = tp;
+        pc.rows = 32;
+        pc.cols = 16;
+        ETP_OK(etp_param_create(ctx, &pc, &p[i]));
+        ETP_OK(etp_chain_add(chain, p[i]));
+    }
+    ETP_OK(etp_chain_finalize(chain));
+    etp_weight_view_t v = ETP_WEIGHT_VIEW_INIT;
+    ETP_OK(etp_stream_begin_capture(s));
+    for (int i = 0; i < 2; i++) {
+        ETP_OK(etp_gather(p[i], ETP_PASS_FORWARD, s, &v));
+        ETP_OK(etp_release(p[i], ETP_PASS_FORWARD, s));
+    }
+    etp_graph_t *g = NULL;
+    ETP_EXPECT_MSG(etp_stream_end_capture(s, &g), ETP_ERR_INVALID_STATE, "not joined");
+    assert_null(g);
+    /* an ungraphed-style flag on an ungraphed chain is refused */
+    etp_chain_config_t bad = ETP_CHAIN_CONFIG_INIT;
+    bad.group = tp;
+    bad.graph_whole_step = 1;
+    etp_chain_t *none = NULL;
+    assert_int_equal(etp_chain_create(ctx, &bad, &none), ETP_ERR_INVALID_ARGUMENT);
+    assert_null(none);
+    ETP_OK(etp_chain_destroy(chain));
+    for (int i = 0; i < 2; i++) ETP_OK(etp_param_destroy(p[i]));
+    ETP_OK(etp_stream_destroy(s));
+    tu_test_tp_done(tp);
+    tu_test_ctx_done(ctx);
 #endif
 }
 
@@ -358,6 +430,8 @@ int main(int argc, char **argv)
     if (tu_gpu_short("test_gpu_shard_graph")) return tu_gpu_skip();
 #endif
     const struct CMUnitTest tests[] = {cmocka_unit_test(test_graph_replay_fresh_versions),
-                                       cmocka_unit_test(test_graph_replay_grads_only)};
+                                       cmocka_unit_test(test_graph_replay_grads_only),
+                                       cmocka_unit_test(test_graph_replay_whole_step),
+                                       cmocka_unit_test(test_whole_step_split_capture_fails)};
     return tu_mpi_finish(cmocka_run_group_tests(tests, NULL, NULL));
 }

@@ -435,6 +435,8 @@ etp_status_t model_create(etp_context_t *ctx, etp_stream_t *s, const train_opts_
     cc.group = m->g_etp;
     cc.depth = o->depth;
     cc.graphed = o->graph;
+    /* model_step captures forward and backward in one graph */
+    cc.graph_whole_step = o->graph;
     cc.ag_role = 0;
     cc.rs_role = 1;
     TRY(etp_chain_create(ctx, &cc, &m->chain));
