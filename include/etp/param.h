@@ -197,8 +197,8 @@ typedef struct etp_chain_config {
     int depth;              /* prefetch depth, >= 0 (default 1) */
     /* 1: a graphed chain, whose steps may be captured into CUDA graphs:
      * prefetches cross forward -> backward only with graph_whole_step
-     * (without it, capture them apart or together); its side streams fork from the caller's stream at every
-     * gather and reduce_grad, so the shard's writer (mark_updated) and every
+     * (without it, capture them apart or together); its side streams fork
+     * from the caller's stream at every gather and reduce_grad, so the shard's writer (mark_updated) and every
      * release must be on the stream that gathers (or ordered before it);
      * each step must end with etp_wait_grads on that stream, which joins
      * the side streams back; quantized weights are re-quantized at each

@@ -478,12 +478,11 @@ static etp_status_t issue(etp_chain_t *c, int u, etp_stream_t *caller)
              * gather; with no release since that gather (issued again into
              * its own slot, or a tenant never gathered: evicted, or left
              * by a forward-only step), after the gather itself */
-            if (!c->graphed && s->release_recorded)
-                ETP__TRY(etp_stream_wait_event(caller, s->released));
-            else if (!c->graphed && s->tenant >= 0)
-                ETP__TRY(etp_stream_wait_event(caller, s->ready));
-            if (!c->graphed && p->updated_recorded)
-                ETP__TRY(etp_stream_wait_event(caller, p->updated));
+            if (!c->graphed) {
+                if (s->release_recorded) ETP__TRY(etp_stream_wait_event(caller, s->released));
+                else if (s->tenant >= 0) ETP__TRY(etp_stream_wait_event(caller, s->ready));
+                if (p->updated_recorded) ETP__TRY(etp_stream_wait_event(caller, p->updated));
+            }
             ETP__TRY(etp__slot_allgather_copy_on(c->group, c->ag_role, p->shard, shard_elems * es, s->ptr,
                                                  (size_t)(p->padded_rows * p->cols) * es, shard_elems,
                                                  p->dtype, p->experts, caller,
