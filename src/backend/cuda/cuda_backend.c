@@ -117,6 +117,7 @@ static void cuda_destroy(etp__be_t *be)
         free(s);
     }
     free(cb->batch);
+    free(cb->ce);
     free(cb);
 }
 

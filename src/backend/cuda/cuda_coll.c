@@ -316,6 +316,14 @@ etp_status_t etp__cuda_coll(etp__be_t *be, etp__bcomm_t *c, const etp__coll_t *o
      * allreduce): nothing to do, and nothing to wait for. */
     if (op->kind != ETP__COLL_ALLTOALLV && op->count == 0) return ETP_SUCCESS;
 
+    if (cb->batch_depth > 0) {
+        int held = 0;
+        etp_status_t st = etp__cuda_ce_hold(cb, c, op, dt, esize, s->s, &held);
+        if (st == ETP_SUCCESS && held && !capturing) st = batch_add(cb, c, s->s, op);
+        if (st != ETP_SUCCESS) return etp__cuda_fail(cb, st);
+        if (held) return ETP_SUCCESS;
+    }
+
     const char *call = "collective";
     ncclResult_t r = issue(c, op, dt, rop, esize, s->s, &call);
     if (r != ncclSuccess && r != ncclInProgress) {
@@ -403,6 +411,9 @@ etp_status_t etp__cuda_batch_end(etp__be_t *be)
                       ncclGetLastError(NULL));
     }
     free(used);
+    /* what the batch held back, after its group */
+    if (st == ETP_SUCCESS) st = etp__cuda_ce_flush(cb);
+    cb->num_ce = 0;
     if (st != ETP_SUCCESS) {
         cb->num_batch = 0;
         return etp__cuda_fail(cb, st);

@@ -169,6 +169,7 @@ etp_status_t etp__cuda_fail(etp__cuda_t *cb, etp_status_t status)
         (void)ncclGroupEnd();
         cb->group_open = 0;
     }
+    cb->num_ce = 0; /* a batch's held-back collectives: never issued */
     etp__cuda_abort_all(cb);
     return status;
 }

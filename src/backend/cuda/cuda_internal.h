@@ -125,6 +125,19 @@ typedef struct etp__cuda_batch_rec {
     char group[ETP__CUDA_NAME_MAX];
 } etp__cuda_batch_rec_t;
 
+/* A copy-engine collective held back inside a batch (cuda_ce.c): an
+ * in-place all-gather or an equal-count all-to-all between windows. */
+typedef struct etp__cuda_ce_op {
+    etp__bcomm_t *comm;
+    cudaStream_t stream;
+    etp__coll_kind_t kind;
+    const char *send;
+    char *recv;
+    size_t count;  /* elements from each rank to each rank */
+    size_t esize;
+    ncclDataType_t dt;
+} etp__cuda_ce_op_t;
+
 struct etp__cuda {
     etp__be_t base;
     int device;
@@ -139,6 +152,8 @@ struct etp__cuda {
     int warned_check_capture;  /* fingerprints skipped under capture: said once */
     int warned_check_batch;    /* fingerprints skipped inside a batch: said once */
     struct etp__cuda_nvl *nvls; /* the NVLink transport's windows (cuda_ep.c) */
+    etp__cuda_ce_op_t *ce;     /* held back in the open batch, in issue order */
+    size_t num_ce, cap_ce;
 };
 
 /* The communicator collectives launch on. */
@@ -256,6 +271,24 @@ ncclComm_t etp__cuda_a2a_comm(const etp__bcomm_t *c, const etp__coll_t *op);
 /* ncclAlltoAll where NCCL has it (only called when a2a_comm said so). */
 ncclResult_t etp__cuda_alltoall(const void *send, void *recv, size_t count, ncclDataType_t dt,
                                 ncclComm_t comm, cudaStream_t s);
+
+/* Where [p, p + bytes) of one of c's windows lies in `peer`'s window, as
+ * an address this device can copy to: 1 and *out, or 0 (not in a window,
+ * or the window has no peer addresses). The same answer on every rank. */
+int etp__cuda_win_peer_addr(const etp__bcomm_t *c, const void *p, size_t bytes, int peer,
+                            char **out);
+
+/* ---- cuda_ce.c --------------------------------------------------------- */
+
+/* Inside a batch: hold back op when it is a copy-engine collective a run
+ * can fuse (*held = 1); etp__cuda_ce_flush issues it after the batch's
+ * NCCL group. */
+etp_status_t etp__cuda_ce_hold(etp__cuda_t *cb, etp__bcomm_t *c, const etp__coll_t *op,
+                               ncclDataType_t dt, size_t esize, cudaStream_t s, int *held);
+/* Issue what was held back, in order; runs of three or more with a common
+ * stride fused. A failure leaves the ranks out of step: the caller fails
+ * the backend. */
+etp_status_t etp__cuda_ce_flush(etp__cuda_t *cb);
 
 /* ---- cuda_coll.c ------------------------------------------------------- */
 

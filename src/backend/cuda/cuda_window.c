@@ -35,6 +35,9 @@ struct etp__cuda_win {
 #if ETP__CUDA_HAVE_WINDOWS
     ncclWindow_t win;
 #endif
+    /* the window on each rank, as this device addresses it (NCCL's LSA
+     * pointers); NULL where some rank has none */
+    char **peer;
     struct etp__cuda_win *next;
 };
 
@@ -94,6 +97,55 @@ static etp_status_t make_zero(etp__cuda_t *cb, etp__bcomm_t *c)
     return ETP_SUCCESS;
 }
 
+/* The window's address on every rank (cuda_ce.c copies into them), read
+ * once through NCCL's device API; kept only where every rank has them, so
+ * that all take the same path. */
+static etp_status_t win_peers(etp__cuda_t *cb, etp__bcomm_t *c, struct etp__cuda_win *w)
+{
+    const int R = c->size;
+    int ok = etp__cuda_nvl_built() && etp__cuda_nvl_lsa_ranks(c->zero) == R;
+    char **dev = NULL;
+    cudaStream_t ws = NULL;
+    if (ok) {
+        w->peer = calloc((size_t)R, sizeof *w->peer);
+        cudaError_t e = w->peer ? cudaMalloc((void **)&dev, (size_t)R * sizeof *dev) : cudaErrorMemoryAllocation;
+        if (e == cudaSuccess) e = cudaStreamCreateWithFlags(&ws, cudaStreamNonBlocking);
+        if (e == cudaSuccess) e = etp__cuda_nvl_peer_ptrs(w->win, R, dev, ws);
+        if (e == cudaSuccess)
+            e = cudaMemcpyAsync(w->peer, dev, (size_t)R * sizeof *dev, cudaMemcpyDeviceToHost, ws);
+        if (e == cudaSuccess) e = cudaStreamSynchronize(ws);
+        if (e != cudaSuccess) {
+            (void)cudaGetLastError();
+            ETP__LOG(cb->base.log, ETP_LOG_INFO, ETP_SUBSYS_BACKEND,
+                     "group '%s': the window's peer addresses: %s; per-call copy-engine collectives",
+                     c->name, cudaGetErrorString(e));
+            ok = 0;
+        }
+        for (int q = 0; ok && q < R; q++) ok = w->peer[q] != NULL;
+    }
+    if (ws) (void)cudaStreamDestroy(ws);
+    if (dev) (void)cudaFree(dev);
+    etp_status_t st = agree(cb, c, &ok, ETP__CUDA_SETUP_MIN_S);
+    if (st != ETP_SUCCESS || !ok) {
+        free(w->peer);
+        w->peer = NULL;
+    }
+    return st;
+}
+
+int etp__cuda_win_peer_addr(const etp__bcomm_t *c, const void *p, size_t bytes, int peer,
+                            char **out)
+{
+    const char *b = p;
+    for (const struct etp__cuda_win *w = c->wins; w; w = w->next)
+        if (b >= w->ptr && b + bytes <= w->ptr + w->bytes) {
+            if (w->peer == NULL || peer < 0 || peer >= c->size) return 0;
+            *out = w->peer[peer] + (b - w->ptr);
+            return 1;
+        }
+    return 0;
+}
+
 etp_status_t etp__cuda_win_alloc(etp__be_t *be, etp__bcomm_t *c, size_t bytes, void **ptr,
                                  void **win)
 {
@@ -131,6 +183,12 @@ etp_status_t etp__cuda_win_alloc(etp__be_t *be, etp__bcomm_t *c, size_t bytes, v
     }
     w->ptr = p;
     w->bytes = bytes;
+    st = win_peers(cb, c, w);
+    if (st != ETP_SUCCESS) {
+        (void)ncclMemFree(p);
+        free(w);
+        return st; /* agree failed the backend */
+    }
     w->next = c->wins;
     c->wins = w;
     *ptr = p;
@@ -167,6 +225,7 @@ void etp__cuda_win_free(etp__be_t *be, etp__bcomm_t *c, void *ptr, void *win)
                      "group '%s': ncclCommWindowDeregister: %s", c->name, ncclGetErrorString(r));
     }
     (void)ncclMemFree(ptr);
+    free(w->peer);
     free(w);
 }
 
@@ -351,6 +410,13 @@ ncclComm_t etp__cuda_a2a_comm(const etp__bcomm_t *c, const etp__coll_t *op)
 {
     (void)c, (void)op;
     return NULL;
+}
+
+int etp__cuda_win_peer_addr(const etp__bcomm_t *c, const void *p, size_t bytes, int peer,
+                            char **out)
+{
+    (void)c, (void)p, (void)bytes, (void)peer, (void)out;
+    return 0;
 }
 
 ncclResult_t etp__cuda_alltoall(const void *send, void *recv, size_t count, ncclDataType_t dt,
