@@ -42,12 +42,12 @@ etp_status_t etp__cuda_ce_hold(etp__cuda_t *cb, etp__bcomm_t *c, const etp__coll
     if (c->zero == NULL || c->size < 2) return ETP_SUCCESS;
     const size_t R = (size_t)c->size;
     size_t count = 0;
-    char *any = NULL;
     if (op->kind == ETP__COLL_ALLGATHER) {
         count = op->count;
         const size_t chunk = count * esize;
         /* in place only: the run's copies read the rank's own piece there */
-        if (chunk == 0 || (const char *)op->send != (const char *)op->recv + (size_t)c->rank * chunk ||
+        if (chunk == 0 ||
+            (const char *)op->send != (const char *)op->recv + (size_t)c->rank * chunk ||
             etp__cuda_ag_comm(c, op->send, op->recv, chunk * R) != c->zero)
             return ETP_SUCCESS;
     } else if (op->kind == ETP__COLL_ALLTOALLV) {
@@ -56,7 +56,8 @@ etp_status_t etp__cuda_ce_hold(etp__cuda_t *cb, etp__bcomm_t *c, const etp__coll
     } else {
         return ETP_SUCCESS;
     }
-    if (!etp__cuda_win_peer_addr(c, op->recv, count * esize * R, 0, &any)) return ETP_SUCCESS;
+    const void *win = etp__cuda_win_id(c, op->recv, count * esize * R);
+    if (win == NULL) return ETP_SUCCESS;
     if (cb->num_ce == cb->cap_ce) {
         size_t cap = cb->cap_ce ? 2 * cb->cap_ce : 64;
         etp__cuda_ce_op_t *n = realloc(cb->ce, cap * sizeof *n);
@@ -64,7 +65,15 @@ etp_status_t etp__cuda_ce_hold(etp__cuda_t *cb, etp__bcomm_t *c, const etp__coll
         cb->ce = n;
         cb->cap_ce = cap;
     }
-    cb->ce[cb->num_ce++] = (etp__cuda_ce_op_t){c, s, op->kind, op->send, op->recv, count, esize, dt};
+    cb->ce[cb->num_ce++] = (etp__cuda_ce_op_t){.comm = c,
+                                               .stream = s,
+                                               .kind = op->kind,
+                                               .send = op->send,
+                                               .recv = op->recv,
+                                               .count = count,
+                                               .esize = esize,
+                                               .dt = dt,
+                                               .win = win};
     *held = 1;
     return ETP_SUCCESS;
 }
@@ -74,7 +83,8 @@ static etp_status_t issue_one(const etp__cuda_ce_op_t *o)
     const etp__bcomm_t *c = o->comm;
     ncclResult_t r = o->kind == ETP__COLL_ALLGATHER
                          ? ncclAllGather(o->send, o->recv, o->count, o->dt, c->zero, o->stream)
-                         : etp__cuda_alltoall(o->send, o->recv, o->count, o->dt, c->zero, o->stream);
+                         : etp__cuda_alltoall(o->send, o->recv, o->count, o->dt, c->zero,
+                                              o->stream);
     if (r != ncclSuccess)
         return etp__err(ETP_ERR_BACKEND, "group '%s': %s on the copy engines: %s (%s)", c->name,
                         o->kind == ETP__COLL_ALLGATHER ? "ncclAllGather" : "ncclAlltoAll",
@@ -87,10 +97,12 @@ static uintptr_t gap(const void *a, const void *b)
     return (uintptr_t)b - (uintptr_t)a;
 }
 
-/* b follows a in one run whose stride is `stride` */
+/* b follows a in one run whose stride is `stride`. A run stays in one
+ * window: whether two windows happen to lie a stride apart differs between
+ * ranks, and every rank must fuse the same calls. */
 static int extends(const etp__cuda_ce_op_t *a, const etp__cuda_ce_op_t *b, uintptr_t stride)
 {
-    return a->comm == b->comm && a->stream == b->stream && a->kind == b->kind &&
+    return a->comm == b->comm && a->win == b->win && a->stream == b->stream && a->kind == b->kind &&
            a->count == b->count && a->esize == b->esize && a->dt == b->dt &&
            gap(a->recv, b->recv) == stride && gap(a->send, b->send) == stride;
 }
@@ -103,7 +115,8 @@ static etp_status_t copy_rows(char *dst, const char *src, size_t pitch, size_t w
         e = cudaMemcpy2DAsync(dst, pitch, src, pitch, width, rows, cudaMemcpyDeviceToDevice, s);
     } else {
         for (size_t r = 0; r < rows && e == cudaSuccess; r++)
-            e = cudaMemcpyAsync(dst + r * pitch, src + r * pitch, width, cudaMemcpyDeviceToDevice, s);
+            e = cudaMemcpyAsync(dst + r * pitch, src + r * pitch, width, cudaMemcpyDeviceToDevice,
+                                s);
     }
     if (e != cudaSuccess) {
         (void)cudaGetLastError();
@@ -129,11 +142,11 @@ static etp_status_t issue_run(const etp__cuda_ce_op_t *ops, size_t n, size_t str
         char *dst = NULL;
         const size_t span = (n - 3) * stride + (size_t)R * chunk;
         if (!etp__cuda_win_peer_addr(c, mid->recv, span, q, &dst))
-            return etp__err(ETP_ERR_INTERNAL, "group '%s': a run's window has no address on rank %d",
-                            c->name, q);
+            return etp__err(ETP_ERR_INTERNAL,
+                            "group '%s': a run's window has no address on rank %d", c->name, q);
         dst += (size_t)me * chunk;
         const char *src = first->kind == ETP__COLL_ALLGATHER ? mid->recv + (size_t)me * chunk
-                                                            : mid->send + (size_t)q * chunk;
+                                                             : mid->send + (size_t)q * chunk;
         ETP__TRY(copy_rows(dst, src, stride, chunk, n - 2, first->stream, c->name));
     }
     return issue_one(&ops[n - 1]);

@@ -136,6 +136,7 @@ typedef struct etp__cuda_ce_op {
     size_t count;  /* elements from each rank to each rank */
     size_t esize;
     ncclDataType_t dt;
+    const void *win; /* the window recv lies in (etp__cuda_win_id) */
 } etp__cuda_ce_op_t;
 
 struct etp__cuda {
@@ -277,6 +278,10 @@ ncclResult_t etp__cuda_alltoall(const void *send, void *recv, size_t count, nccl
  * or the window has no peer addresses). The same answer on every rank. */
 int etp__cuda_win_peer_addr(const etp__bcomm_t *c, const void *p, size_t bytes, int peer,
                             char **out);
+/* The window of c holding [p, p + bytes), when it has peer addresses;
+ * NULL otherwise. Only compared: the same buffers give the same answer on
+ * every rank. */
+const void *etp__cuda_win_id(const etp__bcomm_t *c, const void *p, size_t bytes);
 
 /* ---- cuda_ce.c --------------------------------------------------------- */
 

@@ -108,7 +108,8 @@ static etp_status_t win_peers(etp__cuda_t *cb, etp__bcomm_t *c, struct etp__cuda
     cudaStream_t ws = NULL;
     if (ok) {
         w->peer = calloc((size_t)R, sizeof *w->peer);
-        cudaError_t e = w->peer ? cudaMalloc((void **)&dev, (size_t)R * sizeof *dev) : cudaErrorMemoryAllocation;
+        cudaError_t e = w->peer ? cudaMalloc((void **)&dev, (size_t)R * sizeof *dev)
+                                : cudaErrorMemoryAllocation;
         if (e == cudaSuccess) e = cudaStreamCreateWithFlags(&ws, cudaStreamNonBlocking);
         if (e == cudaSuccess) e = etp__cuda_nvl_peer_ptrs(w->win, R, dev, ws);
         if (e == cudaSuccess)
@@ -117,7 +118,8 @@ static etp_status_t win_peers(etp__cuda_t *cb, etp__bcomm_t *c, struct etp__cuda
         if (e != cudaSuccess) {
             (void)cudaGetLastError();
             ETP__LOG(cb->base.log, ETP_LOG_INFO, ETP_SUBSYS_BACKEND,
-                     "group '%s': the window's peer addresses: %s; per-call copy-engine collectives",
+                     "group '%s': the window's peer addresses: %s; per-call copy-engine "
+                     "collectives",
                      c->name, cudaGetErrorString(e));
             ok = 0;
         }
@@ -144,6 +146,14 @@ int etp__cuda_win_peer_addr(const etp__bcomm_t *c, const void *p, size_t bytes, 
             return 1;
         }
     return 0;
+}
+
+const void *etp__cuda_win_id(const etp__bcomm_t *c, const void *p, size_t bytes)
+{
+    const char *b = p;
+    for (const struct etp__cuda_win *w = c->wins; w; w = w->next)
+        if (b >= w->ptr && b + bytes <= w->ptr + w->bytes) return w->peer ? w : NULL;
+    return NULL;
 }
 
 etp_status_t etp__cuda_win_alloc(etp__be_t *be, etp__bcomm_t *c, size_t bytes, void **ptr,
@@ -417,6 +427,12 @@ int etp__cuda_win_peer_addr(const etp__bcomm_t *c, const void *p, size_t bytes, 
 {
     (void)c, (void)p, (void)bytes, (void)peer, (void)out;
     return 0;
+}
+
+const void *etp__cuda_win_id(const etp__bcomm_t *c, const void *p, size_t bytes)
+{
+    (void)c, (void)p, (void)bytes;
+    return NULL;
 }
 
 ncclResult_t etp__cuda_alltoall(const void *send, void *recv, size_t count, ncclDataType_t dt,
