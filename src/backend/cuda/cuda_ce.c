@@ -139,12 +139,7 @@ static etp_status_t issue_run(const etp__cuda_ce_op_t *ops, size_t n, size_t str
     for (int k = 0; k < R; k++) {
         const int q = (me + k) % R;
         if (q == me && first->kind == ETP__COLL_ALLGATHER) continue; /* in place */
-        char *dst = NULL;
-        const size_t span = (n - 3) * stride + (size_t)R * chunk;
-        if (!etp__cuda_win_peer_addr(c, mid->recv, span, q, &dst))
-            return etp__err(ETP_ERR_INTERNAL,
-                            "group '%s': a run's window has no address on rank %d", c->name, q);
-        dst += (size_t)me * chunk;
+        char *dst = etp__cuda_win_peer(first->win, mid->recv, q) + (size_t)me * chunk;
         const char *src = first->kind == ETP__COLL_ALLGATHER ? mid->recv + (size_t)me * chunk
                                                              : mid->send + (size_t)q * chunk;
         ETP__TRY(copy_rows(dst, src, stride, chunk, n - 2, first->stream, c->name));

@@ -413,7 +413,6 @@ etp_status_t etp__cuda_batch_end(etp__be_t *be)
     free(used);
     /* what the batch held back, after its group */
     if (st == ETP_SUCCESS) st = etp__cuda_ce_flush(cb);
-    cb->num_ce = 0;
     if (st != ETP_SUCCESS) {
         cb->num_batch = 0;
         return etp__cuda_fail(cb, st);

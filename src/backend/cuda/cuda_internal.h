@@ -273,15 +273,13 @@ ncclComm_t etp__cuda_a2a_comm(const etp__bcomm_t *c, const etp__coll_t *op);
 ncclResult_t etp__cuda_alltoall(const void *send, void *recv, size_t count, ncclDataType_t dt,
                                 ncclComm_t comm, cudaStream_t s);
 
-/* Where [p, p + bytes) of one of c's windows lies in `peer`'s window, as
- * an address this device can copy to: 1 and *out, or 0 (not in a window,
- * or the window has no peer addresses). The same answer on every rank. */
-int etp__cuda_win_peer_addr(const etp__bcomm_t *c, const void *p, size_t bytes, int peer,
-                            char **out);
-/* The window of c holding [p, p + bytes), when it has peer addresses;
- * NULL otherwise. Only compared: the same buffers give the same answer on
+/* The window of c holding [p, p + bytes), when it has every rank's
+ * address of it; NULL otherwise. The same buffers give the same answer on
  * every rank. */
 const void *etp__cuda_win_id(const etp__bcomm_t *c, const void *p, size_t bytes);
+/* Where p, inside window `win` (from etp__cuda_win_id), lies in rank
+ * `peer`'s copy of it, as an address this device can copy to. */
+char *etp__cuda_win_peer(const void *win, const void *p, int peer);
 
 /* ---- cuda_ce.c --------------------------------------------------------- */
 

@@ -135,25 +135,18 @@ static etp_status_t win_peers(etp__cuda_t *cb, etp__bcomm_t *c, struct etp__cuda
     return st;
 }
 
-int etp__cuda_win_peer_addr(const etp__bcomm_t *c, const void *p, size_t bytes, int peer,
-                            char **out)
-{
-    const char *b = p;
-    for (const struct etp__cuda_win *w = c->wins; w; w = w->next)
-        if (b >= w->ptr && b + bytes <= w->ptr + w->bytes) {
-            if (w->peer == NULL || peer < 0 || peer >= c->size) return 0;
-            *out = w->peer[peer] + (b - w->ptr);
-            return 1;
-        }
-    return 0;
-}
-
 const void *etp__cuda_win_id(const etp__bcomm_t *c, const void *p, size_t bytes)
 {
     const char *b = p;
     for (const struct etp__cuda_win *w = c->wins; w; w = w->next)
         if (b >= w->ptr && b + bytes <= w->ptr + w->bytes) return w->peer ? w : NULL;
     return NULL;
+}
+
+char *etp__cuda_win_peer(const void *win, const void *p, int peer)
+{
+    const struct etp__cuda_win *w = win;
+    return w->peer[peer] + ((const char *)p - w->ptr);
 }
 
 etp_status_t etp__cuda_win_alloc(etp__be_t *be, etp__bcomm_t *c, size_t bytes, void **ptr,
@@ -419,19 +412,6 @@ ncclComm_t etp__cuda_ag_comm(const etp__bcomm_t *c, const void *send, const void
 ncclComm_t etp__cuda_a2a_comm(const etp__bcomm_t *c, const etp__coll_t *op)
 {
     (void)c, (void)op;
-    return NULL;
-}
-
-int etp__cuda_win_peer_addr(const etp__bcomm_t *c, const void *p, size_t bytes, int peer,
-                            char **out)
-{
-    (void)c, (void)p, (void)bytes, (void)peer, (void)out;
-    return 0;
-}
-
-const void *etp__cuda_win_id(const etp__bcomm_t *c, const void *p, size_t bytes)
-{
-    (void)c, (void)p, (void)bytes;
     return NULL;
 }
 
