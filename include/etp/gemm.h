@@ -32,10 +32,14 @@
  *   stream forks to the plan's own streams, each with its own slice of
  *   the plan's workspace, and joins them back before the call's work
  *   ends, so stream order and graph capture hold as for one call; a call
- *   with one non-empty expert runs on the caller's stream alone); rows
- *   outside every expert's block are not touched (Y, dX). An expert with
- *   no rows still gets its dW: zero with beta 0, left as it was with
- *   beta 1.
+ *   with one non-empty expert runs on the caller's stream alone). On
+ *   CUDA, forward and dgrad take the experts of 128 rows or more together
+ *   in one batched matmul over 128-row chunks of their blocks (a block's
+ *   last chunk ends flush with it, so rows of a count that is not a
+ *   multiple of 128 are computed twice, to the same values); smaller
+ *   experts keep their own GEMMs. Rows outside every expert's block are
+ *   not touched (Y, dX). An expert with no rows still gets its dW: zero
+ *   with beta 0, left as it was with beta 1.
  *
  * A plan (etp_gemm_plan_t) is made once per shape and product: cuBLASLt's
  * descriptors and layouts, its workspace (from the context allocator,
@@ -103,7 +107,9 @@ typedef struct etp_gemm_config {
  * Allocates the workspace (ETP_MEM_WORKSPACE) and, on CUDA, a cuBLASLt
  * handle, descriptors, and the heuristic's algorithms (PACKED: also the
  * streams and events its experts' GEMMs run on, which share the workspace
- * in equal parts). *plan is destroyed with etp_gemm_plan_destroy, before
+ * in equal parts; forward and dgrad: the chunked matmul's pointer arrays,
+ * 24 bytes a chunk, at most 1.5 MiB, at the workspace's end where it
+ * leaves each stream 1 MiB or more, else no chunks). *plan is destroyed with etp_gemm_plan_destroy, before
  * the context.
  * Errors: ETP_ERR_INVALID_ARGUMENT (NULLs, a config of the wrong size, an
  * unknown op or layout, sizes <= 0 or past 2^31 rows, DENSE with experts

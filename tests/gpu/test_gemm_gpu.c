@@ -5,8 +5,9 @@
  * the one the host backend's GEMMs pass at 1e-5. cuBLASLt sums in FP32 in
  * an order of its own (tiles, split-K): the tolerance is 1e-4 of the sum
  * of the terms' magnitudes (+ 1 BF16 ulp for BF16 outputs). PACKED (its
- * experts' GEMMs spread over the plan's streams) also with larger experts,
- * run directly and captured into CUDA graphs. Also a FIXED_SLOTS forward
+ * experts' GEMMs spread over the plan's streams) also with larger experts
+ * and with counts at the edges of its chunked matmul, run directly and
+ * captured into CUDA graphs. Also a FIXED_SLOTS forward
  * captured into a CUDA graph, and an etp_stream_launch_host in stream
  * order.
  */
@@ -64,6 +65,43 @@ static void test_packed_larger(void **state)
                           : op == 1 ? "dgrad"
                                     : "wgrad",
                           c.graph ? " (graph)" : "", bi, (long long)c.n, (long long)c.k);
+            g_run_checked(ctx, s0, s1, &c);
+        }
+    ETP_OK(etp_stream_destroy(s0));
+    ETP_OK(etp_stream_destroy(s1));
+    ETP_OK(etp_context_destroy(ctx));
+}
+
+/* PACKED forward and dgrad over counts at the edges of CUDA's chunked
+ * matmul (128-row chunks; an expert below a chunk has its own matmul; a
+ * count not a multiple of it ends with a chunk overlapping the one before),
+ * run directly and captured: every row of every block against the
+ * reference, every row outside the blocks untouched. */
+static void test_packed_chunks(void **state)
+{
+    (void)state;
+    static const int32_t counts[] = {0, 1, 127, 128, 129, 255, 256, 257, 300, 640, 131};
+    etp_context_t *ctx = cuda_ctx();
+    etp_stream_t *s0, *s1;
+    ETP_OK(etp_stream_create(ctx, ETP_STREAM_PRIORITY_NORMAL, &s0));
+    ETP_OK(etp_stream_create(ctx, ETP_STREAM_PRIORITY_NORMAL, &s1));
+    uint64_t tag = 910001;
+    for (int op = 0; op < 2; op++)
+        for (int graph = 0; graph < 2; graph++) {
+            gcase_t c;
+            memset(&c, 0, sizeof c);
+            c.tag = tag++ * 1000 + (uint64_t)g_rank;
+            c.layout = ETP_GEMM_PACKED;
+            c.op = (etp_gemm_op_t)op;
+            c.out = graph ? ETP_DTYPE_F32 : ETP_DTYPE_BF16;
+            c.experts = (int64_t)(sizeof counts / sizeof counts[0]);
+            c.counts = counts;
+            c.n = 136 + 8 * (int64_t)(tu_rand(g_seed, c.tag, 4, 0) % 30);
+            c.k = 136 + 8 * (int64_t)(tu_rand(g_seed, c.tag, 5, 0) % 30);
+            c.ld = c.k + 8;
+            c.graph = graph;
+            print_message("packed chunks %s%s, n %lld, k %lld\n", op == 0 ? "forward" : "dgrad",
+                          graph ? " (graph)" : "", (long long)c.n, (long long)c.k);
             g_run_checked(ctx, s0, s1, &c);
         }
     ETP_OK(etp_stream_destroy(s0));
@@ -173,9 +211,8 @@ int main(int argc, char **argv)
     tu_mpi_init(&argc, &argv, "test_gemm_gpu");
     if (tu_gpu_short("test_gemm_gpu")) return tu_gpu_skip();
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_products),
-        cmocka_unit_test(test_packed_larger),
-        cmocka_unit_test(test_graph),
+        cmocka_unit_test(test_products),      cmocka_unit_test(test_packed_larger),
+        cmocka_unit_test(test_packed_chunks), cmocka_unit_test(test_graph),
         cmocka_unit_test(test_launch_host),
     };
     return tu_mpi_finish(cmocka_run_group_tests_name("gemm_gpu", tests, NULL, NULL));

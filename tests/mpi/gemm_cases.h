@@ -100,7 +100,8 @@ typedef struct {
      * buffers before the inputs are copied in, then (the checked launch)
      * after */
     int graph;
-    int32_t max_count;         /* PACKED: counts 0 .. max_count (0: 40) */
+    int32_t max_count;     /* PACKED: counts 0 .. max_count (0: 40) */
+    const int32_t *counts; /* PACKED: these counts instead (experts of them) */
 } gcase_t;
 
 /* The row space of a case: per expert [offsets[e], offsets[e] + counts[e]),
@@ -134,7 +135,10 @@ static void g_make_layout(const gcase_t *c, glayout_t *L)
     int64_t off = 0;
     for (int64_t e = 0; e < c->experts; e++) {
         const uint64_t top = c->max_count ? (uint64_t)c->max_count : 40;
-        int32_t cnt = e == 0 ? 0 : e == 1 ? 1 : (int32_t)(tu_rand(g_seed, c->tag, 2, (uint64_t)e) % (top + 1));
+        int32_t cnt = c->counts ? c->counts[e]
+                      : e == 0  ? 0
+                      : e == 1  ? 1
+                                : (int32_t)(tu_rand(g_seed, c->tag, 2, (uint64_t)e) % (top + 1));
         L->counts[e] = cnt;
         L->offsets[e] = (int32_t)off;
         off += (cnt + 7) / 8 * 8;
@@ -146,8 +150,7 @@ static void g_make_layout(const gcase_t *c, glayout_t *L)
 /* Run one case on ctx (streams s0 for the copies, s1 for the GEMM, joined
  * by events, so that a host backend in shuffle mode checks the order) and
  * check every element. Returns the number of bad elements. */
-static int64_t g_run_case(etp_context_t *ctx, etp_stream_t *s0, etp_stream_t *s1,
-                          const gcase_t *c)
+static int64_t g_run_case(etp_context_t *ctx, etp_stream_t *s0, etp_stream_t *s1, const gcase_t *c)
 {
     glayout_t L;
     g_make_layout(c, &L);
@@ -215,8 +218,10 @@ static int64_t g_run_case(etp_context_t *ctx, etp_stream_t *s0, etp_stream_t *s1
     etp_gemm_args_t a = ETP_GEMM_ARGS_INIT;
     if (c->op != ETP_GEMM_DGRAD) a.x = dx;
     if (c->op != ETP_GEMM_FORWARD) a.dy = ddy;
-    if (wg) a.dw = &v;
-    else a.w = &v;
+    if (wg)
+        a.dw = &v;
+    else
+        a.w = &v;
     if (c->op == ETP_GEMM_FORWARD) a.y = dout;
     if (c->op == ETP_GEMM_DGRAD) a.dx = dout;
     a.beta = c->beta;
@@ -292,11 +297,13 @@ static int64_t g_run_case(etp_context_t *ctx, etp_stream_t *s0, etp_stream_t *s1
                             mag += fabs(p);
                         }
                     const double got = g_out_val(hout, od, i * cols + j);
-                    const double tol = GEMM_TOL * mag + (od == ETP_DTYPE_BF16 ? g_bf16_ulp(ref) : 0.0);
+                    const double tol = GEMM_TOL * mag +
+                                       (od == ETP_DTYPE_BF16 ? g_bf16_ulp(ref) : 0.0);
                     checked++;
                     if (!(fabs(got - ref) <= tol)) {
                         if (bad < 5)
-                            print_error("expert %lld row %lld col %lld: got %.9g, expected %.9g (tol %.3g)\n",
+                            print_error("expert %lld row %lld col %lld: got %.9g, expected %.9g "
+                                        "(tol %.3g)\n",
                                         (long long)e, (long long)i, (long long)j, got, ref, tol);
                         bad++;
                     }
@@ -312,11 +319,13 @@ static int64_t g_run_case(etp_context_t *ctx, etp_stream_t *s0, etp_stream_t *s1
                         mag += fabs(p);
                     }
                     const double got = g_out_val(hout, od, o);
-                    const double tol = GEMM_TOL * mag + (od == ETP_DTYPE_BF16 ? g_bf16_ulp(ref) : 0.0);
+                    const double tol = GEMM_TOL * mag +
+                                       (od == ETP_DTYPE_BF16 ? g_bf16_ulp(ref) : 0.0);
                     checked++;
                     if (!(fabs(got - ref) <= tol)) {
                         if (bad < 5)
-                            print_error("dW expert %lld [%lld, %lld] (rows %lld): got %.9g, expected %.9g (tol %.3g)\n",
+                            print_error("dW expert %lld [%lld, %lld] (rows %lld): got %.9g, "
+                                        "expected %.9g (tol %.3g)\n",
                                         (long long)e, (long long)j, (long long)t, (long long)m, got,
                                         ref, tol);
                         bad++;
@@ -338,7 +347,8 @@ static int64_t g_run_case(etp_context_t *ctx, etp_stream_t *s0, etp_stream_t *s1
             inside = r < N * LD && r % LD < K && e < E;
         }
         if (!inside && memcmp(hout + o * (int64_t)osz, hout0 + o * (int64_t)osz, osz) != 0) {
-            if (bad < 5) print_error("element %lld outside the products was written\n", (long long)o);
+            if (bad < 5)
+                print_error("element %lld outside the products was written\n", (long long)o);
             bad++;
         }
     }
@@ -402,7 +412,9 @@ static void g_run_all(etp_context_t *ctx)
                     c.op = (etp_gemm_op_t)op;
                     c.out = oi ? ETP_DTYPE_F32 : ETP_DTYPE_BF16;
                     c.beta = (float)bi;
-                    c.experts = c.layout == ETP_GEMM_DENSE ? 1 : 2 + (int64_t)(tu_rand(g_seed, c.tag, 3, 0) % 5);
+                    c.experts = c.layout == ETP_GEMM_DENSE
+                                    ? 1
+                                    : 2 + (int64_t)(tu_rand(g_seed, c.tag, 3, 0) % 5);
                     g_random_nk(&c);
                     c.slots = 1 + (int64_t)(tu_rand(g_seed, c.tag, 7, 0) % 40);
                     g_run_checked(ctx, s0, s1, &c);
