@@ -4,7 +4,9 @@
  * beta against the double-precision reference of tests/mpi/gemm_cases.h,
  * the one the host backend's GEMMs pass at 1e-5. cuBLASLt sums in FP32 in
  * an order of its own (tiles, split-K): the tolerance is 1e-4 of the sum
- * of the terms' magnitudes (+ 1 BF16 ulp for BF16 outputs). PACKED (its
+ * of the terms' magnitudes (+ 1 BF16 ulp for BF16 outputs, + 1 ulp of the
+ * product for a BF16 dW with beta 1: some kernels round the product before
+ * adding the old value). PACKED (its
  * experts' GEMMs spread over the plan's streams) also with larger experts
  * and with counts at the edges of its chunked matmul, run directly and
  * captured into CUDA graphs. Also a FIXED_SLOTS forward
@@ -15,6 +17,7 @@
 
 #include "gpu_util.h"
 #define GEMM_TOL 1e-4
+#define GEMM_BETA_ROUNDINGS 1
 #include "gemm_cases.h"
 
 static etp_context_t *cuda_ctx(void)

@@ -296,6 +296,14 @@ static etp_status_t build(cplan_t *p, const etp__gemm_shape_t *s)
     cublasStatus_t cs =
         cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
                                              &p->lane_bytes, sizeof p->lane_bytes);
+    /* a split-K algorithm reduces its partial sums in FP32 in the workspace
+     * or not at all: reduced in place in a BF16 D (with beta 1, onto the
+     * old dW), each partial is rounded to BF16 on the way, up to 2 ulps
+     * from the once-rounded sum the product promises */
+    const uint32_t schemes = CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
+    if (cs == CUBLAS_STATUS_SUCCESS)
+        cs = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK,
+                                                  &schemes, sizeof schemes);
     if (cs == CUBLAS_STATUS_SUCCESS && s->layout == ETP_GEMM_PACKED) {
         /* an expert's block starts at a whole row: its pointer is aligned
          * to the row bytes' power of two (the base to 256 bytes); a
