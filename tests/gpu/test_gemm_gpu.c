@@ -37,6 +37,22 @@ static void test_products(void **state)
     ETP_OK(etp_context_destroy(ctx));
 }
 
+/* A PACKED case of n and k in [136, 368], multiples of 8, weight rows 8
+ * elements longer than k. */
+static gcase_t packed_case(uint64_t tag, int op, etp_dtype_t out)
+{
+    gcase_t c;
+    memset(&c, 0, sizeof c);
+    c.tag = tag * 1000 + (uint64_t)g_rank;
+    c.layout = ETP_GEMM_PACKED;
+    c.op = (etp_gemm_op_t)op;
+    c.out = out;
+    c.n = 136 + 8 * (int64_t)(tu_rand(g_seed, c.tag, 4, 0) % 30);
+    c.k = 136 + 8 * (int64_t)(tu_rand(g_seed, c.tag, 5, 0) % 30);
+    c.ld = c.k + 8;
+    return c;
+}
+
 /* PACKED with hundreds of rows per expert and n, k of hundreds (cuBLAS
  * takes other kernels than for the small cases), every product, run
  * directly and captured. */
@@ -50,17 +66,9 @@ static void test_packed_larger(void **state)
     uint64_t tag = 900001;
     for (int op = 0; op < 3; op++)
         for (int bi = 0; bi < (op == ETP_GEMM_WGRAD ? 2 : 1); bi++) {
-            gcase_t c;
-            memset(&c, 0, sizeof c);
-            c.tag = tag++ * 1000 + (uint64_t)g_rank;
-            c.layout = ETP_GEMM_PACKED;
-            c.op = (etp_gemm_op_t)op;
-            c.out = bi ? ETP_DTYPE_F32 : ETP_DTYPE_BF16;
+            gcase_t c = packed_case(tag++, op, bi ? ETP_DTYPE_F32 : ETP_DTYPE_BF16);
             c.beta = (float)bi;
             c.experts = 7;
-            c.n = 136 + 8 * (int64_t)(tu_rand(g_seed, c.tag, 4, 0) % 30);
-            c.k = 136 + 8 * (int64_t)(tu_rand(g_seed, c.tag, 5, 0) % 30);
-            c.ld = c.k + 8;
             c.max_count = 700;
             c.graph = (int)(tag % 2);
             print_message("packed %s%s, beta %d, n %lld, k %lld\n",
@@ -91,17 +99,9 @@ static void test_packed_chunks(void **state)
     uint64_t tag = 910001;
     for (int op = 0; op < 2; op++)
         for (int graph = 0; graph < 2; graph++) {
-            gcase_t c;
-            memset(&c, 0, sizeof c);
-            c.tag = tag++ * 1000 + (uint64_t)g_rank;
-            c.layout = ETP_GEMM_PACKED;
-            c.op = (etp_gemm_op_t)op;
-            c.out = graph ? ETP_DTYPE_F32 : ETP_DTYPE_BF16;
+            gcase_t c = packed_case(tag++, op, graph ? ETP_DTYPE_F32 : ETP_DTYPE_BF16);
             c.experts = (int64_t)(sizeof counts / sizeof counts[0]);
             c.counts = counts;
-            c.n = 136 + 8 * (int64_t)(tu_rand(g_seed, c.tag, 4, 0) % 30);
-            c.k = 136 + 8 * (int64_t)(tu_rand(g_seed, c.tag, 5, 0) % 30);
-            c.ld = c.k + 8;
             c.graph = graph;
             print_message("packed chunks %s%s, n %lld, k %lld\n", op == 0 ? "forward" : "dgrad",
                           graph ? " (graph)" : "", (long long)c.n, (long long)c.k);
