@@ -558,20 +558,37 @@ static inline void ep_step(ep_fx_t *f, const gcfg_t *g, const lcfg_t *l, etp_ep_
                 lhs += (double)hrw[r] * hgw[r];
                 scale += fabs((double)hrw[r] * hgw[r]);
             }
-            for (int64_t i = 0; i < Tm * H; i++) rhs += (double)ep_get(htok, dt, i) * ep_get(hgtok, dt, i);
-            for (int64_t i = 0; i < Tm * k; i++) rhs += (double)hw[i] * hgtopk2[i];
+            for (int64_t i = 0; i < Tm * H; i++) {
+                const double t = (double)ep_get(htok, dt, i) * ep_get(hgtok, dt, i);
+                rhs += t;
+                scale += fabs(t);
+            }
+            for (int64_t i = 0; i < Tm * k; i++) {
+                rhs += (double)hw[i] * hgtopk2[i];
+                scale += fabs((double)hw[i] * hgtopk2[i]);
+            }
             /* BF16 rounds each output once: a looser bound there */
             double s1 = ep_allsum(scale) * (dt == ETP_DTYPE_BF16 ? 1000 : 1);
             ep_near(ep_allsum(lhs), ep_allsum(rhs), s1, "dispatch");
         }
+        /* the scale: the magnitudes of both sides' terms, since each side
+         * rounds its own outputs (a token's sum can cancel where its rows'
+         * gradients do not) */
         double c1 = 0, c2 = 0, c3 = 0, sc = 0;
         for (int64_t i = 0; i < Tm * H; i++) {
             c1 += (double)ep_get(hout, dt, i) * ep_get(hg, dt, i);
             sc += fabs((double)ep_get(hout, dt, i) * ep_get(hg, dt, i));
         }
-        for (int64_t i = 0; i < rows * H; i++) c2 += (double)ep_get(hy, dt, i) * ep_get(hgrows, dt, i);
+        for (int64_t i = 0; i < rows * H; i++) {
+            const double t = (double)ep_get(hy, dt, i) * ep_get(hgrows, dt, i);
+            c2 += t;
+            sc += fabs(t);
+        }
         if (l->weighted)
-            for (int64_t i = 0; i < Tm * k; i++) c3 += (double)hw[i] * hgtopk[i];
+            for (int64_t i = 0; i < Tm * k; i++) {
+                c3 += (double)hw[i] * hgtopk[i];
+                sc += fabs((double)hw[i] * hgtopk[i]);
+            }
         c1 = ep_allsum(c1);
         sc = ep_allsum(sc);
         double s2 = dt == ETP_DTYPE_BF16 ? sc * 1000 : sc;
