@@ -224,7 +224,7 @@ static etp_status_t push_ticket(etp_chain_t *c, etp_param_t *p, etp_pass_t pass)
         c->tickets = a;
         c->cap_tickets = cap;
     }
-    etp__ticket_t t = {p, pass, etp__param_gather_bytes(p, pass), -1, ETP__TICKET_IDLE, 0};
+    etp__ticket_t t = {p, pass, etp__param_gather_bytes(p, pass), -1, ETP__TICKET_IDLE, 0, 0};
     p->ticket[pass] = c->ntickets;
     c->tickets[c->ntickets++] = t;
     return ETP_SUCCESS;
@@ -237,11 +237,20 @@ static etp_status_t plan(etp_chain_t *c)
     size_t *bytes = malloc((size_t)(n ? n : 1) * sizeof *bytes);
     size_t *slot_bytes = malloc((size_t)(n ? n : 1) * sizeof *slot_bytes);
     int *slot = malloc((size_t)(n ? n : 1) * sizeof *slot);
+    int *same = malloc((size_t)(n ? n : 1) * sizeof *same);
     etp_status_t st = ETP_SUCCESS;
     int nslots = -1;
-    if (bytes && slot_bytes && slot) {
-        for (int i = 0; i < n; i++) bytes[i] = c->tickets[i].bytes;
-        nslots = etp__plan_tickets(bytes, n, c->depth, slot, slot_bytes, &c->lower_bound);
+    if (bytes && slot_bytes && slot && same) {
+        for (int i = 0; i < n; i++) {
+            bytes[i] = c->tickets[i].bytes;
+            /* an unquantized weight's earlier ticket: its slot may still
+             * hold the whole weight (slot_holds) */
+            same[i] = -1;
+            if (c->tickets[i].param->quant == ETP_PARAM_QUANT_NONE)
+                for (int j = i - 1; j >= 0 && same[i] < 0; j--)
+                    if (c->tickets[j].param == c->tickets[i].param) same[i] = j;
+        }
+        nslots = etp__plan_tickets(bytes, same, n, c->depth, slot, slot_bytes, &c->lower_bound);
     }
     if (nslots < 0) st = etp__err(ETP_ERR_OUT_OF_MEMORY, "chain '%s': out of memory", c->name);
     free_slots(c);
@@ -265,6 +274,7 @@ static etp_status_t plan(etp_chain_t *c)
     free(bytes);
     free(slot_bytes);
     free(slot);
+    free(same);
     if (st == ETP_SUCCESS) st = etp__chain_ensure_workspace(c);
     if (st != ETP_SUCCESS) {
         free_slots(c);
@@ -417,7 +427,32 @@ void etp__chain_test_skip_edges(etp_chain_t *c, unsigned edges)
     c->skip_edges = edges;
 }
 
+int etp__chain_test_reuses(const etp_chain_t *c)
+{
+    return c->reuses;
+}
+
 /* ---- gathers ---------------------------------------------------------- */
+
+/* The slot holds p's whole weight as it is now: its last gather was p's,
+ * unquantized, and p has not been updated since; in a graphed chain also
+ * gathered in this step, so that a capture never relies on data from
+ * before it. Gathering p again into it would copy the same bytes. */
+static int slot_holds(const etp_chain_t *c, const etp__slot_t *s, const etp_param_t *p)
+{
+    return s->holds == p && p->quant == ETP_PARAM_QUANT_NONE && s->holds_version == p->version &&
+           (!c->graphed || s->holds_step == c->step);
+}
+
+/* Issuing ticket u now (while ticket t is gathered) would overwrite its
+ * slot's tenant, held or being gathered, with other data. */
+static int would_overwrite(const etp_chain_t *c, int u, int t)
+{
+    const etp__slot_t *sl = &c->slots[c->tickets[u].slot];
+    const int ten = sl->tenant;
+    if (ten < 0 || ten == u || slot_holds(c, sl, c->tickets[u].param)) return 0;
+    return c->tickets[ten].state == ETP__TICKET_HELD || (u != t && ten == t);
+}
 
 /* Issue ticket u into its slot on the AG stream. `caller` is the stream of
  * the gather that issues it. */
@@ -426,6 +461,17 @@ static etp_status_t issue(etp_chain_t *c, int u, etp_stream_t *caller)
     etp__ticket_t *t = &c->tickets[u];
     etp__slot_t *s = &c->slots[t->slot];
     etp_param_t *p = t->param;
+    if (slot_holds(c, s, p)) {
+        /* No gather: the slot's ready event already follows the writes of
+         * the data, and the gather of u orders its reader after the last
+         * reader's release (etp_gather), which a new writer waits for. */
+        s->tenant = u;
+        t->state = ETP__TICKET_ISSUED;
+        t->version = p->version;
+        t->reused = 1;
+        c->reuses++;
+        return ETP_SUCCESS;
+    }
     if (s->tenant >= 0 && s->tenant != u && c->tickets[s->tenant].state == ETP__TICKET_HELD) {
         const etp__ticket_t *prev = &c->tickets[s->tenant];
         return etp__err(ETP_ERR_INVALID_STATE,
@@ -497,8 +543,12 @@ static etp_status_t issue(etp_chain_t *c, int u, etp_stream_t *caller)
     ETP__TRY(etp_event_record(s->ready, c->ag));
     s->tenant = u;
     s->release_recorded = 0;
+    s->holds = p->quant == ETP_PARAM_QUANT_NONE ? p : NULL;
+    s->holds_version = p->version;
+    s->holds_step = c->step;
     t->state = ETP__TICKET_ISSUED;
     t->version = p->version;
+    t->reused = 0;
     return ETP_SUCCESS;
 }
 
@@ -572,6 +622,7 @@ etp_status_t etp_gather(etp_param_t *p, etp_pass_t pass, etp_stream_t *stream, e
                                 "released", fn, p->name, pass_name(pass), c->name,
                                 c->tickets[i].param->name, pass_name(c->tickets[i].pass));
         for (int i = 0; i < c->ntickets; i++) c->tickets[i].state = ETP__TICKET_IDLE;
+        c->step++;
         if (c->graphed) {
             /* The last step ended with its releases on the caller's stream
              * (a graphed chain's contract), so the events of that step are
@@ -593,17 +644,18 @@ etp_status_t etp_gather(etp_param_t *p, etp_pass_t pass, etp_stream_t *stream, e
             last = t + k;
         }
     for (int u = t; u <= last; u++) {
-        if (c->tickets[u].state != ETP__TICKET_IDLE) continue;
-        const etp__slot_t *sl = &c->slots[c->tickets[u].slot];
-        int ten = sl->tenant;
-        if (ten >= 0 && ten != u && (c->tickets[ten].state == ETP__TICKET_HELD || (u != t && ten == t)))
-            return etp__err(ETP_ERR_INVALID_STATE,
-                            "%s: chain '%s': gathering '%s' %s would overwrite slot %d, which holds "
-                            "'%s' %s not yet released (release each gathered weight before the "
-                            "next gather, or lower the prefetch depth)",
-                            fn, c->name, c->tickets[u].param->name, pass_name(c->tickets[u].pass),
-                            c->tickets[u].slot, c->tickets[ten].param->name,
-                            pass_name(c->tickets[ten].pass));
+        if (c->tickets[u].state != ETP__TICKET_IDLE || !would_overwrite(c, u, t)) continue;
+        const int ten = c->slots[c->tickets[u].slot].tenant;
+        /* the planner gave u its weight's slot for the data, which an
+         * update has made stale: u is gathered at its own etp_gather */
+        if (u != t && c->tickets[ten].param == c->tickets[u].param) continue;
+        return etp__err(ETP_ERR_INVALID_STATE,
+                        "%s: chain '%s': gathering '%s' %s would overwrite slot %d, which holds "
+                        "'%s' %s not yet released (release each gathered weight before the "
+                        "next gather, or lower the prefetch depth)",
+                        fn, c->name, c->tickets[u].param->name, pass_name(c->tickets[u].pass),
+                        c->tickets[u].slot, c->tickets[ten].param->name,
+                        pass_name(c->tickets[ten].pass));
     }
     /* a cold start, or a prefetch of a weight updated since it was issued
      * (its gather read the old shard, or raced its writer) */
@@ -611,9 +663,15 @@ etp_status_t etp_gather(etp_param_t *p, etp_pass_t pass, etp_stream_t *stream, e
         ETP__TRY(issue(c, t, stream));
     etp__slot_t *s = &c->slots[tk->slot];
     if (!(c->skip_edges & ETP__EDGE_GATHER_READY)) ETP__TRY(etp_stream_wait_event(stream, s->ready));
+    /* data found in the slot: this reader after the slot's last one, whose
+     * release the slot's next writer does not wait for (it waits for this
+     * ticket's); a graphed chain's caller is behind it already */
+    if (tk->reused && !c->graphed && s->release_recorded &&
+        !(c->skip_edges & ETP__EDGE_SLOT_RELEASE))
+        ETP__TRY(etp_stream_wait_event(stream, s->released));
     tk->state = ETP__TICKET_HELD;
     for (int u = t + 1; u <= last; u++) {
-        if (c->tickets[u].state != ETP__TICKET_IDLE) continue;
+        if (c->tickets[u].state != ETP__TICKET_IDLE || would_overwrite(c, u, t)) continue;
         const etp_status_t st = issue(c, u, stream);
         if (st != ETP_SUCCESS) {
             tk->state = ETP__TICKET_ISSUED; /* no view was handed out: nothing to release */

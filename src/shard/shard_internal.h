@@ -71,6 +71,7 @@ typedef struct etp__ticket {
     int slot;
     int state;
     uint64_t version; /* the parameter's version its last issue gathered */
+    int reused;       /* its last issue found the data in its slot already (no gather) */
 } etp__ticket_t;
 
 typedef struct etp__slot {
@@ -80,6 +81,10 @@ typedef struct etp__slot {
     etp_event_t *ready, *released;
     int release_recorded;
     int window; /* ptr is a window (etp__mem_alloc_window): gathers go in place */
+    /* whose whole weight the slot holds (an unquantized gather of it, at
+     * its version then, in the chain's step then), or NULL */
+    const etp_param_t *holds;
+    uint64_t holds_version, holds_step;
 } etp__slot_t;
 
 struct etp_chain {
@@ -92,6 +97,8 @@ struct etp_chain {
     int defer_zero; /* defer_zero_grad */
     int whole_step; /* graph_whole_step: prefetches cross forward -> backward */
     int early_step; /* a step begun by mark_updated's prefetch, before its first gather */
+    uint64_t step;  /* steps (or micro-batches) begun: a new one at each ticket gathered again */
+    int reuses;     /* issues that found their data in the slot (for tests) */
     int state;
     etp_stream_t *ag, *rs;
     etp_event_t *scratch;
@@ -120,11 +127,15 @@ struct etp_chain {
 };
 
 /* The ticket planner (plan.c): slot[i] for each of n tickets of bytes[i],
- * such that tickets less than depth + 1 apart never share a slot; slot
- * sizes in slot_bytes (caller-allocated, n entries). Returns the number of
- * slots; *lower_bound is the largest sum of depth + 1 consecutive tickets. */
-int etp__plan_tickets(const size_t *bytes, int n, int depth, int *slot, size_t *slot_bytes,
-                      size_t *lower_bound);
+ * such that tickets less than depth + 1 apart never share a slot, except
+ * that ticket i may take the slot of ticket same[i] (an earlier ticket of
+ * the same weight, whose data it reuses; same NULL or same[i] < 0: none)
+ * while nothing was placed there since; slot sizes in slot_bytes
+ * (caller-allocated, n entries). Returns the number of slots, or -1 out of
+ * host memory; *lower_bound is the largest sum over depth + 1 consecutive
+ * tickets, each weight counted once. */
+int etp__plan_tickets(const size_t *bytes, const int *same, int n, int depth, int *slot,
+                      size_t *slot_bytes, size_t *lower_bound);
 
 size_t etp__param_gather_bytes(const etp_param_t *p, etp_pass_t pass);
 etp_status_t etp__chain_record_ticket(etp_chain_t *c, etp_param_t *p, etp_pass_t pass);
@@ -177,5 +188,7 @@ int etp__qgather_cached(const etp_param_t *p);
 
 /* Test-only: remove ordering edges (ETP__EDGE_*) from a chain. */
 void etp__chain_test_skip_edges(etp_chain_t *c, unsigned edges);
+/* Issues so far that found their weight whole in the slot (no gather). */
+int etp__chain_test_reuses(const etp_chain_t *c);
 
 #endif

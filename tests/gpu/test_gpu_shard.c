@@ -23,6 +23,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_errors),
         cmocka_unit_test(test_update_after_prefetch),
         cmocka_unit_test(test_forward_only_step),
+        cmocka_unit_test(test_reuse_at_the_turn),
         cmocka_unit_test(test_record_reused_params),
     };
     return tu_mpi_finish(cmocka_run_group_tests(tests, NULL, NULL));

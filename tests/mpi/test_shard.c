@@ -780,6 +780,59 @@ static void test_forward_only_step(void **state)
     }
 }
 
+/* Gathers that find their weight whole in its slot (gathered there last,
+ * not updated since) issue no gather: at the turn from forward to backward
+ * the last two weights (depth 1), and, between micro-batches, the first
+ * forward gathers; a weight updated in between is gathered again, with the
+ * new values. A graphed chain reuses within a step only (a capture must
+ * not rely on data from before it). Every gather's data is checked. */
+static void test_reuse_at_the_turn(void **state)
+{
+    (void)state;
+    for (size_t k = 0; k < NSEEDS; k++)
+        for (int graphed = 0; graphed < 2; graphed++) {
+            run_t r;
+            open_run(&r, seeds[k], 3, 1, 2, 0, graphed ? RUN_GRAPHED : 0);
+            void *got[3];
+            long bad = 0;
+            /* per round: the weights' versions forward and backward, loaded
+             * before the forward (the first two rounds) and again between
+             * the passes where they differ */
+            int reuses[3][2];
+            const int round_ver[3][2] = {{0, 0}, {1, 2}, {2, 2}};
+            for (int round = 0; round < 3; round++) {
+                if (round < 2) load_weights(&r, round_ver[round][0]);
+                for (int pass = 0; pass < 2; pass++) {
+                    if (pass == 1 && round_ver[round][1] != round_ver[round][0])
+                        load_weights(&r, round_ver[round][1]);
+                    const int before = etp__chain_test_reuses(r.chain);
+                    for (int j = 0; j < 3; j++) {
+                        const int i = pass ? 2 - j : j;
+                        got[i] = gather_copy(&r, i, pass ? ETP_PASS_BACKWARD : ETP_PASS_FORWARD);
+                    }
+                    reuses[round][pass] = etp__chain_test_reuses(r.chain) - before;
+                    ETP_OK(etp_stream_synchronize(r.main));
+                    for (int i = 0; i < 3; i++)
+                        bad += count_weight_errors(i, round_ver[round][pass], got[i]);
+                    drop_kept(&r);
+                }
+            }
+            if (bad && g_rank == 0)
+                printf("seed %lld%s: %ld wrong elements\n", (long long)seeds[k],
+                       graphed ? " (graphed)" : "", bad);
+            assert_int_equal(bad, 0);
+            /* w2 and w1 backward (an ungraphed chain finds w2 when its last
+             * forward gather prefetches it) */
+            assert_int_equal(reuses[0][0] + reuses[0][1], 2);
+            /* all updated, and again between the passes: only that prefetch
+             * of w2, which the update makes stale (its gather gathers) */
+            assert_int_equal(reuses[1][0] + reuses[1][1], graphed ? 0 : 1);
+            /* ungraphed: w0 and w1 forward too, from the last micro-batch */
+            assert_int_equal(reuses[2][0] + reuses[2][1], graphed ? 2 : 4);
+            close_run(&r);
+        }
+}
+
 /* Parameters of a finished chain (their main_grad holding its last step)
  * recorded into a new chain: the recording step's etp_zero_grad, called
  * before they join at their first gathers, zeroes them all the same. */
@@ -894,6 +947,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_errors),
         cmocka_unit_test(test_update_after_prefetch),
         cmocka_unit_test(test_forward_only_step),
+        cmocka_unit_test(test_reuse_at_the_turn),
         cmocka_unit_test(test_record_reused_params),
         cmocka_unit_test(test_destroy_detaches),
         cmocka_unit_test(test_record_out_of_memory),

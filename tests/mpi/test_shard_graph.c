@@ -366,8 +366,10 @@ static void test_graph_replay_whole_step(void **state)
 /* graph_whole_step with forward and backward captured apart: the forward
  * capture ends with the first backward gather's prefetch on the chain's
  * all-gather stream, not joined into the capturing stream, and
- * etp_stream_end_capture says so. Host backend only (on CUDA a failed
- * capture is CUDA's error, ETP_ERR_BACKEND). */
+ * etp_stream_end_capture says so. The last weight is quantized: an
+ * unquantized one would be found whole in its forward slot, with no
+ * prefetch to issue. Host backend only (on CUDA a failed capture is CUDA's
+ * error, ETP_ERR_BACKEND). */
 static void test_whole_step_split_capture_fails(void **state)
 {
     (void)state;
@@ -386,8 +388,12 @@ static void test_whole_step_split_capture_fails(void **state)
     for (int i = 0; i < 2; i++) {
         etp_param_config_t pc = ETP_PARAM_CONFIG_INIT;
         pc.group = tp;
-        pc.rows = 32;
-        pc.cols = 16;
+        pc.rows = 64;
+        pc.cols = 32;
+        if (i == 1) {
+            pc.quant = ETP_PARAM_QUANT_MXFP8;
+            pc.alignment = 32;
+        }
         ETP_OK(etp_param_create(ctx, &pc, &p[i]));
         ETP_OK(etp_chain_add(chain, p[i]));
     }

@@ -10,7 +10,7 @@ static void check_plan(const size_t *bytes, int n, int depth)
 {
     int slot[512];
     size_t sb[512], lb = 0;
-    int ns = etp__plan_tickets(bytes, n, depth, slot, sb, &lb);
+    int ns = etp__plan_tickets(bytes, NULL, n, depth, slot, sb, &lb);
     assert_true(ns >= 1 && ns <= n);
     size_t total = 0, window_max = 0;
     for (int s = 0; s < ns; s++) total += sb[s];
@@ -44,7 +44,7 @@ static void test_uniform_sizes_are_optimal(void **state)
         for (int i = 0; i < 48; i++) bytes[i] = 4096;
         int slot[48];
         size_t sb[48], lb;
-        int ns = etp__plan_tickets(bytes, 48, depth, slot, sb, &lb);
+        int ns = etp__plan_tickets(bytes, NULL, 48, depth, slot, sb, &lb);
         assert_int_equal(ns, depth + 1);
         assert_int_equal(lb, (size_t)(depth + 1) * 4096);
         size_t total = 0;
@@ -70,14 +70,54 @@ static void test_random_chains(void **state)
     }
 }
 
+/* Forward then backward with each backward ticket naming its forward one:
+ * a ticket takes its weight's slot whenever nothing was placed there since
+ * (the turn's tickets always do), other tickets within depth never
+ * share a slot, and the lower bound counts each weight once a window. */
+static void test_reuse_of_the_same_weight(void **state)
+{
+    (void)state;
+    for (int trial = 0; trial < 300; trial++) {
+        const int half = 1 + (int)(tu_rand(g_seed, 4, (uint64_t)trial, 0) % 100), n = 2 * half;
+        const int depth = (int)(tu_rand(g_seed, 5, (uint64_t)trial, 0) % 5);
+        size_t bytes[200], sb[200], lb = 0;
+        int same[200], slot[200];
+        for (int i = 0; i < half; i++) {
+            bytes[i] = 1 + tu_rand(g_seed, 6, (uint64_t)trial, (uint64_t)i) % 100000;
+            bytes[n - 1 - i] = bytes[i];
+            same[i] = -1;
+            same[n - 1 - i] = i;
+        }
+        const int ns = etp__plan_tickets(bytes, same, n, depth, slot, sb, &lb);
+        assert_true(ns >= 1 && ns <= n);
+        assert_int_equal(slot[half], slot[half - 1]);
+        size_t window_max = 0;
+        for (int i = 0; i < n; i++) {
+            assert_true(sb[slot[i]] >= bytes[i]);
+            if (same[i] >= 0) {
+                int untouched = 1;
+                for (int k = same[i] + 1; k < i; k++) untouched &= slot[k] != slot[same[i]];
+                if (untouched) assert_int_equal(slot[i], slot[same[i]]);
+            }
+            for (int j = i + 1; j < n && j <= i + depth; j++)
+                if (same[j] != i) assert_int_not_equal(slot[i], slot[j]);
+            size_t w = 0;
+            for (int k = i; k < n && k <= i + depth; k++)
+                if (same[k] < i) w += bytes[k];
+            if (w > window_max) window_max = w;
+        }
+        assert_int_equal(lb, window_max);
+    }
+}
+
 static void test_empty_and_single(void **state)
 {
     (void)state;
     size_t b = 10, sb[1], lb = 99;
     int slot[1];
-    assert_int_equal(etp__plan_tickets(&b, 0, 1, slot, sb, &lb), 0);
+    assert_int_equal(etp__plan_tickets(&b, NULL, 0, 1, slot, sb, &lb), 0);
     assert_int_equal(lb, 0);
-    assert_int_equal(etp__plan_tickets(&b, 1, 3, slot, sb, &lb), 1);
+    assert_int_equal(etp__plan_tickets(&b, NULL, 1, 3, slot, sb, &lb), 1);
     assert_int_equal(sb[0], 10);
     assert_int_equal(lb, 10);
 }
@@ -90,6 +130,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_uniform_sizes_are_optimal),
         cmocka_unit_test(test_random_chains),
+        cmocka_unit_test(test_reuse_of_the_same_weight),
         cmocka_unit_test(test_empty_and_single),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
