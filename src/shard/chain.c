@@ -434,14 +434,19 @@ int etp__chain_test_reuses(const etp_chain_t *c)
 
 /* ---- gathers ---------------------------------------------------------- */
 
-/* The slot holds p's whole weight as it is now: its last gather was p's,
- * unquantized, and p has not been updated since; in a graphed chain also
- * gathered in this step, so that a capture never relies on data from
- * before it. Gathering p again into it would copy the same bytes. */
-static int slot_holds(const etp_chain_t *c, const etp__slot_t *s, const etp_param_t *p)
+/* The slot holds ticket u's whole weight as it is now: its last gather
+ * was the same parameter's, unquantized, and the parameter has not been
+ * updated since. In a graphed chain also gathered in this step and, unless
+ * forward and backward are one graph (graph_whole_step), in the same pass:
+ * what a captured region uses is gathered inside it. Gathering the weight
+ * again would copy the same bytes. */
+static int slot_holds(const etp_chain_t *c, const etp__slot_t *s, int u)
 {
+    const etp__ticket_t *t = &c->tickets[u];
+    const etp_param_t *p = t->param;
     return s->holds == p && p->quant == ETP_PARAM_QUANT_NONE && s->holds_version == p->version &&
-           (!c->graphed || s->holds_step == c->step);
+           (!c->graphed ||
+            (s->holds_step == c->step && (c->whole_step || s->holds_pass == t->pass)));
 }
 
 /* Issuing ticket u now (while ticket t is gathered) would overwrite its
@@ -450,7 +455,7 @@ static int would_overwrite(const etp_chain_t *c, int u, int t)
 {
     const etp__slot_t *sl = &c->slots[c->tickets[u].slot];
     const int ten = sl->tenant;
-    if (ten < 0 || ten == u || slot_holds(c, sl, c->tickets[u].param)) return 0;
+    if (ten < 0 || ten == u || slot_holds(c, sl, u)) return 0;
     return c->tickets[ten].state == ETP__TICKET_HELD || (u != t && ten == t);
 }
 
@@ -461,7 +466,7 @@ static etp_status_t issue(etp_chain_t *c, int u, etp_stream_t *caller)
     etp__ticket_t *t = &c->tickets[u];
     etp__slot_t *s = &c->slots[t->slot];
     etp_param_t *p = t->param;
-    if (slot_holds(c, s, p)) {
+    if (slot_holds(c, s, u)) {
         /* No gather: the slot's ready event already follows the writes of
          * the data, and the gather of u orders its reader after the last
          * reader's release (etp_gather), which a new writer waits for. */
@@ -546,6 +551,7 @@ static etp_status_t issue(etp_chain_t *c, int u, etp_stream_t *caller)
     s->holds = p->quant == ETP_PARAM_QUANT_NONE ? p : NULL;
     s->holds_version = p->version;
     s->holds_step = c->step;
+    s->holds_pass = t->pass;
     t->state = ETP__TICKET_ISSUED;
     t->version = p->version;
     t->reused = 0;

@@ -112,8 +112,13 @@ static void on_grad(void *user, etp_param_t *param, etp_stream_t *final_stream)
         if (r->p[i] == param) r->callbacks[i]++;
 }
 
-
-enum { RUN_GRAPHED = 1, RUN_PREFETCH_ON_UPDATE = 2, RUN_DEFER_ZERO = 4, RUN_EAGER = 8 };
+enum {
+    RUN_GRAPHED = 1,
+    RUN_PREFETCH_ON_UPDATE = 2,
+    RUN_DEFER_ZERO = 4,
+    RUN_EAGER = 8,
+    RUN_WHOLE_STEP = 16
+};
 
 static void open_run(run_t *r, int64_t seed, int nparams, int depth, int ring, unsigned skip,
                      int mode)
@@ -135,6 +140,7 @@ static void open_run(run_t *r, int64_t seed, int nparams, int depth, int ring, u
     cc.wgrad_ring = ring;
     cc.num_microbatches = 2;
     cc.graphed = (mode & RUN_GRAPHED) != 0;
+    cc.graph_whole_step = (mode & RUN_WHOLE_STEP) != 0;
     cc.prefetch_on_update = (mode & RUN_PREFETCH_ON_UPDATE) != 0;
     cc.defer_zero_grad = (mode & RUN_DEFER_ZERO) != 0;
     ETP_OK(etp_chain_create(r->ctx, &cc, &r->chain));
@@ -784,15 +790,19 @@ static void test_forward_only_step(void **state)
  * not updated since) issue no gather: at the turn from forward to backward
  * the last two weights (depth 1), and, between micro-batches, the first
  * forward gathers; a weight updated in between is gathered again, with the
- * new values. A graphed chain reuses within a step only (a capture must
- * not rely on data from before it). Every gather's data is checked. */
+ * new values. A graphed chain reuses within a step only, and across the
+ * passes only with graph_whole_step (what a captured region uses is
+ * gathered inside it). Every gather's data is checked. */
 static void test_reuse_at_the_turn(void **state)
 {
     (void)state;
     for (size_t k = 0; k < NSEEDS; k++)
-        for (int graphed = 0; graphed < 2; graphed++) {
+        for (int graphed = 0; graphed < 3; graphed++) {
             run_t r;
-            open_run(&r, seeds[k], 3, 1, 2, 0, graphed ? RUN_GRAPHED : 0);
+            open_run(&r, seeds[k], 3, 1, 2, 0,
+                     graphed == 2 ? RUN_GRAPHED | RUN_WHOLE_STEP
+                     : graphed    ? RUN_GRAPHED
+                                  : 0);
             void *got[3];
             long bad = 0;
             /* per round: the weights' versions forward and backward, loaded
@@ -819,16 +829,22 @@ static void test_reuse_at_the_turn(void **state)
             }
             if (bad && g_rank == 0)
                 printf("seed %lld%s: %ld wrong elements\n", (long long)seeds[k],
-                       graphed ? " (graphed)" : "", bad);
+                       graphed == 2 ? " (graphed, whole step)"
+                       : graphed    ? " (graphed)"
+                                    : "",
+                       bad);
             assert_int_equal(bad, 0);
-            /* w2 and w1 backward (an ungraphed chain finds w2 when its last
-             * forward gather prefetches it) */
-            assert_int_equal(reuses[0][0] + reuses[0][1], 2);
+            /* graphed, forward and backward apart: none (every reuse here
+             * crosses the passes or the steps) */
+            const int split = graphed == 1;
+            /* w2 and w1 backward (w2 found by the last forward gather's
+             * prefetch, where prefetches cross the passes) */
+            assert_int_equal(reuses[0][0] + reuses[0][1], split ? 0 : 2);
             /* all updated, and again between the passes: only that prefetch
              * of w2, which the update makes stale (its gather gathers) */
-            assert_int_equal(reuses[1][0] + reuses[1][1], graphed ? 0 : 1);
+            assert_int_equal(reuses[1][0] + reuses[1][1], split ? 0 : 1);
             /* ungraphed: w0 and w1 forward too, from the last micro-batch */
-            assert_int_equal(reuses[2][0] + reuses[2][1], graphed ? 2 : 4);
+            assert_int_equal(reuses[2][0] + reuses[2][1], split ? 0 : graphed ? 2 : 4);
             close_run(&r);
         }
 }
