@@ -436,17 +436,15 @@ int etp__chain_test_reuses(const etp_chain_t *c)
 
 /* The slot holds ticket u's whole weight as it is now: its last gather
  * was the same parameter's, unquantized, and the parameter has not been
- * updated since. In a graphed chain also gathered in this step and, unless
- * forward and backward are one graph (graph_whole_step), in the same pass:
- * what a captured region uses is gathered inside it. Gathering the weight
- * again would copy the same bytes. */
+ * updated since. A graphed chain only where the whole step is one graph
+ * (graph_whole_step) and the weight was gathered in this step: what a
+ * captured region uses is gathered inside it (other captures may cover a
+ * pass or a layer). Gathering the weight again would copy the same bytes. */
 static int slot_holds(const etp_chain_t *c, const etp__slot_t *s, int u)
 {
-    const etp__ticket_t *t = &c->tickets[u];
-    const etp_param_t *p = t->param;
+    const etp_param_t *p = c->tickets[u].param;
     return s->holds == p && p->quant == ETP_PARAM_QUANT_NONE && s->holds_version == p->version &&
-           (!c->graphed ||
-            (s->holds_step == c->step && (c->whole_step || s->holds_pass == t->pass)));
+           (!c->graphed || (c->whole_step && s->holds_step == c->step));
 }
 
 /* Issuing ticket u now (while ticket t is gathered) would overwrite its
@@ -551,7 +549,6 @@ static etp_status_t issue(etp_chain_t *c, int u, etp_stream_t *caller)
     s->holds = p->quant == ETP_PARAM_QUANT_NONE ? p : NULL;
     s->holds_version = p->version;
     s->holds_step = c->step;
-    s->holds_pass = t->pass;
     t->state = ETP__TICKET_ISSUED;
     t->version = p->version;
     t->reused = 0;
@@ -571,6 +568,7 @@ etp_status_t etp__chain_on_update(etp_param_t *p, etp_stream_t *s)
                 return ETP_SUCCESS;
         /* The next step begins now, as its first gather would begin it. */
         for (int i = 0; i < c->ntickets; i++) c->tickets[i].state = ETP__TICKET_IDLE;
+        c->step++;
         c->early_step = 1;
     }
     /* a captured update's prefetch uses the chain's slots */

@@ -82,11 +82,9 @@ typedef struct etp__slot {
     int release_recorded;
     int window; /* ptr is a window (etp__mem_alloc_window): gathers go in place */
     /* whose whole weight the slot holds (an unquantized gather of it, at
-     * its version then, in the chain's step and the ticket's pass then), or
-     * NULL */
+     * its version then, in the chain's step then), or NULL */
     const etp_param_t *holds;
     uint64_t holds_version, holds_step;
-    etp_pass_t holds_pass;
 } etp__slot_t;
 
 struct etp_chain {

@@ -790,9 +790,9 @@ static void test_forward_only_step(void **state)
  * not updated since) issue no gather: at the turn from forward to backward
  * the last two weights (depth 1), and, between micro-batches, the first
  * forward gathers; a weight updated in between is gathered again, with the
- * new values. A graphed chain reuses within a step only, and across the
- * passes only with graph_whole_step (what a captured region uses is
- * gathered inside it). Every gather's data is checked. */
+ * new values. A graphed chain reuses only with graph_whole_step, within a
+ * step (what a captured region uses is gathered inside it). Every gather's
+ * data is checked. */
 static void test_reuse_at_the_turn(void **state)
 {
     (void)state;
@@ -834,8 +834,7 @@ static void test_reuse_at_the_turn(void **state)
                                     : "",
                        bad);
             assert_int_equal(bad, 0);
-            /* graphed, forward and backward apart: none (every reuse here
-             * crosses the passes or the steps) */
+            /* graphed, forward and backward apart: none */
             const int split = graphed == 1;
             /* w2 and w1 backward (w2 found by the last forward gather's
              * prefetch, where prefetches cross the passes) */
