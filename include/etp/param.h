@@ -24,6 +24,11 @@
  * error, never a silent overwrite. Prefetches never cross the end of the
  * step; a graphed chain's prefetches also never cross from forward to
  * backward, so forward and backward may be captured as separate graphs.
+ * A gather whose slot still holds the weight (the slot's last gather was
+ * of the same unquantized parameter, not marked updated since) gathers
+ * nothing: the last forward weights at the turn to backward, the first of
+ * the next micro-batch; a graphed chain only with graph_whole_step, within
+ * a step.
  *
  * Ordering is by events only, both ways: the all-gather stream waits for the
  * shard's writer (etp_param_mark_updated) and for the release of a slot's
@@ -173,7 +178,9 @@ ETP_API etp_status_t etp_param_export_full(etp_param_t *param, void *dst, etp_st
 
 /* Tell etp that the shard was written on `stream` (after an optimizer step):
  * later gathers wait for it, and a prefetched gather of it issued before
- * this call is issued again at its etp_gather. Every rank of the group must
+ * this call is issued again at its etp_gather. Every write of the shard
+ * needs it: without it a later gather may return the weight as a gather
+ * before the write left it in its slot. Every rank of the group must
  * mark the same parameters updated between the same gathers, even one whose
  * shard did not change (only padding, say): a quantized parameter's next
  * gather re-quantizes after it, with a collective (NVFP4's amax all-reduce,

@@ -17,9 +17,9 @@
  * plan's auxiliary streams, forked from it and joined back (packed_run);
  * each stream has its own slice of the workspace. Its forward and dgrad
  * run the experts of a chunk's rows or more as one pointer-array batched
- * matmul over chunks of their blocks (kernels/gemm/gemm_chunks.h): on 2
- * H200s, 32 experts of about 2041 rows, 0.968 of one dense GEMM of the
- * same FLOPs against 0.952 one matmul an expert. */
+ * matmul over chunks of their blocks (kernels/gemm/gemm_chunks.h): on 4
+ * H200s, 32 experts of about 2041 rows, 0.959 of one dense GEMM of the
+ * same FLOPs against 0.89 one matmul an expert (docs/PERF.md). */
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -597,25 +597,20 @@ static etp_status_t packed_chunks(cplan_t *p, const etp__gemm_shape_t *s, const 
 static etp_status_t packed_run(cplan_t *p, const etp__gemm_shape_t *s, const etp__gemm_call_t *c,
                                cudaStream_t cs)
 {
-    int64_t busy = 0, nch = 0, chunk_rows = 0;
+    /* busy: the non-empty experts; nch of the chunks of nbig of them */
+    int64_t busy = 0, nch = 0, nbig = 0, chunk_rows = 0;
     for (int64_t e = 0; e < s->experts; e++) {
+        const int64_t k = p->ch.on ? etp__gemm_chunks_of(c->counts[e]) : 0;
         busy += c->counts[e] > 0;
-        if (p->ch.on) {
-            const int64_t k = etp__gemm_chunks_of(c->counts[e]);
-            nch += k;
-            if (k) chunk_rows += c->counts[e];
-        }
+        nch += k;
+        nbig += k > 0;
+        if (k) chunk_rows += c->counts[e];
     }
     const int chunked = nch >= 2 && nch <= p->ch.max;
-    if (chunked) /* the chunked experts are one matmul, on lane 1 */
-        for (int64_t e = 0; e < s->experts; e++) busy -= etp__gemm_chunks_of(c->counts[e]) > 0;
-    /* chunked: lane 1 and lane 0, then a lane for each further small expert */
-    const int used = chunked        ? (busy < 2           ? 2
-                                       : busy + 1 < LANES ? (int)busy + 1
-                                                          : LANES)
-                     : busy < 2     ? 1
-                     : busy < LANES ? (int)busy
-                                    : LANES;
+    /* chunked: the big experts are one matmul on lane 1, the others on
+     * lane 0 and a lane for each further one */
+    if (chunked) busy -= nbig - 1;
+    const int used = busy < 2 ? (chunked ? 2 : 1) : busy < LANES ? (int)busy : LANES;
     lanes_t *L = &p->lanes;
     char what[128];
     cudaError_t ce = used > 1 ? cudaEventRecord(L->fork, cs) : cudaSuccess;
