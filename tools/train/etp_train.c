@@ -556,9 +556,31 @@ int main(int argc, char **argv)
         peak = peak_tflops(ctx, s);
         MPI_Allreduce(MPI_IN_PLACE, &peak, 1, MPI_DOUBLE, MPI_MIN, MPI_COMM_WORLD);
     }
+    /* device memory by owner on the rank whose peak is highest: what a user
+     * sizes a run by (the model's own buffers count as "user") */
+    etp_memory_report_t mem = ETP_MEMORY_REPORT_INIT;
+    CHECK(etp_memory_report(ctx, &mem));
+    struct {
+        double peak;
+        int rank;
+    } top = {(double)mem.peak_bytes, r.rank};
+    MPI_Allreduce(MPI_IN_PLACE, &top, 1, MPI_DOUBLE_INT, MPI_MAXLOC, MPI_COMM_WORLD);
+    if (top.rank != 0) {
+        if (r.rank == top.rank) MPI_Send(&mem, sizeof mem, MPI_BYTE, 0, 7, MPI_COMM_WORLD);
+        if (r.rank == 0)
+            MPI_Recv(&mem, sizeof mem, MPI_BYTE, top.rank, 7, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+    }
     if (r.rank == 0) {
         train_report_summary(rep, r.o.graph ? r.warmup + 1 : 1, peak,
                              backend == ETP_BACKEND_CUDA ? "GPU" : "rank", stdout);
+        if (!r.quiet) {
+            printf("memory: peak %.2f GiB on rank %d (", (double)mem.peak_bytes / 1073741824.0,
+                   top.rank);
+            for (int o = 0; o < ETP_MEM_OWNER_COUNT; o++)
+                printf("%s%s %.2f", o ? ", " : "", etp_mem_owner_name((etp_mem_owner_t)o),
+                       (double)mem.bytes[o] / 1073741824.0);
+            printf(" GiB live)\n");
+        }
         if (r.csv && train_report_csv(rep, r.csv) != 0) rc = 1;
         if (r.svg && train_report_svg(rep, r.svg) != 0) rc = 1;
         if (r.check) {
