@@ -169,9 +169,11 @@ ETP_API etp_status_t etp_param_load_shard(etp_param_t *param, const void *src, e
  * a chain, on the chain's all-gather stream and role, behind the chain's
  * gathers and prefetches (so it may run during a step, or straight after a
  * load that prefetched); for one in no chain, on `stream` and role 0. Any
- * time, with the same order of calls on every rank. Allocates a staging
- * buffer for the call and frees it at the end, which waits for the
- * context's enqueued work: blocks the host (not for use under capture).
+ * time, with the same order of calls on every rank. Not under capture.
+ * Where the rows are padded (rows not a multiple of the group's size times
+ * the alignment), allocates a staging buffer for the call and frees it at
+ * the end, which waits for the context's enqueued work (blocks the host);
+ * otherwise it gathers straight into dst, stream-ordered like a gather.
  * A refusal (a NULL dst on one rank, say) is recorded on the group
  * ("Refused calls" in etp/context.h). */
 ETP_API etp_status_t etp_param_export_full(etp_param_t *param, void *dst, etp_stream_t *stream);

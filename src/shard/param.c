@@ -258,12 +258,18 @@ static etp_status_t export_full(etp_param_t *p, void *dst, etp_stream_t *s)
     ETP__TRY(check_stream(p, s, fn));
     ETP__TRY(etp__ctx_no_batch(p->ctx, fn));
     ETP__CHECK_NULL(dst, fn);
+    ETP__TRY(etp__ctx_no_capture(p->ctx, fn));
     size_t es = esize(p->dtype), row = (size_t)p->cols * es;
     size_t shard_elems = (size_t)(p->shard_rows * p->cols);
-    void *full;
-    /* first: refused during a capture before anything is enqueued */
-    ETP__TRY(etp_mem_alloc(p->ctx, (size_t)(p->experts * p->padded_rows) * row, ETP_MEM_WORKSPACE,
-                           &full));
+    /* Rows without padding gather straight into dst; padded ones through a
+     * staging buffer whose padding rows are left out. Straight in spares the
+     * caller a whole tensor of memory at its peak (a training loop's
+     * resident copies, refreshed after each update). */
+    const int direct = p->padded_rows == p->rows;
+    void *full = dst;
+    if (!direct)
+        ETP__TRY(etp_mem_alloc(p->ctx, (size_t)(p->experts * p->padded_rows) * row,
+                               ETP_MEM_WORKSPACE, &full));
     /* A parameter of a chain gathers on the chain's all-gather stream and
      * role, where its prefetches go: two streams on one communicator would
      * pair different collectives across ranks. That stream waits for the
@@ -282,13 +288,14 @@ static etp_status_t export_full(etp_param_t *p, void *dst, etp_stream_t *s)
         st = etp__grouped_allgather(p->group, role, p->shard, shard_elems * es, full,
                                     (size_t)p->padded_rows * row, shard_elems, p->dtype,
                                     p->experts, xs);
-    for (int64_t e = 0; e < p->experts && st == ETP_SUCCESS; e++)
+    for (int64_t e = 0; e < p->experts && st == ETP_SUCCESS && !direct; e++)
         st = etp_memcpy_async(xs, (char *)dst + (size_t)(e * p->rows) * row,
                               (char *)full + (size_t)(e * p->padded_rows) * row,
                               (size_t)p->rows * row);
     if (c && st == ETP_SUCCESS) st = etp_event_record(ev, xs);
     if (c && st == ETP_SUCCESS) st = etp_stream_wait_event(s, ev);
     if (ev) (void)etp_event_destroy(ev);
+    if (direct) return st;
     /* etp_mem_free waits for the enqueued work, the copies included. */
     etp_status_t st2 = etp_mem_free(p->ctx, full);
     return st != ETP_SUCCESS ? st : st2;

@@ -170,7 +170,7 @@ etp_status_t model_load(train_model_t *m, const char *dir)
              (long long)sh->ffn, sh->experts, sh->topk);
     void *host = malloc(model_max_shard_bytes(m));
     if (!host) FAIL(ETP_ERR_OUT_OF_MEMORY, "out of host memory");
-    etp_status_t st = ETP_SUCCESS;
+    etp_status_t st = model__fill_begin(m);
     for (int i = 0; i < sh->layers * TRAIN_WEIGHTS && st == ETP_SUCCESS; i++) {
         tparam_t *tp = &m->params[i];
         /* the masters first: loading the BF16 shard also writes them, from
@@ -182,7 +182,9 @@ etp_status_t model_load(train_model_t *m, const char *dir)
             st = ckpt_io(m, dir, tp, k, 0, host, NULL);
     }
     free(host);
+    etp_status_t st2 = model__fill_end(m);
     TRY(st);
+    TRY(st2);
     m->t = step;
     TRY(model__refresh_resident(m));
     TRY(barrier(m));

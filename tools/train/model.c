@@ -336,7 +336,6 @@ static etp_status_t make_buffers(train_model_t *m)
     TRY(ALLOC(m, m->gs, RF));
     TRY(ALLOC(m, m->ga, RF));
     TRY(ALLOC(m, m->loss_dev, sizeof(double)));
-    TRY(ALLOC(m, m->fill_buf, m->fill_bytes));
     TRY(ALLOC(m, m->replica_buf, m->replica_bytes));
     m->loss_host = calloc(1, sizeof(double));
     if (!m->loss_host) FAIL(ETP_ERR_OUT_OF_MEMORY, "out of host memory");
@@ -507,6 +506,22 @@ void model_destroy(train_model_t *m)
 
 /* ---- weights and data ---------------------------------------------------------- */
 
+/* The staging of weight initialization and checkpoint loads, only while
+ * they run: at the largest sizes a step's peak has no room to spare for it. */
+etp_status_t model__fill_begin(train_model_t *m)
+{
+    if (!m->fill_buf) TRY(ALLOC(m, m->fill_buf, m->fill_bytes));
+    return ETP_SUCCESS;
+}
+
+etp_status_t model__fill_end(train_model_t *m)
+{
+    void *b = m->fill_buf;
+    m->fill_buf = NULL;
+    /* etp_mem_free waits for the loads that read it */
+    return b ? etp_mem_free(m->ctx, b) : ETP_SUCCESS;
+}
+
 /* The resident copies: every weight whole, from the shards. */
 etp_status_t model__refresh_resident(train_model_t *m)
 {
@@ -518,6 +533,7 @@ etp_status_t model__refresh_resident(train_model_t *m)
 
 etp_status_t model_init_weights(train_model_t *m, int teacher)
 {
+    TRY(model__fill_begin(m));
     for (int l = 0; l < m->sh.layers; l++)
         for (int w = 0; w < TRAIN_WEIGHTS; w++) {
             tparam_t *tp = P(m, l, (train_weight_t)w);
@@ -537,6 +553,7 @@ etp_status_t model_init_weights(train_model_t *m, int teacher)
             TRY(etp_memset_async(m->s, tp->adam_m, 0, (size_t)tp->n * 4));
             TRY(etp_memset_async(m->s, tp->adam_v, 0, (size_t)tp->n * 4));
         }
+    TRY(model__fill_end(m));
     m->t = 0;
     TRY(model__refresh_resident(m));
     TRY(etp_stream_synchronize(m->s));

@@ -93,7 +93,7 @@ struct train_model {
     double *loss_dev, *loss_host;
     float *replica_buf;                /* the replicas' main_grads, gathered */
     size_t replica_bytes;
-    void *fill_buf;                    /* weight init staging */
+    void *fill_buf;                    /* model__fill_begin */
     size_t fill_bytes;
     int t;                             /* Adam steps taken */
     etp_graph_t *graph;
@@ -113,5 +113,9 @@ struct train_model {
 const char *model__weight_name(train_weight_t w);
 /* The resident copies: every weight whole, from the shards (resident runs). */
 etp_status_t model__refresh_resident(train_model_t *m);
+/* fill_buf, the staging of weight initialization and checkpoint loads,
+ * exists only from begin to end (end waits for its readers and frees it). */
+etp_status_t model__fill_begin(train_model_t *m);
+etp_status_t model__fill_end(train_model_t *m);
 
 #endif /* TRAIN_MODEL_INTERNAL_H */
