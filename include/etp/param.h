@@ -331,6 +331,10 @@ typedef struct etp_weight_view {
  * runs on `stream` (about 40 us of SMs for 64 MiB on an H200, ahead of the
  * caller's next kernel), which also waits for that slot's previous reader
  * and for the shard's last etp_param_mark_updated. Collective (see the top).
+ * On a group of one, an unquantized weight is not gathered: the view is
+ * the shard itself (no slot, no copy; ordered after the shard's last
+ * etp_param_mark_updated), so the shard's next writer must follow this
+ * view's last reader (the release, on the same stream or after an event).
  * Errors: ETP_ERR_INVALID_STATE (not in a finalized or recording chain; the
  * (parameter, pass) gathered and not released; a prefetch that would
  * overwrite a weight not released; inside a batch), ETP_ERR_INVALID_ARGUMENT.

@@ -230,6 +230,13 @@ static etp_status_t push_ticket(etp_chain_t *c, etp_param_t *p, etp_pass_t pass)
     return ETP_SUCCESS;
 }
 
+/* A group of one gathers nothing: the shard is the whole weight, and an
+ * unquantized gather's view is the shard itself (no slot, no copy). */
+static int gathers_nothing(const etp_param_t *p)
+{
+    return p->group_size == 1 && p->quant == ETP_PARAM_QUANT_NONE;
+}
+
 /* Plan the tickets and allocate the slots (replacing any a recording used). */
 static etp_status_t plan(etp_chain_t *c)
 {
@@ -242,11 +249,11 @@ static etp_status_t plan(etp_chain_t *c)
     int nslots = -1;
     if (bytes && slot_bytes && slot && same) {
         for (int i = 0; i < n; i++) {
-            bytes[i] = c->tickets[i].bytes;
+            bytes[i] = gathers_nothing(c->tickets[i].param) ? 0 : c->tickets[i].bytes;
             /* an unquantized weight's earlier ticket: its slot may still
              * hold the whole weight (slot_holds) */
             same[i] = -1;
-            if (c->tickets[i].param->quant == ETP_PARAM_QUANT_NONE)
+            if (c->tickets[i].param->quant == ETP_PARAM_QUANT_NONE && bytes[i])
                 for (int j = i - 1; j >= 0 && same[i] < 0; j--)
                     if (c->tickets[j].param == c->tickets[i].param) same[i] = j;
         }
@@ -350,6 +357,7 @@ etp_status_t etp_chain_end_record(etp_chain_t *c)
 
 static etp_status_t record_slot(etp_chain_t *c, etp__ticket_t *t)
 {
+    if (gathers_nothing(t->param)) return ETP_SUCCESS; /* slot -1 */
     for (int s = 0; s < c->nslots; s++) {
         int ten = c->slots[s].tenant;
         if (c->slots[s].bytes >= t->bytes && (ten < 0 || c->tickets[ten].state != ETP__TICKET_HELD)) {
@@ -451,6 +459,7 @@ static int slot_holds(const etp_chain_t *c, const etp__slot_t *s, int u)
  * slot's tenant, held or being gathered, with other data. */
 static int would_overwrite(const etp_chain_t *c, int u, int t)
 {
+    if (c->tickets[u].slot < 0) return 0; /* gathers nothing */
     const etp__slot_t *sl = &c->slots[c->tickets[u].slot];
     const int ten = sl->tenant;
     if (ten < 0 || ten == u || slot_holds(c, sl, u)) return 0;
@@ -462,8 +471,14 @@ static int would_overwrite(const etp_chain_t *c, int u, int t)
 static etp_status_t issue(etp_chain_t *c, int u, etp_stream_t *caller)
 {
     etp__ticket_t *t = &c->tickets[u];
-    etp__slot_t *s = &c->slots[t->slot];
     etp_param_t *p = t->param;
+    if (gathers_nothing(p)) {
+        t->state = ETP__TICKET_ISSUED;
+        t->version = p->version;
+        t->reused = 0;
+        return ETP_SUCCESS;
+    }
+    etp__slot_t *s = &c->slots[t->slot];
     if (slot_holds(c, s, u)) {
         /* No gather: the slot's ready event already follows the writes of
          * the data, and the gather of u orders its reader after the last
@@ -609,7 +624,8 @@ etp_status_t etp_gather(etp_param_t *p, etp_pass_t pass, etp_stream_t *stream, e
     }
     int t = p->ticket[pass];
     etp__ticket_t *tk = &c->tickets[t];
-    if (tk->slot < 0)
+    const int direct = gathers_nothing(p);
+    if (tk->slot < 0 && !direct)
         return etp__err(ETP_ERR_INVALID_STATE,
                         "%s: chain '%s' has no gather slots since its etp_chain_end_record failed; "
                         "call etp_chain_end_record again", fn, c->name);
@@ -665,14 +681,22 @@ etp_status_t etp_gather(etp_param_t *p, etp_pass_t pass, etp_stream_t *stream, e
      * (its gather read the old shard, or raced its writer) */
     if (tk->state == ETP__TICKET_IDLE || (tk->state == ETP__TICKET_ISSUED && tk->version != p->version))
         ETP__TRY(issue(c, t, stream));
-    etp__slot_t *s = &c->slots[tk->slot];
-    if (!(c->skip_edges & ETP__EDGE_GATHER_READY)) ETP__TRY(etp_stream_wait_event(stream, s->ready));
-    /* data found in the slot: this reader after the slot's last one, whose
-     * release the slot's next writer does not wait for (it waits for this
-     * ticket's); a graphed chain's caller is behind it already */
-    if (tk->reused && !c->graphed && s->release_recorded &&
-        !(c->skip_edges & ETP__EDGE_SLOT_RELEASE))
-        ETP__TRY(etp_stream_wait_event(stream, s->released));
+    etp__slot_t *s = direct ? NULL : &c->slots[tk->slot];
+    if (direct) {
+        /* the reader of the shard after its writer (a graphed chain's
+         * writer is on the gathering stream already) */
+        if (!c->graphed && p->updated_recorded && !(c->skip_edges & ETP__EDGE_SHARD_WRITER))
+            ETP__TRY(etp_stream_wait_event(stream, p->updated));
+    } else {
+        if (!(c->skip_edges & ETP__EDGE_GATHER_READY))
+            ETP__TRY(etp_stream_wait_event(stream, s->ready));
+        /* data found in the slot: this reader after the slot's last one,
+         * whose release the slot's next writer does not wait for (it waits
+         * for this ticket's); a graphed chain's caller is behind it already */
+        if (tk->reused && !c->graphed && s->release_recorded &&
+            !(c->skip_edges & ETP__EDGE_SLOT_RELEASE))
+            ETP__TRY(etp_stream_wait_event(stream, s->released));
+    }
     tk->state = ETP__TICKET_HELD;
     for (int u = t + 1; u <= last; u++) {
         if (c->tickets[u].state != ETP__TICKET_IDLE || would_overwrite(c, u, t)) continue;
@@ -687,7 +711,7 @@ etp_status_t etp_gather(etp_param_t *p, etp_pass_t pass, etp_stream_t *stream, e
         return ETP_SUCCESS;
     }
     etp_weight_view_t v = ETP_WEIGHT_VIEW_INIT;
-    v.data = s->ptr;
+    v.data = direct ? p->shard : s->ptr;
     v.dtype = p->dtype;
     v.experts = p->experts;
     v.rows = p->rows;
@@ -708,9 +732,11 @@ etp_status_t etp_release(etp_param_t *p, etp_pass_t pass, etp_stream_t *stream)
         return etp__err(ETP_ERR_INVALID_STATE, "%s: '%s' %s was not gathered (release without gather)",
                         fn, p->name, pass_name(pass));
     ETP__TRY(etp__capture_note(p->ctx, &c->graph_refs, stream));
-    etp__slot_t *s = &c->slots[c->tickets[t].slot];
-    ETP__TRY(etp_event_record(s->released, stream));
-    s->release_recorded = 1;
+    if (c->tickets[t].slot >= 0) {
+        etp__slot_t *s = &c->slots[c->tickets[t].slot];
+        ETP__TRY(etp_event_record(s->released, stream));
+        s->release_recorded = 1;
+    }
     c->tickets[t].state = ETP__TICKET_RELEASED;
     return ETP_SUCCESS;
 }

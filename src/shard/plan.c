@@ -25,6 +25,10 @@ int etp__plan_tickets(const size_t *bytes, const int *same, int n, int depth, in
     if (!last) return -1;
     size_t lb = 0;
     for (int i = 0; i < n; i++) {
+        if (bytes[i] == 0) {
+            slot[i] = -1;
+            continue;
+        }
         size_t window = 0;
         for (int k = i; k < n && k <= i + depth; k++)
             if (!same || same[k] < i) window += bytes[k];

@@ -131,9 +131,11 @@ struct etp_chain {
  * that ticket i may take the slot of ticket same[i] (an earlier ticket of
  * the same weight, whose data it reuses; same NULL or same[i] < 0: none)
  * while nothing was placed there since; slot sizes in slot_bytes
- * (caller-allocated, n entries). Returns the number of slots, or -1 out of
- * host memory; *lower_bound is the largest sum over depth + 1 consecutive
- * tickets, each weight counted once. */
+ * (caller-allocated, n entries). A ticket of 0 bytes needs no slot: its
+ * slot is -1 (it keeps its place in the depth, which counts tickets, as
+ * the prefetches do). Returns the number of
+ * slots, or -1 out of host memory; *lower_bound is the largest sum over
+ * depth + 1 consecutive tickets, each weight counted once. */
 int etp__plan_tickets(const size_t *bytes, const int *same, int n, int depth, int *slot,
                       size_t *slot_bytes, size_t *lower_bound);
 

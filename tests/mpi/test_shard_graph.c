@@ -19,6 +19,8 @@
  * backward one inside the capture): the same results, and a capture that
  * ends after the forward gathers fails at etp_stream_end_capture (its
  * prefetch unjoined) instead of leaving a branch outside the graph.
+ *
+ * And on a group of one, where an unquantized gather's view is the shard.
  */
 #include <math.h>
 
@@ -422,6 +424,114 @@ static void test_whole_step_split_capture_fails(void **state)
 #endif
 }
 
+/* A group of one gathers nothing: an unquantized parameter's view, eager
+ * and captured, is its shard itself, with no slot allocated for it, and it
+ * shows every update (written by etp_param_load_full on the gathering
+ * stream, so ordered as a shard's writer must be). */
+static void run_group_of_one(int graphed)
+{
+    etp_context_t *ctx = tu_test_ctx(5);
+    etp_group_t *world, *one;
+    ETP_OK(etp_context_world(ctx, &world));
+    etp_group_config_t gc = ETP_GROUP_CONFIG_INIT;
+    gc.name = "one";
+    gc.num_roles = 2;
+    ETP_OK(etp_group_split(world, g_rank, 0, &gc, &one));
+    etp_stream_t *s;
+    ETP_OK(etp_stream_create(ctx, ETP_STREAM_PRIORITY_NORMAL, &s));
+    etp_chain_config_t cc = ETP_CHAIN_CONFIG_INIT;
+    cc.group = one;
+    cc.graphed = graphed;
+    cc.graph_whole_step = graphed;
+    etp_chain_t *chain;
+    ETP_OK(etp_chain_create(ctx, &cc, &chain));
+    /* a grouped BF16 weight with padding rows, and a dense F32 one */
+    const gspec_t sp[2] = {{3, 40, 32, 16, ETP_DTYPE_BF16, ETP_PARAM_QUANT_NONE},
+                           {1, 24, 8, 0, ETP_DTYPE_F32, ETP_PARAM_QUANT_NONE}};
+    etp_param_t *p[2];
+    void *hw[2], *got[2], *dev[2];
+    size_t bytes[2];
+    etp_memory_report_t before = ETP_MEMORY_REPORT_INIT, after = ETP_MEMORY_REPORT_INIT;
+    ETP_OK(etp_memory_report(ctx, &before));
+    for (int i = 0; i < 2; i++) {
+        etp_param_config_t pc = ETP_PARAM_CONFIG_INIT;
+        pc.group = one;
+        pc.experts = sp[i].experts;
+        pc.rows = sp[i].rows;
+        pc.cols = sp[i].cols;
+        pc.alignment = sp[i].alignment;
+        pc.dtype = sp[i].dtype;
+        ETP_OK(etp_param_create(ctx, &pc, &p[i]));
+        ETP_OK(etp_chain_add(chain, p[i]));
+        bytes[i] = (size_t)(sp[i].experts * sp[i].rows * sp[i].cols) * etp_dtype_size(sp[i].dtype);
+        hw[i] = malloc(bytes[i]);
+        got[i] = malloc(bytes[i]);
+        assert_non_null(hw[i]);
+        assert_non_null(got[i]);
+        ETP_OK(etp_mem_alloc(ctx, 2 * bytes[i], ETP_MEM_USER, &dev[i]));
+    }
+    ETP_OK(etp_chain_finalize(chain));
+    ETP_OK(etp_memory_report(ctx, &after));
+    assert_int_equal(after.bytes[ETP_MEM_GATHER_SLOTS], before.bytes[ETP_MEM_GATHER_SLOTS]);
+    etp_graph_t *graph = NULL;
+    for (int ver = 0; ver < 4; ver++) {
+        for (int i = 0; i < 2; i++) {
+            size_t n = bytes[i] / etp_dtype_size(sp[i].dtype);
+            for (size_t k = 0; k < n; k++)
+                gput(hw[i], sp[i].dtype, k, gweight(40 + (size_t)i, ver, k));
+            ETP_OK(etp_param_load_full(p[i], hw[i], s));
+            ETP_OK(etp_memset_async(s, dev[i], 0xA5, 2 * bytes[i]));
+        }
+        /* the step: each weight's forward and backward views copied out;
+         * captured once at version 1 and replayed after */
+        if (graphed && ver == 1) ETP_OK(etp_stream_begin_capture(s));
+        if (!graphed || ver < 2) {
+            etp_weight_view_t v = ETP_WEIGHT_VIEW_INIT;
+            for (int pass = 0; pass < 2; pass++)
+                for (int k = 0; k < 2; k++) {
+                    const int i = pass ? 1 - k : k;
+                    etp_param_info_t info = ETP_PARAM_INFO_INIT;
+                    ETP_OK(etp_param_info(p[i], &info));
+                    ETP_OK(etp_gather(p[i], pass ? ETP_PASS_BACKWARD : ETP_PASS_FORWARD, s, &v));
+                    assert_ptr_equal(v.data, info.shard);
+                    copy_view(s, &v, (char *)dev[i] + (size_t)pass * bytes[i], 0);
+                    ETP_OK(etp_release(p[i], pass ? ETP_PASS_BACKWARD : ETP_PASS_FORWARD, s));
+                }
+        }
+        if (graphed && ver == 1) ETP_OK(etp_stream_end_capture(s, &graph));
+        if (graph) ETP_OK(etp_graph_launch(graph, s));
+        for (int i = 0; i < 2; i++)
+            for (int pass = 0; pass < 2; pass++) {
+                tu_poison(got[i], bytes[i]);
+                ETP_OK(etp_memcpy_async(s, got[i], (char *)dev[i] + (size_t)pass * bytes[i],
+                                        bytes[i]));
+                ETP_OK(etp_stream_synchronize(s));
+                if (memcmp(got[i], hw[i], bytes[i]) != 0)
+                    fail_msg("rank %d version %d weight %d pass %d: the view is not the "
+                             "loaded weight",
+                             g_rank, ver, i, pass);
+            }
+    }
+    if (graph) ETP_OK(etp_graph_destroy(graph));
+    ETP_OK(etp_chain_destroy(chain));
+    for (int i = 0; i < 2; i++) {
+        ETP_OK(etp_param_destroy(p[i]));
+        ETP_OK(etp_mem_free(ctx, dev[i]));
+        free(hw[i]);
+        free(got[i]);
+    }
+    ETP_OK(etp_stream_destroy(s));
+    ETP_OK(etp_group_destroy(one));
+    tu_test_ctx_done(ctx);
+}
+
+static void test_group_of_one_gathers_nothing(void **state)
+{
+    (void)state;
+    run_group_of_one(0);
+    run_group_of_one(1);
+}
+
 int main(int argc, char **argv)
 {
     tu_mpi_init(&argc, &argv, "test_shard_graph");
@@ -431,6 +541,7 @@ int main(int argc, char **argv)
     const struct CMUnitTest tests[] = {cmocka_unit_test(test_graph_replay_fresh_versions),
                                        cmocka_unit_test(test_graph_replay_grads_only),
                                        cmocka_unit_test(test_graph_replay_whole_step),
-                                       cmocka_unit_test(test_whole_step_split_capture_fails)};
+                                       cmocka_unit_test(test_whole_step_split_capture_fails),
+                                       cmocka_unit_test(test_group_of_one_gathers_nothing)};
     return tu_mpi_finish(cmocka_run_group_tests(tests, NULL, NULL));
 }

@@ -122,6 +122,46 @@ static void test_empty_and_single(void **state)
     assert_int_equal(lb, 10);
 }
 
+/* Tickets of 0 bytes (views of the shard, on a group of one) take no slot;
+ * they keep their place in the depth (a gather prefetches the next `depth`
+ * tickets, whatever their size): the others within depth of each other
+ * still never share a slot, each slot holds its tenants, and the lower
+ * bound counts the windows' bytes. */
+static void test_zero_byte_tickets(void **state)
+{
+    (void)state;
+    for (int trial = 0; trial < 200; trial++) {
+        const int n = 1 + (int)(tu_rand(g_seed, 7, (uint64_t)trial, 0) % 120);
+        const int depth = (int)(tu_rand(g_seed, 8, (uint64_t)trial, 0) % 4);
+        size_t bytes[128], sb[128], lb = 0, window_max = 0;
+        int slot[128];
+        for (int i = 0; i < n; i++)
+            bytes[i] = tu_rand(g_seed, 9, (uint64_t)trial, (uint64_t)i) % 3 == 0
+                           ? 0
+                           : 1 + tu_rand(g_seed, 10, (uint64_t)trial, (uint64_t)i) % 5000;
+        const int ns = etp__plan_tickets(bytes, NULL, n, depth, slot, sb, &lb);
+        assert_true(ns >= 0 && ns <= n);
+        for (int i = 0; i < n; i++) {
+            size_t w = 0;
+            for (int k = i; k < n && k <= i + depth; k++) w += bytes[k];
+            if (w > window_max) window_max = w;
+            if (bytes[i] == 0) {
+                assert_int_equal(slot[i], -1);
+                continue;
+            }
+            assert_true(slot[i] >= 0 && slot[i] < ns);
+            assert_true(sb[slot[i]] >= bytes[i]);
+            for (int j = i + 1; j < n && j <= i + depth; j++)
+                if (bytes[j]) assert_int_not_equal(slot[i], slot[j]);
+        }
+        assert_int_equal(lb, window_max);
+        /* no slot is made for zero-byte tickets alone */
+        int any = 0;
+        for (int i = 0; i < n; i++) any |= bytes[i] != 0;
+        if (!any) assert_int_equal(ns, 0);
+    }
+}
+
 int main(void)
 {
     g_seed = tu_pick_seed();
@@ -132,6 +172,7 @@ int main(void)
         cmocka_unit_test(test_random_chains),
         cmocka_unit_test(test_reuse_of_the_same_weight),
         cmocka_unit_test(test_empty_and_single),
+        cmocka_unit_test(test_zero_byte_tickets),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
