@@ -47,6 +47,8 @@ etp_train_test(check_np2_nvfp4 2 --check --steps 8 --etp 2 --ep 1 --quant nvfp4)
 etp_train_test(check_np2_graph 2 --check --steps 8 --etp 1 --ep 2 --graph)
 etp_train_test(check_np4_graph_etp 4 --check --steps 8 --etp 2 --ep 2 --graph --quant mxfp8)
 etp_train_test(check_np4_resident 4 --check --steps 8 --etp 2 --ep 2 --resident)
+# every weight kept from forward to backward (keep_bytes), captured
+etp_train_test(check_np4_keep_graph 4 --check --steps 8 --etp 2 --ep 2 --keep all --graph)
 # the nvlink transport (FIXED_SLOTS, counts on the device, exact's drops):
 # splits, a captured step, quantized gathers, combine's BF16 wire; with
 # --capacity 0.5 (16 slots an expert, 16 x E/EP token rows a rank) both the
@@ -129,6 +131,7 @@ if(ETP_GPU_TESTS)
   etp_train_gpu_test(check 2 --check --steps 6 --etp 1 --ep 2 --tokens-step 8 --quant nvfp4 ${_small})
   etp_train_gpu_test(check 4 --check --steps 6 --etp 2 --ep 2 ${_small})
   etp_train_gpu_test(check_graph 4 --check --steps 6 --etp 2 --ep 2 --quant mxfp8 --graph ${_small})
+  etp_train_gpu_test(check_keep 4 --check --steps 6 --etp 2 --ep 2 --keep all --graph ${_small})
   # the NVLink transport's kernels in the loop, captured
   etp_train_gpu_test(check_nvlink 2 --check --steps 6 --etp 1 --ep 2 --transport nvlink --graph ${_small})
   etp_train_gpu_test(check_nvlink 4 --check --steps 6 --etp 2 --ep 2 --transport nvlink --wire bf16 ${_small})

@@ -245,9 +245,22 @@ typedef struct etp_chain_config {
      * (ETP_ERR_INVALID_STATE on the host backend, ETP_ERR_BACKEND on CUDA),
      * never a silent race. */
     int graph_whole_step;
+    /* Bytes of gathered weights the chain may keep from a weight's gather
+     * to its next one (forward to backward), which then finds the weight in
+     * its slot and gathers nothing (FSDP's reshard_after_forward = False,
+     * within a budget): each kept weight holds a slot of its own in
+     * between, so the chain's slots grow by up to this. The pairs closest
+     * together are kept first (the last forward weights); SIZE_MAX keeps
+     * all (a step then gathers each weight once, with the memory of whole
+     * weights at the turn). Unquantized weights only; a graphed chain needs
+     * graph_whole_step. 0 (default): only what the turn's slots hold. */
+    size_t keep_bytes;
 } etp_chain_config_t;
 
-#define ETP_CHAIN_CONFIG_INIT {sizeof(etp_chain_config_t), NULL, NULL, 1, 0, 0, 1, 2, 1, 0, 0, 0}
+#define ETP_CHAIN_CONFIG_INIT                                                \
+    {                                                                        \
+        sizeof(etp_chain_config_t), NULL, NULL, 1, 0, 0, 1, 2, 1, 0, 0, 0, 0 \
+    }
 
 /* Create a chain with its own all-gather and reduce-scatter streams. Its
  * group needs two roles (ag_role != rs_role; the default group config and

@@ -117,7 +117,8 @@ const etp__vstruct_t etp__vs_param_info =
 #define F(f) ETP__FIELD(etp_chain_config_t, f)
 static const etp__field_t chain_config_fields[] = {
     F(size), F(name), F(group), F(depth), F(graphed), F(ag_role), F(rs_role), F(wgrad_ring),
-    F(num_microbatches), F(prefetch_on_update), F(defer_zero_grad), F(graph_whole_step)};
+    F(num_microbatches), F(prefetch_on_update), F(defer_zero_grad), F(graph_whole_step),
+    F(keep_bytes)};
 #undef F
 const etp__vstruct_t etp__vs_chain_config =
     ETP__VSTRUCT(etp_chain_config_t, ETP_CHAIN_CONFIG_INIT, chain_config_fields);

@@ -47,6 +47,11 @@ etp_status_t etp_chain_create(etp_context_t *ctx, const etp_chain_config_t *conf
     ETP__CHECK_ARG(!cfg->graph_whole_step || cfg->graphed,
                    "%s: graph_whole_step is for graphed chains (an ungraphed chain's prefetches "
                    "cross forward -> backward anyway)", fn);
+    /* a captured pass must gather what it uses (slot_holds) */
+    ETP__CHECK_ARG(cfg->keep_bytes == 0 || !cfg->graphed || cfg->graph_whole_step,
+                   "%s: keep_bytes on a graphed chain needs graph_whole_step (forward and "
+                   "backward in one graph, or each captured pass gathers what it uses)",
+                   fn);
     int roles = cfg->group->num_roles;
     /* the usual first mistake, the context's world (one role): say what to do */
     ETP__CHECK_ARG(roles >= 2,
@@ -78,6 +83,7 @@ etp_status_t etp_chain_create(etp_context_t *ctx, const etp_chain_config_t *conf
     c->prefetch_on_update = cfg->prefetch_on_update;
     c->defer_zero = cfg->defer_zero_grad;
     c->whole_step = cfg->graph_whole_step;
+    c->keep_bytes = cfg->keep_bytes;
     etp_status_t st = etp_stream_create(ctx, ETP_STREAM_PRIORITY_HIGH, &c->ag);
     if (st == ETP_SUCCESS) st = etp_stream_create(ctx, ETP_STREAM_PRIORITY_HIGH, &c->rs);
     if (st == ETP_SUCCESS) st = etp_event_create(ctx, &c->scratch);
@@ -257,7 +263,8 @@ static etp_status_t plan(etp_chain_t *c)
                 for (int j = i - 1; j >= 0 && same[i] < 0; j--)
                     if (c->tickets[j].param == c->tickets[i].param) same[i] = j;
         }
-        nslots = etp__plan_tickets(bytes, same, n, c->depth, slot, slot_bytes, &c->lower_bound);
+        nslots = etp__plan_tickets(bytes, same, n, c->depth, c->keep_bytes, slot, slot_bytes,
+                                   &c->lower_bound);
     }
     if (nslots < 0) st = etp__err(ETP_ERR_OUT_OF_MEMORY, "chain '%s': out of memory", c->name);
     free_slots(c);

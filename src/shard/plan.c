@@ -11,18 +11,53 @@
  * forward to backward). The lower bound on bytes is the largest sum over
  * depth + 1 consecutive tickets, each weight once, which any plan must
  * hold at once. Returns the number of slots, or -1 when out of host memory.
+ *
+ * keep_bytes: weights kept whole from one ticket to their next (same[k] =
+ * i): slot of i is then no one else's until k, which finds the weight
+ * there. The pairs closest together go first (the last forward weights,
+ * the first backward), as long as their bytes sum to at most keep_bytes;
+ * the sum bounds the memory they hold at once.
  */
 #include <stdlib.h>
 
 #include "shard_internal.h"
 
-int etp__plan_tickets(const size_t *bytes, const int *same, int n, int depth, int *slot,
-                      size_t *slot_bytes, size_t *lower_bound)
+/* until[i]: the ticket that finds ticket i's weight in its slot (a kept
+ * pair), or -1 */
+static void choose_kept(const size_t *bytes, const int *same, int n, size_t keep_bytes, int *until)
+{
+    for (int i = 0; i < n; i++) until[i] = -1;
+    if (!same || keep_bytes == 0) return;
+    size_t kept = 0;
+    for (;;) {
+        int best = -1;
+        for (int k = 0; k < n; k++) {
+            const int i = same[k];
+            if (i < 0 || bytes[i] == 0 || until[i] >= 0 || bytes[i] > keep_bytes - kept) continue;
+            if (best < 0 || k - i < best - same[best]) best = k;
+        }
+        if (best < 0) return;
+        until[same[best]] = best;
+        kept += bytes[same[best]];
+    }
+}
+
+int etp__plan_tickets(const size_t *bytes, const int *same, int n, int depth, size_t keep_bytes,
+                      int *slot, size_t *slot_bytes, size_t *lower_bound)
 {
     int nslots = 0;
-    /* last[s]: the last ticket placed in slot s */
+    /* last[s]: the last ticket placed in slot s; busy[s]: the ticket that
+     * slot is kept for (-1: none) */
     int *last = malloc((size_t)(n > 0 ? n : 1) * sizeof *last);
-    if (!last) return -1;
+    int *busy = malloc((size_t)(n > 0 ? n : 1) * sizeof *busy);
+    int *until = malloc((size_t)(n > 0 ? n : 1) * sizeof *until);
+    if (!last || !busy || !until) {
+        free(last);
+        free(busy);
+        free(until);
+        return -1;
+    }
+    choose_kept(bytes, same, n, keep_bytes, until);
     size_t lb = 0;
     for (int i = 0; i < n; i++) {
         if (bytes[i] == 0) {
@@ -42,12 +77,13 @@ int etp__plan_tickets(const size_t *bytes, const int *same, int n, int depth, in
         if (s >= 0) {
             if (slot_bytes[s] < bytes[i]) slot_bytes[s] = bytes[i];
             last[s] = i;
+            busy[s] = until[i];
             slot[i] = s;
             continue;
         }
         int fit = -1, big = -1;
         for (int r = 0; r < nslots; r++) {
-            if (i - last[r] <= depth) continue;
+            if (i - last[r] <= depth || busy[r] >= i) continue;
             if (slot_bytes[r] >= bytes[i] && (fit < 0 || slot_bytes[r] < slot_bytes[fit])) fit = r;
             if (big < 0 || slot_bytes[r] > slot_bytes[big]) big = r;
         }
@@ -58,9 +94,12 @@ int etp__plan_tickets(const size_t *bytes, const int *same, int n, int depth, in
         }
         if (slot_bytes[s] < bytes[i]) slot_bytes[s] = bytes[i];
         last[s] = i;
+        busy[s] = until[i];
         slot[i] = s;
     }
     free(last);
+    free(busy);
+    free(until);
     *lower_bound = lb;
     return nslots;
 }

@@ -96,6 +96,7 @@ struct etp_chain {
     int prefetch_on_update;
     int defer_zero; /* defer_zero_grad */
     int whole_step; /* graph_whole_step: prefetches cross forward -> backward */
+    size_t keep_bytes; /* keep_bytes: weights kept whole from forward to backward */
     int early_step; /* a step begun by mark_updated's prefetch, before its first gather */
     uint64_t step;  /* steps (or micro-batches) begun: a new one at each ticket gathered again */
     int reuses;     /* issues that found their data in the slot (for tests) */
@@ -135,9 +136,10 @@ struct etp_chain {
  * slot is -1 (it keeps its place in the depth, which counts tickets, as
  * the prefetches do). Returns the number of
  * slots, or -1 out of host memory; *lower_bound is the largest sum over
- * depth + 1 consecutive tickets, each weight counted once. */
-int etp__plan_tickets(const size_t *bytes, const int *same, int n, int depth, int *slot,
-                      size_t *slot_bytes, size_t *lower_bound);
+ * depth + 1 consecutive tickets, each weight counted once. With keep_bytes,
+ * pairs (same[k], k) keep the slot between them for k (plan.c says which). */
+int etp__plan_tickets(const size_t *bytes, const int *same, int n, int depth, size_t keep_bytes,
+                      int *slot, size_t *slot_bytes, size_t *lower_bound);
 
 size_t etp__param_gather_bytes(const etp_param_t *p, etp_pass_t pass);
 etp_status_t etp__chain_record_ticket(etp_chain_t *c, etp_param_t *p, etp_pass_t pass);

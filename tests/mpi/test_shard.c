@@ -117,7 +117,8 @@ enum {
     RUN_PREFETCH_ON_UPDATE = 2,
     RUN_DEFER_ZERO = 4,
     RUN_EAGER = 8,
-    RUN_WHOLE_STEP = 16
+    RUN_WHOLE_STEP = 16,
+    RUN_KEEP = 32 /* keep_bytes: every weight kept from forward to backward */
 };
 
 static void open_run(run_t *r, int64_t seed, int nparams, int depth, int ring, unsigned skip,
@@ -143,6 +144,7 @@ static void open_run(run_t *r, int64_t seed, int nparams, int depth, int ring, u
     cc.graph_whole_step = (mode & RUN_WHOLE_STEP) != 0;
     cc.prefetch_on_update = (mode & RUN_PREFETCH_ON_UPDATE) != 0;
     cc.defer_zero_grad = (mode & RUN_DEFER_ZERO) != 0;
+    cc.keep_bytes = (mode & RUN_KEEP) ? SIZE_MAX : 0;
     ETP_OK(etp_chain_create(r->ctx, &cc, &r->chain));
     r->nparams = nparams;
     for (int i = 0; i < nparams; i++) {
@@ -791,18 +793,24 @@ static void test_forward_only_step(void **state)
  * the last two weights (depth 1), and, between micro-batches, the first
  * forward gathers; a weight updated in between is gathered again, with the
  * new values. A graphed chain reuses only with graph_whole_step, within a
- * step (what a captured region uses is gathered inside it). Every gather's
- * data is checked. */
+ * step (what a captured region uses is gathered inside it). With
+ * keep_bytes unbounded every weight keeps a slot of its own: backward
+ * gathers nothing unless updated. Every gather's data is checked. */
 static void test_reuse_at_the_turn(void **state)
 {
     (void)state;
     for (size_t k = 0; k < NSEEDS; k++)
-        for (int graphed = 0; graphed < 3; graphed++) {
+        for (int v = 0; v < 5; v++) {
+            /* 0-2: eager, graphed, graphed whole step; 3-4: eager and
+             * graphed whole step keeping every weight (keep_bytes) */
+            const int graphed = v < 3 ? v : 2 * (v - 3);
+            const int keep = v >= 3;
             run_t r;
             open_run(&r, seeds[k], 3, 1, 2, 0,
-                     graphed == 2 ? RUN_GRAPHED | RUN_WHOLE_STEP
-                     : graphed    ? RUN_GRAPHED
-                                  : 0);
+                     (graphed == 2 ? RUN_GRAPHED | RUN_WHOLE_STEP
+                      : graphed    ? RUN_GRAPHED
+                                   : 0) |
+                         (keep ? RUN_KEEP : 0));
             void *got[3];
             long bad = 0;
             /* per round: the weights' versions forward and backward, loaded
@@ -828,12 +836,22 @@ static void test_reuse_at_the_turn(void **state)
                 }
             }
             if (bad && g_rank == 0)
-                printf("seed %lld%s: %ld wrong elements\n", (long long)seeds[k],
+                printf("seed %lld%s%s: %ld wrong elements\n", (long long)seeds[k],
                        graphed == 2 ? " (graphed, whole step)"
                        : graphed    ? " (graphed)"
                                     : "",
-                       bad);
+                       keep ? " (kept)" : "", bad);
             assert_int_equal(bad, 0);
+            if (keep) {
+                /* every weight backward; then the update between the passes
+                 * leaves only the turn's prefetch; then, ungraphed, every
+                 * gather of the round (each weight has a slot of its own) */
+                assert_int_equal(reuses[0][0] + reuses[0][1], 3);
+                assert_int_equal(reuses[1][0] + reuses[1][1], 1);
+                assert_int_equal(reuses[2][0] + reuses[2][1], graphed ? 3 : 6);
+                close_run(&r);
+                continue;
+            }
             /* graphed, forward and backward apart: none */
             const int split = graphed == 1;
             /* w2 and w1 backward (w2 found by the last forward gather's

@@ -416,6 +416,13 @@ static void test_whole_step_split_capture_fails(void **state)
     etp_chain_t *none = NULL;
     assert_int_equal(etp_chain_create(ctx, &bad, &none), ETP_ERR_INVALID_ARGUMENT);
     assert_null(none);
+    /* kept weights in a graphed chain whose passes may be separate graphs */
+    bad.graphed = 1;
+    bad.graph_whole_step = 0;
+    bad.keep_bytes = 1;
+    ETP_EXPECT_MSG(etp_chain_create(ctx, &bad, &none), ETP_ERR_INVALID_ARGUMENT,
+                   "keep_bytes on a graphed chain needs graph_whole_step");
+    assert_null(none);
     ETP_OK(etp_chain_destroy(chain));
     for (int i = 0; i < 2; i++) ETP_OK(etp_param_destroy(p[i]));
     ETP_OK(etp_stream_destroy(s));

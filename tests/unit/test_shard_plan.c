@@ -10,7 +10,7 @@ static void check_plan(const size_t *bytes, int n, int depth)
 {
     int slot[512];
     size_t sb[512], lb = 0;
-    int ns = etp__plan_tickets(bytes, NULL, n, depth, slot, sb, &lb);
+    int ns = etp__plan_tickets(bytes, NULL, n, depth, 0, slot, sb, &lb);
     assert_true(ns >= 1 && ns <= n);
     size_t total = 0, window_max = 0;
     for (int s = 0; s < ns; s++) total += sb[s];
@@ -44,7 +44,7 @@ static void test_uniform_sizes_are_optimal(void **state)
         for (int i = 0; i < 48; i++) bytes[i] = 4096;
         int slot[48];
         size_t sb[48], lb;
-        int ns = etp__plan_tickets(bytes, NULL, 48, depth, slot, sb, &lb);
+        int ns = etp__plan_tickets(bytes, NULL, 48, depth, 0, slot, sb, &lb);
         assert_int_equal(ns, depth + 1);
         assert_int_equal(lb, (size_t)(depth + 1) * 4096);
         size_t total = 0;
@@ -88,7 +88,7 @@ static void test_reuse_of_the_same_weight(void **state)
             same[i] = -1;
             same[n - 1 - i] = i;
         }
-        const int ns = etp__plan_tickets(bytes, same, n, depth, slot, sb, &lb);
+        const int ns = etp__plan_tickets(bytes, same, n, depth, 0, slot, sb, &lb);
         assert_true(ns >= 1 && ns <= n);
         assert_int_equal(slot[half], slot[half - 1]);
         size_t window_max = 0;
@@ -110,14 +110,66 @@ static void test_reuse_of_the_same_weight(void **state)
     }
 }
 
+/* Forward then backward with a budget of kept bytes: every pair that the
+ * budget takes, closest first while its bytes fit what is left, is kept
+ * (no other ticket takes its slot between them, and the backward ticket
+ * takes it; other pairs may find their slot untouched anyway, as at the
+ * turn), and tickets within depth still never share a slot. With an
+ * unbounded budget every pair is kept. */
+static void test_kept_pairs(void **state)
+{
+    (void)state;
+    for (int trial = 0; trial < 300; trial++) {
+        const int half = 1 + (int)(tu_rand(g_seed, 11, (uint64_t)trial, 0) % 60), n = 2 * half;
+        const int depth = (int)(tu_rand(g_seed, 12, (uint64_t)trial, 0) % 4);
+        size_t bytes[120], sb[120], lb = 0, total = 0;
+        int same[120], slot[120];
+        for (int i = 0; i < half; i++) {
+            bytes[i] = 1 + tu_rand(g_seed, 13, (uint64_t)trial, (uint64_t)i) % 1000;
+            bytes[n - 1 - i] = bytes[i];
+            same[i] = -1;
+            same[n - 1 - i] = i;
+            total += bytes[i];
+        }
+        const int all = trial % 4 == 0;
+        const size_t budget = all ? SIZE_MAX
+                                  : tu_rand(g_seed, 14, (uint64_t)trial, 0) % (total + 1);
+        const int ns = etp__plan_tickets(bytes, same, n, depth, budget, slot, sb, &lb);
+        assert_true(ns >= 1 && ns <= n);
+        /* pair of forward ticket i: (i, n - 1 - i), closer for larger i;
+         * kept: the slot is no one else's in between */
+        size_t kept_bytes = 0, left = budget;
+        for (int i = half - 1; i >= 0; i--) {
+            const int k = n - 1 - i;
+            int kept = slot[k] == slot[i];
+            for (int j = i + 1; j < k; j++) kept &= slot[j] != slot[i];
+            /* the budget's rule, closest first */
+            if (bytes[i] <= left) {
+                if (!kept)
+                    fail_msg("trial %d: pair %d-%d of %zu bytes not kept with %zu bytes of "
+                             "budget left",
+                             trial, i, k, bytes[i], left);
+                left -= bytes[i];
+            }
+            if (kept) kept_bytes += bytes[i];
+        }
+        if (all) assert_int_equal(kept_bytes, total);
+        for (int i = 0; i < n; i++) {
+            assert_true(sb[slot[i]] >= bytes[i]);
+            for (int j = i + 1; j < n && j <= i + depth; j++)
+                if (same[j] != i) assert_int_not_equal(slot[i], slot[j]);
+        }
+    }
+}
+
 static void test_empty_and_single(void **state)
 {
     (void)state;
     size_t b = 10, sb[1], lb = 99;
     int slot[1];
-    assert_int_equal(etp__plan_tickets(&b, NULL, 0, 1, slot, sb, &lb), 0);
+    assert_int_equal(etp__plan_tickets(&b, NULL, 0, 1, 0, slot, sb, &lb), 0);
     assert_int_equal(lb, 0);
-    assert_int_equal(etp__plan_tickets(&b, NULL, 1, 3, slot, sb, &lb), 1);
+    assert_int_equal(etp__plan_tickets(&b, NULL, 1, 3, 0, slot, sb, &lb), 1);
     assert_int_equal(sb[0], 10);
     assert_int_equal(lb, 10);
 }
@@ -139,7 +191,7 @@ static void test_zero_byte_tickets(void **state)
             bytes[i] = tu_rand(g_seed, 9, (uint64_t)trial, (uint64_t)i) % 3 == 0
                            ? 0
                            : 1 + tu_rand(g_seed, 10, (uint64_t)trial, (uint64_t)i) % 5000;
-        const int ns = etp__plan_tickets(bytes, NULL, n, depth, slot, sb, &lb);
+        const int ns = etp__plan_tickets(bytes, NULL, n, depth, 0, slot, sb, &lb);
         assert_true(ns >= 0 && ns <= n);
         for (int i = 0; i < n; i++) {
             size_t w = 0;
@@ -173,6 +225,7 @@ int main(void)
         cmocka_unit_test(test_reuse_of_the_same_weight),
         cmocka_unit_test(test_empty_and_single),
         cmocka_unit_test(test_zero_byte_tickets),
+        cmocka_unit_test(test_kept_pairs),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -9,6 +9,7 @@
  */
 #include <math.h>
 #include <mpi.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -28,8 +29,8 @@
 enum {
     O_BACKEND, O_LAYERS, O_HIDDEN, O_FFN, O_EXPERTS, O_TOPK, O_TOKENS, O_TOKENS_STEP, O_STEPS,
     O_SEED, O_ETP, O_EP, O_DP, O_QUANT, O_TRANSPORT, O_GRAPH, O_RESIDENT, O_CHECK, O_SAVE,
-    O_LOAD, O_CSV, O_SVG, O_LR, O_POOL, O_CAPACITY, O_WIRE, O_DEPTH, O_EVERY, O_WARMUP, O_QUIET,
-    O_MIN_FALL
+    O_LOAD, O_CSV, O_SVG, O_LR, O_POOL, O_CAPACITY, O_WIRE, O_DEPTH, O_KEEP, O_EVERY, O_WARMUP,
+    O_QUIET, O_MIN_FALL
 };
 
 static const etp_cli_opt_t opts[] = {
@@ -79,6 +80,10 @@ static const etp_cli_opt_t opts[] = {
     [O_WIRE] = {"wire", "f32|bf16", "f32",
                 "the dtype of EP combine's per-rank partials on the wire (combine_wire)"},
     [O_DEPTH] = {"depth", "N", "1", "the chain's prefetch depth"},
+    [O_KEEP] = {"keep", "GIB|all", "0",
+                "GiB of forward-gathered weights the chain keeps for the backward pass, which "
+                "then gathers them no more (keep_bytes; the last layers' first): the memory of "
+                "whole weights for fewer gathers"},
     [O_EVERY] = {"every", "N", NULL, "a progress line every N steps (default: steps / 10)"},
     [O_WARMUP] = {"warmup", "N", "2", "eager steps before the capture (--graph)"},
     [O_QUIET] = {"quiet", NULL, NULL, "only the summary"},
@@ -186,6 +191,15 @@ static int parse(run_t *r, int argc, char **argv)
         case O_DEPTH:
             bad = etp_cli_long(cli.prog, cli.quiet, cli.opt, a, 0, 64, &v);
             r->o.depth = (int)v;
+            break;
+        case O_KEEP:
+            if (!strcmp(a, "all")) {
+                r->o.keep_bytes = SIZE_MAX;
+            } else {
+                double gib = 0;
+                bad = etp_cli_double(cli.prog, cli.quiet, cli.opt, a, 0.0, 1e6, &gib);
+                r->o.keep_bytes = (size_t)(gib * 1073741824.0);
+            }
             break;
         case O_EVERY:
             bad = etp_cli_long(cli.prog, cli.quiet, cli.opt, a, 1, 1L << 30, &v);
@@ -574,12 +588,15 @@ int main(int argc, char **argv)
         train_report_summary(rep, r.o.graph ? r.warmup + 1 : 1, peak,
                              backend == ETP_BACKEND_CUDA ? "GPU" : "rank", stdout);
         if (!r.quiet) {
-            printf("memory: peak %.2f GiB on rank %d (", (double)mem.peak_bytes / 1073741824.0,
+            const int gib = mem.peak_bytes >= ((size_t)1 << 30);
+            const double unit = gib ? 1073741824.0 : 1048576.0;
+            const char *u = gib ? "GiB" : "MiB";
+            printf("memory: peak %.2f %s on rank %d (", (double)mem.peak_bytes / unit, u,
                    top.rank);
             for (int o = 0; o < ETP_MEM_OWNER_COUNT; o++)
                 printf("%s%s %.2f", o ? ", " : "", etp_mem_owner_name((etp_mem_owner_t)o),
-                       (double)mem.bytes[o] / 1073741824.0);
-            printf(" GiB live)\n");
+                       (double)mem.bytes[o] / unit);
+            printf(" %s live)\n", u);
         }
         if (r.csv && train_report_csv(rep, r.csv) != 0) rc = 1;
         if (r.svg && train_report_svg(rep, r.svg) != 0) rc = 1;

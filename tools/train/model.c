@@ -433,6 +433,7 @@ etp_status_t model_create(etp_context_t *ctx, etp_stream_t *s, const train_opts_
     cc.name = "layers";
     cc.group = m->g_etp;
     cc.depth = o->depth;
+    cc.keep_bytes = o->resident ? 0 : o->keep_bytes;
     cc.graphed = o->graph;
     /* model_step captures forward and backward in one graph */
     cc.graph_whole_step = o->graph;

@@ -32,6 +32,7 @@ typedef struct train_opts {
     int resident;         /* every weight whole on every rank: no gathers */
     int graph;            /* the chain is made capturable (graphed) */
     int depth;            /* the chain's prefetch depth */
+    size_t keep_bytes;    /* the chain's keep_bytes */
     int timing;           /* CUDA: events around every gather and EP call */
 } train_opts_t;
 
