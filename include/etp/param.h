@@ -249,7 +249,8 @@ typedef struct etp_chain_config {
      * to its next one (forward to backward), which then finds the weight in
      * its slot and gathers nothing (FSDP's reshard_after_forward = False,
      * within a budget): each kept weight holds a slot of its own in
-     * between, so the chain's slots grow by up to this. The pairs closest
+     * between, so the chain's slots grow by about this (the memory report
+     * says by how much). The pairs closest
      * together are kept first (the last forward weights); SIZE_MAX keeps
      * all (a step then gathers each weight once, with the memory of whole
      * weights at the turn). Unquantized weights only; a graphed chain needs

@@ -15,8 +15,9 @@
  * keep_bytes: weights kept whole from one ticket to their next (same[k] =
  * i): slot of i is then no one else's until k, which finds the weight
  * there. The pairs closest together go first (the last forward weights,
- * the first backward), as long as their bytes sum to at most keep_bytes;
- * the sum bounds the memory they hold at once.
+ * the first backward), as long as their bytes sum to at most keep_bytes.
+ * A kept ticket takes no free slot larger than itself. The slots' bytes
+ * grow by about the kept bytes (greedy colouring bounds nothing exactly).
  */
 #include <stdlib.h>
 
@@ -84,6 +85,14 @@ int etp__plan_tickets(const size_t *bytes, const int *same, int n, int depth, si
         int fit = -1, big = -1;
         for (int r = 0; r < nslots; r++) {
             if (i - last[r] <= depth || busy[r] >= i) continue;
+            /* a kept ticket holds its slot long: never one larger than it
+             * (a small weight would lock a big slot away), so of the
+             * others the largest, grown if need be */
+            if (until[i] >= 0) {
+                if (slot_bytes[r] <= bytes[i] && (big < 0 || slot_bytes[r] > slot_bytes[big]))
+                    big = r;
+                continue;
+            }
             if (slot_bytes[r] >= bytes[i] && (fit < 0 || slot_bytes[r] < slot_bytes[fit])) fit = r;
             if (big < 0 || slot_bytes[r] > slot_bytes[big]) big = r;
         }
