@@ -485,6 +485,11 @@ static etp_status_t issue(etp_chain_t *c, int u, etp_stream_t *caller)
         t->reused = 0;
         return ETP_SUCCESS;
     }
+    if (t->slot < 0) /* a failed etp_chain_end_record left no slots */
+        return etp__err(ETP_ERR_INVALID_STATE,
+                        "chain '%s' has no gather slots since its etp_chain_end_record failed; "
+                        "call etp_chain_end_record again",
+                        c->name);
     etp__slot_t *s = &c->slots[t->slot];
     if (slot_holds(c, s, u)) {
         /* No gather: the slot's ready event already follows the writes of
@@ -707,6 +712,8 @@ etp_status_t etp_gather(etp_param_t *p, etp_pass_t pass, etp_stream_t *stream, e
     tk->state = ETP__TICKET_HELD;
     for (int u = t + 1; u <= last; u++) {
         if (c->tickets[u].state != ETP__TICKET_IDLE || would_overwrite(c, u, t)) continue;
+        /* no slot to prefetch into: its own gather says why */
+        if (c->tickets[u].slot < 0 && !gathers_nothing(c->tickets[u].param)) continue;
         const etp_status_t st = issue(c, u, stream);
         if (st != ETP_SUCCESS) {
             tk->state = ETP__TICKET_ISSUED; /* no view was handed out: nothing to release */
