@@ -64,7 +64,9 @@ etp_status_t etp__chain_ensure_workspace(etp_chain_t *c)
         }
         c->ring_bytes = ring;
     }
-    ETP__TRY(rs_buffer(c, &c->rs_stage, &c->rs_bytes, ring, ETP_MEM_WORKSPACE));
+    /* a group of one sums its own wgrad: no exchange, no staging */
+    if (c->group->size > 1)
+        ETP__TRY(rs_buffer(c, &c->rs_stage, &c->rs_bytes, ring, ETP_MEM_WORKSPACE));
     if (!c->a2a_counts) {
         size_t R = (size_t)c->group->size;
         c->a2a_counts = calloc(R, sizeof *c->a2a_counts);
@@ -166,16 +168,23 @@ etp_status_t etp_reduce_grad(etp_param_t *p, etp_stream_t *stream, float scale)
         c->a2a_counts[r] = shard_elems;
         c->a2a_displs[r] = (size_t)r * shard_elems;
     }
-    ETP__TRY(etp_batch_begin(p->ctx));
-    etp_status_t st = ETP_SUCCESS;
-    for (int64_t x = 0; x < p->experts && st == ETP_SUCCESS; x++)
-        st = etp_alltoallv(c->group, c->rs_role, (const char *)src + (size_t)x * full_e * es,
-                           c->a2a_counts, c->a2a_displs, (char *)c->rs_stage + (size_t)x * full_e * es,
-                           c->a2a_counts, c->a2a_displs, dt, c->rs);
-    etp_status_t st2 = etp_batch_end(p->ctx);
-    ETP__TRY(st != ETP_SUCCESS ? st : st2);
+    /* A group of one: the ring entry is already the only chunk, laid out
+     * as the exchange would leave it (one chunk an expert). */
+    const void *stage = src;
+    if (R > 1) {
+        stage = c->rs_stage;
+        ETP__TRY(etp_batch_begin(p->ctx));
+        etp_status_t st = ETP_SUCCESS;
+        for (int64_t x = 0; x < p->experts && st == ETP_SUCCESS; x++)
+            st = etp_alltoallv(c->group, c->rs_role, (const char *)src + (size_t)x * full_e * es,
+                               c->a2a_counts, c->a2a_displs,
+                               (char *)c->rs_stage + (size_t)x * full_e * es, c->a2a_counts,
+                               c->a2a_displs, dt, c->rs);
+        etp_status_t st2 = etp_batch_end(p->ctx);
+        ETP__TRY(st != ETP_SUCCESS ? st : st2);
+    }
     etp__shard_geom_t g = {p->experts, p->shard_rows, p->cols, p->valid_rows, (int64_t)shard_elems};
-    ETP__TRY(k->accumulate(be, c->rs->bs, p->main_grad, c->rs_stage, dt, g, R, (int64_t)shard_elems,
+    ETP__TRY(k->accumulate(be, c->rs->bs, p->main_grad, stage, dt, g, R, (int64_t)shard_elems,
                            (int64_t)full_e, scale, p->zero_pending));
     p->zero_pending = 0;
     ETP__TRY(etp_event_record(c->ring_done[e], c->rs));
