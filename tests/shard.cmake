@@ -1,7 +1,7 @@
 # Tests of the shard module (included by tests/CMakeLists.txt).
 etp_add_unit_test(test_shard_plan unit/test_shard_plan.c shard)
 if(ETP_WITH_MPI)
-  etp_add_mpi_test_internal(test_shard mpi/test_shard.c shard 2 3 4)
+  etp_add_mpi_test_internal(test_shard mpi/test_shard.c shard 1 2 3 4)
   etp_add_mpi_test_internal(test_shard_memory mpi/test_shard_memory.c shard 2)
   etp_add_mpi_test_internal(test_shard_quant mpi/test_shard_quant.c "shard,quant" 2 3 4)
   etp_add_mpi_test_internal(test_shard_graph mpi/test_shard_graph.c shard 1 2 3)

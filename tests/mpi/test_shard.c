@@ -341,7 +341,8 @@ static void test_chain_every_seed(void **state)
         etp_cache_report_t rep = ETP_CACHE_REPORT_INIT;
         ETP_OK(etp_chain_cache_report(r.chain, &rep));
         assert_int_equal(rep.tickets, 2 * (int)NSPECS);
-        assert_int_equal(rep.slots, 2 + (int)(k % 3));
+        /* a group of one gathers views of the shards: no slots */
+        assert_int_equal(rep.slots, g_size > 1 ? 2 + (int)(k % 3) : 0);
         assert_true(rep.slot_bytes >= rep.lower_bound_bytes);
         long bad = run_steps(&r, 5);
         if (bad && g_rank == 0) printf("seed %lld: %ld wrong elements\n", (long long)seeds[k], bad);
@@ -479,7 +480,11 @@ static void check_edge_kind(unsigned edge, const char *name, int graphed)
         open_run(&r, 0, 4, 1, 2, edge, graphed);
         long bad = run_steps(&r, 2);
         if (g_rank == 0) printf("without edge %s: %ld wrong elements\n", name, bad);
-        assert_true(bad > 0);
+        /* a group of one gathers views of the shards and sums its own
+         * wgrads: only the ring's and the join's edges order anything that
+         * runs beside the caller there */
+        if (g_size > 1 || (edge & (ETP__EDGE_RING_REUSE | ETP__EDGE_GRADS_JOIN)))
+            assert_true(bad > 0);
         close_run(&r);
     }
     open_run(&r, 0, 4, 1, 2, 0, graphed);
@@ -562,7 +567,7 @@ static void test_recorded_chain(void **state)
     etp_cache_report_t rep = ETP_CACHE_REPORT_INIT;
     ETP_OK(etp_chain_cache_report(r.chain, &rep));
     assert_int_equal(rep.tickets, 12);
-    assert_int_equal(rep.slots, 2);
+    assert_int_equal(rep.slots, g_size > 1 ? 2 : 0);
     assert_int_equal(run_steps(&r, 3), 0);
     close_run(&r);
 }
@@ -609,8 +614,14 @@ static void test_errors(void **state)
     ETP_OK(etp_gather(r.p[0], ETP_PASS_FORWARD, r.main, &v));
     ETP_EXPECT_MSG(etp_gather(r.p[0], ETP_PASS_FORWARD, r.main, &v), ETP_ERR_INVALID_STATE,
                    "not released");
-    ETP_EXPECT_MSG(etp_gather(r.p[1], ETP_PASS_FORWARD, r.main, &v), ETP_ERR_INVALID_STATE,
-                   "would overwrite slot");
+    if (g_size > 1) {
+        ETP_EXPECT_MSG(etp_gather(r.p[1], ETP_PASS_FORWARD, r.main, &v), ETP_ERR_INVALID_STATE,
+                       "would overwrite slot");
+    } else {
+        /* views of the shards overwrite nothing */
+        ETP_OK(etp_gather(r.p[1], ETP_PASS_FORWARD, r.main, &v));
+        ETP_OK(etp_release(r.p[1], ETP_PASS_FORWARD, r.main));
+    }
     ETP_EXPECT_MSG(etp_chain_destroy(r.chain), ETP_ERR_BUSY, "not released");
     ETP_OK(etp_release(r.p[0], ETP_PASS_FORWARD, r.main));
     etp_weight_view_t w = ETP_WEIGHT_VIEW_INIT;
@@ -842,6 +853,12 @@ static void test_reuse_at_the_turn(void **state)
                                     : "",
                        keep ? " (kept)" : "", bad);
             assert_int_equal(bad, 0);
+            if (g_size == 1) {
+                /* views of the shards: nothing is ever found in a slot */
+                for (int q = 0; q < 3; q++) assert_int_equal(reuses[q][0] + reuses[q][1], 0);
+                close_run(&r);
+                continue;
+            }
             if (keep) {
                 /* every weight backward; then the update between the passes
                  * leaves only the turn's prefetch; then, ungraphed, every
@@ -923,6 +940,8 @@ static void test_destroy_detaches(void **state)
 static void test_record_out_of_memory(void **state)
 {
     (void)state;
+    /* a group of one allocates no gather slots to fail */
+    if (g_size == 1) skip();
     /* gather slots fail to allocate while fail is set */
     tu_allocator_t a = {0};
     const unsigned fail = 1u << ETP_MEM_GATHER_SLOTS;
