@@ -371,6 +371,8 @@ etp_status_t model_check_opts(const train_opts_t *o, int ranks, char *why, size_
     if (o->combine_wire != 0 && o->combine_wire != ETP_DTYPE_F32 &&
         o->combine_wire != ETP_DTYPE_BF16)
         REFUSE("combine wire %d is not f32 or bf16", (int)o->combine_wire);
+    if (o->keep_bytes && o->resident)
+        REFUSE("--keep keeps gathered weights; --resident gathers none");
     if (o->graph && o->transport == ETP_EP_TRANSPORT_EXACT)
         REFUSE("--graph needs the capacity or nvlink transport (exact copies the counts to the "
                "host at every layer)");
@@ -433,7 +435,7 @@ etp_status_t model_create(etp_context_t *ctx, etp_stream_t *s, const train_opts_
     cc.name = "layers";
     cc.group = m->g_etp;
     cc.depth = o->depth;
-    cc.keep_bytes = o->resident ? 0 : o->keep_bytes;
+    cc.keep_bytes = o->keep_bytes;
     cc.graphed = o->graph;
     /* model_step captures forward and backward in one graph */
     cc.graph_whole_step = o->graph;
