@@ -101,6 +101,7 @@ etp_train_refused(bad_experts 3 "is not a multiple of the EP size 3" --ep 3 --et
 etp_train_refused(bad_tokens 3 "rank 2 would have -8 tokens" --ep 1 --etp 1 --dp 3 --tokens 32 --tokens-step 20)
 etp_train_refused(bad_topk 1 "--topk 9 is more than --experts 8" --topk 9)
 etp_train_refused(bad_keep_resident 1 "--resident gathers none" --keep all --resident)
+etp_train_refused(bad_keep_quant 1 "with --quant every gather quantizes again" --keep 1 --quant mxfp8)
 
 # a checkpoint saved at one split loads at another: the next 5 losses equal
 # an uninterrupted run's (ETP and DP change; then ETP and EP change)

@@ -74,6 +74,24 @@ static void test_random_chains(void **state)
  * a ticket takes its weight's slot whenever nothing was placed there since
  * (the turn's tickets always do), other tickets within depth never
  * share a slot, and the lower bound counts each weight once a window. */
+/* A chain forward then backward of `half` weights of random sizes below
+ * `max` (stream `stream` of the seed): each backward ticket names its
+ * forward one in same[]. Returns the weights' bytes, each counted once. */
+static size_t forward_backward(int trial, uint64_t stream, int half, size_t max, size_t *bytes,
+                               int *same)
+{
+    const int n = 2 * half;
+    size_t total = 0;
+    for (int i = 0; i < half; i++) {
+        bytes[i] = 1 + tu_rand(g_seed, stream, (uint64_t)trial, (uint64_t)i) % max;
+        bytes[n - 1 - i] = bytes[i];
+        same[i] = -1;
+        same[n - 1 - i] = i;
+        total += bytes[i];
+    }
+    return total;
+}
+
 static void test_reuse_of_the_same_weight(void **state)
 {
     (void)state;
@@ -82,12 +100,7 @@ static void test_reuse_of_the_same_weight(void **state)
         const int depth = (int)(tu_rand(g_seed, 5, (uint64_t)trial, 0) % 5);
         size_t bytes[200], sb[200], lb = 0;
         int same[200], slot[200];
-        for (int i = 0; i < half; i++) {
-            bytes[i] = 1 + tu_rand(g_seed, 6, (uint64_t)trial, (uint64_t)i) % 100000;
-            bytes[n - 1 - i] = bytes[i];
-            same[i] = -1;
-            same[n - 1 - i] = i;
-        }
+        forward_backward(trial, 6, half, 100000, bytes, same);
         const int ns = etp__plan_tickets(bytes, same, n, depth, 0, slot, sb, &lb);
         assert_true(ns >= 1 && ns <= n);
         assert_int_equal(slot[half], slot[half - 1]);
@@ -122,15 +135,9 @@ static void test_kept_pairs(void **state)
     for (int trial = 0; trial < 300; trial++) {
         const int half = 1 + (int)(tu_rand(g_seed, 11, (uint64_t)trial, 0) % 60), n = 2 * half;
         const int depth = (int)(tu_rand(g_seed, 12, (uint64_t)trial, 0) % 4);
-        size_t bytes[120], sb[120], lb = 0, total = 0;
+        size_t bytes[120], sb[120], lb = 0;
         int same[120], slot[120];
-        for (int i = 0; i < half; i++) {
-            bytes[i] = 1 + tu_rand(g_seed, 13, (uint64_t)trial, (uint64_t)i) % 1000;
-            bytes[n - 1 - i] = bytes[i];
-            same[i] = -1;
-            same[n - 1 - i] = i;
-            total += bytes[i];
-        }
+        const size_t total = forward_backward(trial, 13, half, 1000, bytes, same);
         const int all = trial % 4 == 0;
         const size_t budget = all ? SIZE_MAX
                                   : tu_rand(g_seed, 14, (uint64_t)trial, 0) % (total + 1);

@@ -82,8 +82,8 @@ static const etp_cli_opt_t opts[] = {
     [O_DEPTH] = {"depth", "N", "1", "the chain's prefetch depth"},
     [O_KEEP] = {"keep", "GIB|all", "0",
                 "GiB of forward-gathered weights the chain keeps for the backward pass, which "
-                "then gathers them no more (keep_bytes; the last layers' first): the memory of "
-                "whole weights for fewer gathers"},
+                "then gathers them no more (keep_bytes; the last layers' first; not with "
+                "--quant or --resident): the memory of whole weights for fewer gathers"},
     [O_EVERY] = {"every", "N", NULL, "a progress line every N steps (default: steps / 10)"},
     [O_WARMUP] = {"warmup", "N", "2", "eager steps before the capture (--graph)"},
     [O_QUIET] = {"quiet", NULL, NULL, "only the summary"},

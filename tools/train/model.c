@@ -373,6 +373,8 @@ etp_status_t model_check_opts(const train_opts_t *o, int ranks, char *why, size_
         REFUSE("combine wire %d is not f32 or bf16", (int)o->combine_wire);
     if (o->keep_bytes && o->resident)
         REFUSE("--keep keeps gathered weights; --resident gathers none");
+    if (o->keep_bytes && sh->quant != TRAIN_QUANT_NONE)
+        REFUSE("--keep keeps unquantized gathers; with --quant every gather quantizes again");
     if (o->graph && o->transport == ETP_EP_TRANSPORT_EXACT)
         REFUSE("--graph needs the capacity or nvlink transport (exact copies the counts to the "
                "host at every layer)");
