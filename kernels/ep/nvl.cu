@@ -658,13 +658,12 @@ __device__ void send_wgrads(const etp__ep_e2t_args_t &a, int64_t i, int s, int64
  * is set; with vec, the groups [g_lo, g_hi) of V elements only) and, in
  * the slice that starts at 0, its weight gradients (grad_topk). src_s:
  * the warp's shared scratch. */
-__device__ void sum_token(const etp__ep_e2t_args_t &a, int64_t t, int vec, int64_t *src_s,
-                          int64_t g_lo, int64_t g_hi)
+__device__ void sum_token(const etp__ep_e2t_args_t &a, const char *slab, int64_t t, int vec,
+                          int64_t *src_s, int64_t g_lo, int64_t g_hi)
 {
     const etp__ep_nvl_t &n = a.nvl;
     const int lane = threadIdx.x & 31, R = n.ranks, k = a.k;
     const int64_t H = a.hidden, tm = n.t_max;
-    const char *slab = n.peers[n.me] + n.tok_off;
     if (a.out) {
         if (vec) {
             /* the sources in rank order: lane d looks up rank d (R <=
@@ -826,14 +825,17 @@ __global__ void __launch_bounds__(kThreads) e2t_recv(etp__ep_e2t_args_t a, int v
     const int warp = threadIdx.x / 32;
     const int64_t gw = (int64_t)blockIdx.x * kWarps + warp, nw = (int64_t)gridDim.x * kWarps;
     const int64_t T = tokens_of(a.t_dev, n.t_max), ng = groups_of(a, vec);
-    for (int64_t t = gw; t < T; t += nw) sum_token(a, t, vec, src_s[warp], 0, ng);
+    const char *slab = n.peers[n.me] + n.tok_off;
+    for (int64_t t = gw; t < T; t += nw) sum_token(a, slab, t, vec, src_s[warp], 0, ng);
     wide_end(n, call_no);
 }
 
 /* The whole call in one kernel of n.blocks blocks (small batches, where
  * launches and latency, not bytes, cost): the pre-sums straight into the
- * peers' slabs, the arrival, the token sums, the release. No stage. A
- * warp's unit is a slice of kSliceGroups groups of a row or token (with
+ * peers' slabs, the arrival, the token sums, and with one slab (tok_half
+ * 0) the release; with two (a low-latency layer's) neither the release
+ * nor its wait at the start, which cost a call 3-4 us. No stage. A warp's
+ * unit is a slice of kSliceGroups groups of a row or token (with
  * vec), so that a few hundred tokens still keep every warp busy: a whole
  * row a warp leaves most of the warps idle in the token sums, and each of
  * the others walking a 14 KB row alone. */
@@ -847,7 +849,13 @@ __global__ void __launch_bounds__(kThreads) e2t_fused(etp__ep_e2t_args_t a, int 
     const etp__ep_nvl_t &n = a.nvl;
     uint64_t call_no;
     int64_t t0;
-    if (!call_begin(n, a.call, &call_no, &t0)) return;
+    if (a.tok_half > 0) {
+        call_no = n.calls[0] + 1;
+        t0 = now_ns();
+    } else if (!call_begin(n, a.call, &call_no, &t0)) {
+        return;
+    }
+    const size_t tok_off = n.tok_off + (call_no % 2) * a.tok_half;
     const int warp = threadIdx.x / 32;
     const int64_t gw = (int64_t)blockIdx.x * kWarps + warp, nw = (int64_t)n.blocks * kWarps;
     const int64_t tm = n.t_max, wb = a.hidden * etp__ep_esize(a.wire);
@@ -860,7 +868,7 @@ __global__ void __launch_bounds__(kThreads) e2t_fused(etp__ep_e2t_args_t a, int 
         if (p >= a.recv_cnt[s]) continue;
         const int64_t back = etp__ep_nvl_row(n.me, tm, p);
         if (a.in)
-            presum_token(a, i, n.peers[s] + n.tok_off + back * wb, vec, rows_s[warp], w_s[warp],
+            presum_token(a, i, n.peers[s] + tok_off + back * wb, vec, rows_s[warp], w_s[warp],
                          sl * kSliceGroups, etp__ep_min((sl + 1) * kSliceGroups, ng));
         if (g_travels && sl == 0) send_wgrads(a, i, s, back);
     }
@@ -869,12 +877,13 @@ __global__ void __launch_bounds__(kThreads) e2t_fused(etp__ep_e2t_args_t a, int 
     if (!block_wait(n, 0, etp__ep_nvl_mark(call_no, n.blocks), a.call, ETP__EP_NVL_WAIT_ARRIVAL, t0))
         return;
     const int64_t T = tokens_of(a.t_dev, tm);
+    const char *slab = n.peers[n.me] + tok_off;
     for (int64_t x = gw; x < T * nsl; x += nw) {
         const int64_t sl = x % nsl;
-        sum_token(a, x / nsl, vec, src_s[warp], sl * kSliceGroups,
+        sum_token(a, slab, x / nsl, vec, src_s[warp], sl * kSliceGroups,
                   etp__ep_min((sl + 1) * kSliceGroups, ng));
     }
-    block_end(n, call_no);
+    block_end(n, call_no, a.tok_half == 0);
 }
 
 template <typename A>

@@ -103,13 +103,14 @@ static __device__ bool call_begin(const etp__ep_nvl_t &n, int call, uint64_t *ca
                       ETP__EP_NVL_WAIT_RELEASE, *t0);
 }
 
-/* The call's end: this block released what it read; the last block of the
- * rank counts the call. */
-static __device__ void block_end(const etp__ep_nvl_t &n, uint64_t call_no)
+/* The call's end: this block released what it read (unless `release` is
+ * false: a kernel whose peers need no release); the last block of the rank
+ * counts the call. */
+static __device__ void block_end(const etp__ep_nvl_t &n, uint64_t call_no, bool release = true)
 {
     __syncthreads();
     if (threadIdx.x == 0) {
-        signal_all(n, 1);
+        if (release) signal_all(n, 1);
         if (atomicAdd(reinterpret_cast<unsigned long long *>(n.calls + 1), 1ull) ==
             (unsigned long long)(n.blocks - 1)) {
             n.calls[1] = 0;

@@ -339,10 +339,16 @@ typedef struct etp__ep_t2e_args {
  * travel), reading its own slabs (send_base[d] = d*t_max). Two kernels:
  * the sending one (`blocks` blocks store to the peers while the rest of
  * the device pre-sums into row i of `stage`, counted in chunk_done), the
- * token side's sums (wide_blocks); or, for small batches, one (PHASE_ALL). */
+ * token side's sums (wide_blocks); or, for small batches, one (PHASE_ALL).
+ * PHASE_ALL with tok_half > 0 (no weight gradients travel): two token
+ * slabs, tok_half bytes apart, call n (counted on the device) using slab
+ * n % 2. A rank stores call n + 2's partials into d's slab n % 2 only after
+ * every rank, d included, arrived in call n + 1, which d started after its
+ * call n had read that slab: no release is waited for, or signalled. */
 typedef struct etp__ep_e2t_args {
     etp__ep_nvl_t nvl;
     int call;
+    size_t tok_half;
     const void *in;
     const float *row_w;
     const int32_t *tok_rows, *recv_cnt, *recv_row;

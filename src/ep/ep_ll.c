@@ -50,6 +50,7 @@ struct etp__ep_ll {
     /* CUDA: the layer's window, as the dispatch and combine kernels see it */
     etp__ep_nvl_t nv, e2t;
     size_t cnt_off, w_off;
+    size_t part_slab; /* bytes of one of combine's two partial slabs */
     void *win_local, *win_handle;
     size_t win_bytes;
     /* host order of the calls */
@@ -184,9 +185,12 @@ etp_status_t etp__ep_ll_create(const etp__ep_ll_env_t *env, int64_t t_max, etp__
         e2->small_off = off; /* combine carries no weight gradients: unused */
         e2->small_row_bytes = (size_t)k * 4;
         off = up256(off + (size_t)nrecv * k * 4);
+        /* two partial slabs, alternating between combines: no release to
+         * wait for (ep_args.h: etp__ep_e2t_args_t) */
         e2->tok_off = off;
         e2->tok_row_bytes = part_row;
-        off += (size_t)nrecv * part_row;
+        ll->part_slab = (size_t)nrecv * part_row;
+        off += 2 * ll->part_slab;
         char why[256] = "";
         /* its kernels do all of a call's work: half the device unless the
          * group says (ep.h: num_sms) */
@@ -512,6 +516,7 @@ static etp_status_t ll_combine(etp_ep_layer_t *ly, const void *expert_out, etp_d
     if (env.fused) {
         etp__ep_e2t_args_t ea = {.nvl = ll->e2t,
                                  .call = ETP__EP_NVL_LL_COMBINE,
+                                 .tok_half = ll->part_slab,
                                  .in = expert_out,
                                  .row_w = row_w,
                                  .tok_rows = x->tok_rows,
