@@ -70,10 +70,6 @@ static void test_random_chains(void **state)
     }
 }
 
-/* Forward then backward with each backward ticket naming its forward one:
- * a ticket takes its weight's slot whenever nothing was placed there since
- * (the turn's tickets always do), other tickets within depth never
- * share a slot, and the lower bound counts each weight once a window. */
 /* A chain forward then backward of `half` weights of random sizes below
  * `max` (stream `stream` of the seed): each backward ticket names its
  * forward one in same[]. Returns the weights' bytes, each counted once. */
@@ -92,6 +88,10 @@ static size_t forward_backward(int trial, uint64_t stream, int half, size_t max,
     return total;
 }
 
+/* Forward then backward with each backward ticket naming its forward one:
+ * a ticket takes its weight's slot whenever nothing was placed there since
+ * (the turn's tickets always do), other tickets within depth never
+ * share a slot, and the lower bound counts each weight once a window. */
 static void test_reuse_of_the_same_weight(void **state)
 {
     (void)state;
