@@ -8,7 +8,8 @@
  * receiving kernel (wide_blocks: the whole device) waits until every
  * sending block of every rank has arrived here, finishes the call's work on
  * this rank's slabs (the expand, or the token sums) and releases them to
- * their writers. combine's sending kernel pre-sums on its other blocks;
+ * their writers. dispatch's sending kernel expands the rank's own tokens
+ * on its other blocks, and combine's pre-sums there;
  * prepare's exchange and the small-batch combine are one kernel each.
  * Every wait is bounded by nvl.timeout_ns: a kernel that gives up records
  * the rank it waited for in host-mapped memory (nvl_sync.cuh), which the
@@ -304,17 +305,24 @@ __device__ void expand_row(const etp__ep_t2e_args_t &a, const char *slab, const 
     }
 }
 
-/* The rows of layout row space that hold no token: zero (and their
- * weights 0); every row's weight. */
-__device__ void expand_empty(const etp__ep_t2e_args_t &a, const float *recv_w, int64_t r, int64_t rb)
+/* Row r's weight (0 for a row without a token), where asked for. */
+__device__ __forceinline__ void row_weight(const etp__ep_t2e_args_t &a, const float *recv_w, int64_t r,
+                                           int32_t src)
+{
+    if ((threadIdx.x & 31) != 0) return;
+    const float w = etp__ep_row_weight(recv_w, src);
+    if (a.out_w) a.out_w[r] = w;
+    if (a.keep_w) a.keep_w[r] = w;
+}
+
+/* Row r of the layout row space when it holds no token: zero. With
+ * recv_w (or none needed: weighted == false), also every row's weight. */
+__device__ void expand_empty(const etp__ep_t2e_args_t &a, const float *recv_w, int64_t r, int64_t rb,
+                             bool weights = true)
 {
     const int lane = threadIdx.x & 31;
     const int32_t src = a.row_src[r];
-    if (lane == 0) {
-        const float w = etp__ep_row_weight(recv_w, src);
-        if (a.out_w) a.out_w[r] = w;
-        if (a.keep_w) a.keep_w[r] = w;
-    }
+    if (weights) row_weight(a, recv_w, r, src);
     if (src >= 0) return;
     /* MXFP8: H data bytes a row (rb is the wire row), and the scales */
     const int64_t ob = a.mx ? a.hidden : rb;
@@ -383,26 +391,63 @@ __device__ void expand_token(const etp__ep_t2e_args_t &a, const char *in, const 
     }
 }
 
+/* Whether this rank's own tokens skip its slab: in the receiving
+ * kernel's fast path (rows that are the token's exact bytes), the sending
+ * kernel's other blocks expand them straight from the caller's tokens
+ * while the peers' rows travel, and zero the rows without a token; the
+ * receiving kernel then expands only the peers' rows. */
+__host__ __device__ __forceinline__ bool own_early(const etp__ep_t2e_args_t &a, int vec)
+{
+    return vec && !a.mx && !a.scale_w && a.k <= 8;
+}
+
+/* own_early's part of the sending kernel, on its blocks past n.blocks.
+ * It writes only the caller's layout rows, which stream order hands to
+ * this call, so it waits for no peer. */
+__device__ void expand_own(const etp__ep_t2e_args_t &a, int64_t rb)
+{
+    const etp__ep_nvl_t &n = a.nvl;
+    const int warp = threadIdx.x / 32;
+    const int64_t gw = (int64_t)(blockIdx.x - n.blocks) * kWarps + warp;
+    const int64_t nw = (int64_t)(gridDim.x - n.blocks) * kWarps;
+    const int64_t T = tokens_of(a.t_dev, n.t_max), k = a.k;
+    for (int64_t r = gw; r < a.rows; r += nw) expand_empty(a, nullptr, r, rb, false);
+    for (int64_t t = gw; t < T; t += nw) {
+        const int32_t pos = a.send_pos[t * n.ranks + n.me];
+        if (pos < 0) continue;
+        const int32_t *tr = a.tok_rows + etp__ep_nvl_row(n.me, n.t_max, pos) * k;
+        int nr = 0;
+        while (nr < k && tr[nr] >= 0) nr++;
+        if (nr) expand_token(a, static_cast<const char *>(a.tokens) + t * rb, tr, nr, rb);
+    }
+}
+
 /* The sending half (n.blocks blocks): every token's row into its
- * destinations' slabs, then this rank's arrival there. */
+ * destinations' slabs, then this rank's arrival there; with own_early,
+ * more blocks expand this rank's own tokens. */
 __global__ void __launch_bounds__(kThreads) t2e_send(etp__ep_t2e_args_t a, int vec)
 {
     const etp__ep_nvl_t &n = a.nvl;
+    const int64_t rb = a.mx ? ETP__EP_MX_ROW_BYTES(a.hidden) : a.hidden * etp__ep_esize(a.dtype);
+    if ((int)blockIdx.x >= n.blocks) {
+        expand_own(a, rb);
+        return;
+    }
     uint64_t call_no;
     int64_t t0;
     if (!call_begin(n, a.call, &call_no, &t0)) return;
     const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
     const int64_t gw = (int64_t)blockIdx.x * kWarps + warp, nw = (int64_t)n.blocks * kWarps;
     const int64_t T = tokens_of(a.t_dev, n.t_max), k = a.k;
-    const int64_t rb = a.mx ? ETP__EP_MX_ROW_BYTES(a.hidden) : a.hidden * etp__ep_esize(a.dtype);
+    const unsigned keep = own_early(a, vec) ? ~(1u << n.me) : ~0u;
     for (int64_t t = gw; t < T; t += nw) {
         int64_t row;
         const unsigned mask = dest_mask(a, t, &row);
         if (!mask) continue;
         if (a.mx)
             store_token_mx(a, t, mask, row);
-        else
-            store_token(a, t, mask, row, rb, vec != 0);
+        else if (mask & keep)
+            store_token(a, t, mask & keep, row, rb, vec != 0);
         if (a.carry) {
             for (unsigned m = mask; m; m &= m - 1) {
                 const int d = __ffs(m) - 1;
@@ -436,10 +481,14 @@ __global__ void __launch_bounds__(kThreads) t2e_recv(etp__ep_t2e_args_t a, int v
     if (vec && !a.scale_w && k <= 8) {
         /* each received token read once and written to its rows; the
          * rows without a token zeroed apart */
-        for (int64_t r = gw; r < a.rows; r += nw) expand_empty(a, recv_w, r, rb);
+        const bool own = own_early(a, vec);
+        if (!own)
+            for (int64_t r = gw; r < a.rows; r += nw) expand_empty(a, recv_w, r, rb);
+        else if (a.out_w || a.keep_w)
+            for (int64_t r = gw; r < a.rows; r += nw) row_weight(a, recv_w, r, a.row_src[r]);
         const int64_t tm = n.t_max;
         for (int64_t i = gw; i < (int64_t)n.ranks * tm; i += nw) {
-            if (i % tm >= a.recv_cnt[i / tm]) continue;
+            if (i % tm >= a.recv_cnt[i / tm] || (own && i / tm == n.me)) continue;
             const int32_t *tr = a.tok_rows + i * k;
             int nr = 0;
             while (nr < k && tr[nr] >= 0) nr++;
@@ -550,13 +599,12 @@ __device__ void presum_row(const etp__ep_e2t_args_t &a, const int32_t *rows, con
     }
 }
 
-/* The token sum of token t from its sources' rows (element offsets src[d]
- * in this rank's token slab), rounded once into out: two groups of V
- * elements a lane, two sources' loads issued before their sums (in rank
- * order). */
+/* The token sum of token t from its sources' rows (src[d]: where each
+ * starts), rounded once into out: two groups of V elements a lane, two
+ * sources' loads issued before their sums (in rank order). */
 template <int V>
-__device__ void reduce_row(const etp__ep_e2t_args_t &a, const char *slab, const int64_t *src, int ns,
-                           int64_t t, int64_t g_lo, int64_t g_hi)
+__device__ void reduce_row(const etp__ep_e2t_args_t &a, const char *const *src, int ns, int64_t t,
+                           int64_t g_lo, int64_t g_hi)
 {
     const int lane = threadIdx.x & 31;
     const int64_t H = a.hidden;
@@ -572,8 +620,8 @@ __device__ void reduce_row(const etp__ep_e2t_args_t &a, const char *slab, const 
 #pragma unroll
             for (int u = 0; u < 2; u++) {
                 if (d0 + u >= ns) break;
-                load_vals<V>(slab, a.wire, src[d0 + u] + c0 * V, x[0][u]);
-                if (two) load_vals<V>(slab, a.wire, src[d0 + u] + (c0 + 32) * V, x[1][u]);
+                load_vals<V>(src[d0 + u], a.wire, c0 * V, x[0][u]);
+                if (two) load_vals<V>(src[d0 + u], a.wire, (c0 + 32) * V, x[1][u]);
             }
 #pragma unroll
             for (int u = 0; u < 2; u++) {
@@ -656,10 +704,11 @@ __device__ void send_wgrads(const etp__ep_e2t_args_t &a, int64_t i, int s, int64
 
 /* Token t's sums from this rank's slabs, a warp: its output row (when `in`
  * is set; with vec, the groups [g_lo, g_hi) of V elements only) and, in
- * the slice that starts at 0, its weight gradients (grad_topk). src_s:
+ * the slice that starts at 0, its weight gradients (grad_topk). own: where
+ * this rank's own partials are, when not in its slab (own_staged). src_s:
  * the warp's shared scratch. */
-__device__ void sum_token(const etp__ep_e2t_args_t &a, const char *slab, int64_t t, int vec,
-                          int64_t *src_s, int64_t g_lo, int64_t g_hi)
+__device__ void sum_token(const etp__ep_e2t_args_t &a, const char *slab, const char *own, int64_t t,
+                          int vec, const char **src_s, int64_t g_lo, int64_t g_hi)
 {
     const etp__ep_nvl_t &n = a.nvl;
     const int lane = threadIdx.x & 31, R = n.ranks, k = a.k;
@@ -670,13 +719,15 @@ __device__ void sum_token(const etp__ep_e2t_args_t &a, const char *slab, int64_t
              * kMaxRanks <= 32), all at once */
             const int64_t row = lane < R ? etp__ep_send_row(a.send_pos, a.send_base, R, t, lane) : -1;
             const unsigned b = __ballot_sync(kFull, row >= 0);
-            if (row >= 0) src_s[__popc(b & ((1u << lane) - 1u))] = row * H;
+            const char *base = own && lane == n.me ? own : slab;
+            if (row >= 0)
+                src_s[__popc(b & ((1u << lane) - 1u))] = base + row * H * etp__ep_esize(a.wire);
             __syncwarp();
             const int ns = __popc(b);
             if (a.dtype == ETP__EP_BF16)
-                reduce_row<8>(a, slab, src_s, ns, t, g_lo, g_hi);
+                reduce_row<8>(a, src_s, ns, t, g_lo, g_hi);
             else
-                reduce_row<4>(a, slab, src_s, ns, t, g_lo, g_hi);
+                reduce_row<4>(a, src_s, ns, t, g_lo, g_hi);
             __syncwarp();
         } else {
             etp__ep_reduce_args_t ra;
@@ -707,6 +758,15 @@ __device__ void sum_token(const etp__ep_e2t_args_t &a, const char *slab, int64_t
         wa.out = a.grad_topk;
         for (int j = lane; j < k; j += 32) a.grad_topk[t * k + j] = etp__ep_slot_grad(&wa, t, j);
     }
+}
+
+/* Whether this rank's own partials stay in its stage: the sending kernel
+ * copies only the peers' into their ranks, and the token sums (with vec)
+ * read the own rank's from the stage, at the row its slab would hold
+ * (source me, position p: row me * t_max + p in both). */
+__device__ __forceinline__ bool own_staged(const etp__ep_e2t_args_t &a, int vec)
+{
+    return vec && a.in != nullptr && a.out != nullptr;
 }
 
 /* Received rows in the order (position, source), x = p * R + s: warps
@@ -768,6 +828,7 @@ __global__ void __launch_bounds__(kThreads) e2t_send(etp__ep_e2t_args_t a, int v
     if (!call_begin(n, a.call, &call_no, &t0)) return;
     const int64_t gw = (int64_t)blockIdx.x * kWarps + warp, nw = (int64_t)n.blocks * kWarps;
     const bool g_travels = a.g_pre != nullptr || a.grad_row_w != nullptr;
+    const bool own = own_staged(a, vec);
     bool ok = true;
     for (int64_t x = gw; x < N && ok; x += nw) {
         int s;
@@ -775,7 +836,7 @@ __global__ void __launch_bounds__(kThreads) e2t_send(etp__ep_e2t_args_t a, int v
         const int64_t i = row_of(n, x, &s, &p);
         if (p >= a.recv_cnt[s]) continue;
         const int64_t back = etp__ep_nvl_row(n.me, n.t_max, p);
-        if (a.in) {
+        if (a.in && !(own && s == n.me)) {
             const int64_t c = x / ETP__EP_NVL_CHUNK;
             const uint32_t want = (uint32_t)etp__ep_min(N - c * ETP__EP_NVL_CHUNK, ETP__EP_NVL_CHUNK);
             if (lane == 0)
@@ -821,12 +882,13 @@ __global__ void __launch_bounds__(kThreads) e2t_recv(etp__ep_e2t_args_t a, int v
     }
     uint64_t call_no;
     if (!wide_begin(n, a.call, &call_no)) return;
-    __shared__ int64_t src_s[kWarps][kMaxRanks];
+    __shared__ const char *src_s[kWarps][kMaxRanks];
     const int warp = threadIdx.x / 32;
     const int64_t gw = (int64_t)blockIdx.x * kWarps + warp, nw = (int64_t)gridDim.x * kWarps;
     const int64_t T = tokens_of(a.t_dev, n.t_max), ng = groups_of(a, vec);
     const char *slab = n.peers[n.me] + n.tok_off;
-    for (int64_t t = gw; t < T; t += nw) sum_token(a, slab, t, vec, src_s[warp], 0, ng);
+    const char *own = own_staged(a, vec) ? static_cast<const char *>(a.stage) : nullptr;
+    for (int64_t t = gw; t < T; t += nw) sum_token(a, slab, own, t, vec, src_s[warp], 0, ng);
     wide_end(n, call_no);
 }
 
@@ -845,7 +907,7 @@ __global__ void __launch_bounds__(kThreads) e2t_fused(etp__ep_e2t_args_t a, int 
 {
     __shared__ int32_t rows_s[kWarps][kTopkMax];
     __shared__ float w_s[kWarps][kTopkMax];
-    __shared__ int64_t src_s[kWarps][kMaxRanks];
+    __shared__ const char *src_s[kWarps][kMaxRanks];
     const etp__ep_nvl_t &n = a.nvl;
     uint64_t call_no;
     int64_t t0;
@@ -880,7 +942,7 @@ __global__ void __launch_bounds__(kThreads) e2t_fused(etp__ep_e2t_args_t a, int 
     const char *slab = n.peers[n.me] + tok_off;
     for (int64_t x = gw; x < T * nsl; x += nw) {
         const int64_t sl = x % nsl;
-        sum_token(a, slab, x / nsl, vec, src_s[warp], sl * kSliceGroups,
+        sum_token(a, slab, nullptr, x / nsl, vec, src_s[warp], sl * kSliceGroups,
                   etp__ep_min((sl + 1) * kSliceGroups, ng));
     }
     block_end(n, call_no, a.tok_half == 0);
@@ -913,7 +975,13 @@ extern "C" cudaError_t etp__cuda_nvl_t2e(cudaStream_t s, const etp__ep_t2e_args_
     /* 16-byte rows and buffers: vector copies (else bytes) */
     const int vec = rb % 16 == 0 && (a->tokens == nullptr || aligned16(a->tokens)) &&
                     aligned16(a->out) && (a->out_scales == nullptr || aligned16(a->out_scales));
-    if (phase == ETP__EP_NVL_PHASE_SEND) return launch(t2e_send, (unsigned)a->nvl.blocks, s, *a, vec);
+    if (phase == ETP__EP_NVL_PHASE_SEND) {
+        /* own_early's blocks: about one an SM beside the senders, so that
+         * the senders keep theirs */
+        const int half = a->nvl.wide_blocks / 2;
+        const int own = !own_early(*a, vec) ? 0 : half > a->nvl.blocks ? half - a->nvl.blocks : 1;
+        return launch(t2e_send, (unsigned)(a->nvl.blocks + own), s, *a, vec);
+    }
     return launch(t2e_recv, (unsigned)a->nvl.wide_blocks, s, *a, vec);
 }
 

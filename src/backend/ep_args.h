@@ -311,7 +311,11 @@ typedef struct etp__ep_xchg_args {
  * into the small slab (etp__ep_slot_weight), and signal; the receiving one
  * (wide_blocks) waits for every rank's arrival, writes the expand of
  * etp__ep_expand_args_t (recv_tok and recv_w = its own slabs; recv_w only
- * when weights travel: carry) and releases. */
+ * when weights travel: carry) and releases. Where the expanded rows are
+ * the tokens' exact bytes (not MXFP8, no scale_w, k <= 8), the rank's own
+ * tokens skip its slab: the sending kernel's further blocks write their
+ * rows (and zero the rows without a token) from `tokens` directly, and the
+ * receiving one expands the peers' rows only (nvl.cu: own_early). */
 typedef struct etp__ep_t2e_args {
     etp__ep_nvl_t nvl;
     int call;
@@ -339,7 +343,10 @@ typedef struct etp__ep_t2e_args {
  * travel), reading its own slabs (send_base[d] = d*t_max). Two kernels:
  * the sending one (`blocks` blocks store to the peers while the rest of
  * the device pre-sums into row i of `stage`, counted in chunk_done), the
- * token side's sums (wide_blocks); or, for small batches, one (PHASE_ALL).
+ * token side's sums (wide_blocks; where vectorized, the rank's own
+ * partials are read from `stage`, at the rows its slab would hold, and
+ * not copied: nvl.cu's own_staged); or, for small batches, one
+ * (PHASE_ALL).
  * PHASE_ALL with tok_half > 0 (no weight gradients travel): two token
  * slabs, tok_half bytes apart, call n (counted on the device) using slab
  * n % 2. A rank stores call n + 2's partials into d's slab n % 2 only after
