@@ -306,8 +306,8 @@ __device__ void expand_row(const etp__ep_t2e_args_t &a, const char *slab, const 
 }
 
 /* Row r's weight (0 for a row without a token), where asked for. */
-__device__ __forceinline__ void row_weight(const etp__ep_t2e_args_t &a, const float *recv_w, int64_t r,
-                                           int32_t src)
+__device__ __forceinline__ void row_weight(const etp__ep_t2e_args_t &a, const float *recv_w,
+                                           int64_t r, int32_t src)
 {
     if ((threadIdx.x & 31) != 0) return;
     const float w = etp__ep_row_weight(recv_w, src);
@@ -317,8 +317,8 @@ __device__ __forceinline__ void row_weight(const etp__ep_t2e_args_t &a, const fl
 
 /* Row r of the layout row space when it holds no token: zero. With
  * recv_w (or none needed: weighted == false), also every row's weight. */
-__device__ void expand_empty(const etp__ep_t2e_args_t &a, const float *recv_w, int64_t r, int64_t rb,
-                             bool weights = true)
+__device__ void expand_empty(const etp__ep_t2e_args_t &a, const float *recv_w, int64_t r,
+                             int64_t rb, bool weights = true)
 {
     const int lane = threadIdx.x & 31;
     const int32_t src = a.row_src[r];
