@@ -95,12 +95,15 @@ __device__ __forceinline__ char *shfl_ptr(char *p, int from)
 
 /* A warp stores bytes [b0, b1) of src into the row dst of each lane in
  * `who` (warp-uniform): every 16-byte group (vec; else byte) is loaded
- * once, 8 a lane in flight, and stored into every row. A row's copy is
- * bound by the loads' latency at a few rows a warp, so loading once for
- * all of a token's rows (or ranks) is what makes it fast. */
+ * once, 8 a lane in flight, and stored into every row, the lanes from
+ * `first` (< 32) up, then those below it. A row's copy is bound by the
+ * loads' latency at a few rows a warp, so loading once for all of a
+ * token's rows (or ranks) is what makes it fast. */
 __device__ void copy_fanout(char *dst, unsigned who, const char *src, int64_t b0, int64_t b1,
-                            bool vec)
+                            bool vec, int first = 0)
 {
+    /* the lanes in store order: those from `first` up, then the rest */
+    const unsigned up = who & (~0u << first), down = who & ~(~0u << first);
     const int lane = threadIdx.x & 31;
     if (vec) {
         const uint4 *s4 = reinterpret_cast<const uint4 *>(src);
@@ -112,23 +115,25 @@ __device__ void copy_fanout(char *dst, unsigned who, const char *src, int64_t b0
                 const int64_t c = base + u * 32 + lane;
                 v[u] = c < c1 ? s4[c] : make_uint4(0, 0, 0, 0);
             }
-            for (unsigned w = who; w; w &= w - 1) {
-                uint4 *d4 = reinterpret_cast<uint4 *>(shfl_ptr(dst, __ffs(w) - 1));
+            for (int h = 0; h < 2; h++)
+                for (unsigned w = h ? down : up; w; w &= w - 1) {
+                    uint4 *d4 = reinterpret_cast<uint4 *>(shfl_ptr(dst, __ffs(w) - 1));
 #pragma unroll
-                for (int u = 0; u < 8; u++) {
-                    const int64_t c = base + u * 32 + lane;
-                    if (c < c1) d4[c] = v[u];
+                    for (int u = 0; u < 8; u++) {
+                        const int64_t c = base + u * 32 + lane;
+                        if (c < c1) d4[c] = v[u];
+                    }
                 }
-            }
         }
     } else {
         for (int64_t base = b0; base < b1; base += 32) {
             const int64_t b = base + lane;
             const char v = b < b1 ? src[b] : 0;
-            for (unsigned w = who; w; w &= w - 1) {
-                char *d = shfl_ptr(dst, __ffs(w) - 1);
-                if (b < b1) d[b] = v;
-            }
+            for (int h = 0; h < 2; h++)
+                for (unsigned w = h ? down : up; w; w &= w - 1) {
+                    char *d = shfl_ptr(dst, __ffs(w) - 1);
+                    if (b < b1) d[b] = v;
+                }
         }
     }
 }
@@ -419,7 +424,9 @@ __global__ void __launch_bounds__(kThreads) ll_dispatch_kernel(etp__ep_ll_args_t
     const int64_t in_rb = a.hidden * etp__ep_esize(a.dtype);
     const int64_t gw = (int64_t)blockIdx.x * kWarps + warp, nw = (int64_t)n.blocks * kWarps;
     /* a warp per (token, part of its row): the part is loaded once and
-     * stored into the slab of every rank that keeps the token */
+     * stored into the slab of every rank that keeps the token, starting
+     * at rank (me + x) % R, so that the warps of all ranks do not store
+     * into the same rank at once */
     const int P = parts_for((int)T, (int)nw);
     for (int x = (int)gw; x < (int)T * P; x += (int)nw) {
         const int t = x / P, part = x % P;
@@ -431,7 +438,8 @@ __global__ void __launch_bounds__(kThreads) ll_dispatch_kernel(etp__ep_ll_args_t
         int64_t b0, b1;
         part_of(in_rb, P, part, vec != 0, &b0, &b1);
         copy_fanout(to ? n.peers[lane] + n.tok_off + row * rb : nullptr, who,
-                    static_cast<const char *>(a.tokens) + (int64_t)t * in_rb, b0, b1, vec != 0);
+                    static_cast<const char *>(a.tokens) + (int64_t)t * in_rb, b0, b1, vec != 0,
+                    (me + x) % R);
         if (part > 0) continue;
         for (unsigned w = who; w; w &= w - 1) {
             const int d = __ffs(w) - 1;
