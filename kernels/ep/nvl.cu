@@ -392,13 +392,14 @@ __device__ void expand_token(const etp__ep_t2e_args_t &a, const char *in, const 
 }
 
 /* Whether this rank's own tokens skip its slab: in the receiving
- * kernel's fast path (rows that are the token's exact bytes), the sending
+ * kernel's fast path (rows that are the token's exact bytes), and where
+ * the senders leave SMs free (wide_blocks is two an SM), the sending
  * kernel's other blocks expand them straight from the caller's tokens
  * while the peers' rows travel, and zero the rows without a token; the
  * receiving kernel then expands only the peers' rows. */
 __host__ __device__ __forceinline__ bool own_early(const etp__ep_t2e_args_t &a, int vec)
 {
-    return vec && !a.mx && !a.scale_w && a.k <= 8;
+    return vec && !a.mx && !a.scale_w && a.k <= 8 && a.nvl.wide_blocks / 2 > a.nvl.blocks;
 }
 
 /* own_early's part of the sending kernel, on its blocks past n.blocks.
@@ -976,10 +977,9 @@ extern "C" cudaError_t etp__cuda_nvl_t2e(cudaStream_t s, const etp__ep_t2e_args_
     const int vec = rb % 16 == 0 && (a->tokens == nullptr || aligned16(a->tokens)) &&
                     aligned16(a->out) && (a->out_scales == nullptr || aligned16(a->out_scales));
     if (phase == ETP__EP_NVL_PHASE_SEND) {
-        /* own_early's blocks: about one an SM beside the senders, so that
-         * the senders keep theirs */
-        const int half = a->nvl.wide_blocks / 2;
-        const int own = !own_early(*a, vec) ? 0 : half > a->nvl.blocks ? half - a->nvl.blocks : 1;
+        /* own_early's blocks: one an SM beside the senders, so that the
+         * senders keep theirs */
+        const int own = own_early(*a, vec) ? a->nvl.wide_blocks / 2 - a->nvl.blocks : 0;
         return launch(t2e_send, (unsigned)(a->nvl.blocks + own), s, *a, vec);
     }
     return launch(t2e_recv, (unsigned)a->nvl.wide_blocks, s, *a, vec);

@@ -312,7 +312,8 @@ typedef struct etp__ep_xchg_args {
  * (wide_blocks) waits for every rank's arrival, writes the expand of
  * etp__ep_expand_args_t (recv_tok and recv_w = its own slabs; recv_w only
  * when weights travel: carry) and releases. Where the expanded rows are
- * the tokens' exact bytes (not MXFP8, no scale_w, k <= 8), the rank's own
+ * the tokens' exact bytes (not MXFP8, no scale_w, k <= 8) and the senders
+ * take fewer than wide_blocks / 2 blocks (the SMs), the rank's own
  * tokens skip its slab: the sending kernel's further blocks write their
  * rows (and zero the rows without a token) from `tokens` directly, and the
  * receiving one expands the peers' rows only (nvl.cu: own_early). */
