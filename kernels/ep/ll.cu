@@ -8,17 +8,20 @@
  *    in shared memory, so that no block waits for another), block 0 keeps
  *    the routing and stores this rank's count row into every rank's
  *    window and signals;
- * 2. once every rank's counts are here, the receive-capacity clip
- *    (EXACT's rule) is known everywhere; a warp per (token, part of its
- *    row) stores the part into the slab of every rank that keeps the
- *    token (part 0's warp also the metadata and weights), and each block
- *    signals;
+ * 2. a warp per (token, part of its row) stores the part into the slab
+ *    of every rank that keeps the token (part 0's warp also the metadata
+ *    and weights), and each block signals. Which ranks keep it is EXACT's
+ *    receive-capacity clip, known once every rank's counts are here;
+ *    where the clip cannot drop this rank's tokens (etp__ep_never_clipped)
+ *    the stores start as soon as each destination has released the
+ *    previous call's slab, and the counts travel beside them;
  * 3. once every block of every rank has stored, the blocks lay out the
  *    received rows (per local expert counts, offsets, rows in (source rank,
  *    token) order) and expand them into the half's rows: with at most
  *    kFastL local experts past one rank-local block barrier
  *    (layout_chunked), else the per-expert scans with three. The last
- *    block to finish writes the counters' host mirror.
+ *    block to finish writes the counters' host mirror and releases this
+ *    rank's slab to every rank.
  *
  * Every rule is ep_rules.h's (the same the host backend runs), every wait
  * is bounded as in the NVLINK kernels (nvl_sync.cuh), and the call is
@@ -315,6 +318,49 @@ __device__ uint32_t route_one(const etp__ep_ll_args_t &a, int64_t t, int32_t *sd
     return m;
 }
 
+/* EXACT's clip from every rank's counts (parity par of the window): what
+ * this rank sends each rank (acc_s) and receives from it (rc_s); the lead
+ * block also writes the half's send and receive counts and positions and
+ * counts the drops. */
+__device__ void clip(const etp__ep_ll_args_t &a, int par, const int32_t *sd_s, const int16_t *pos_s,
+                     int32_t *acc_s, int32_t *rc_s, bool lead)
+{
+    const etp__ep_nvl_t &n = a.nvl;
+    const int R = n.ranks, me = n.me, k = a.k;
+    const int64_t tm = n.t_max;
+    const int32_t *C = reinterpret_cast<const int32_t *>(n.peers[me] + a.cnt_off) +
+                       (int64_t)par * R * R;
+    if (threadIdx.x < R) {
+        const int d = threadIdx.x;
+        acc_s[d] = (int32_t)etp__ep_accepted(C, R, a.tok_cap, me, d);
+        rc_s[d] = (int32_t)etp__ep_accepted(C, R, a.tok_cap, d, me);
+        if (lead) {
+            if (acc_s[d] != C[(int64_t)me * R + d]) {
+                stat_max(a.stats, ETP__EP_ST_TRANSPORT_NEEDED, etp__ep_wanted_by(C, R, d));
+                stat_flag(a.stats, ETP__EP_F_TRANSPORT_FULL);
+            }
+            a.send_cnt[d] = acc_s[d];
+            a.send_base[d] = (int32_t)((int64_t)d * tm);
+            a.recv_cnt[d] = rc_s[d];
+            a.recv_base[d] = (int32_t)((int64_t)d * tm);
+        }
+    }
+    __syncthreads();
+    if (lead) {
+        for (int64_t x = threadIdx.x; x < tm * R; x += kThreads) {
+            const int64_t t = x / R;
+            const int d = (int)(x % R);
+            const int p = pos_s[x];
+            const bool kept = p >= 0 && p < acc_s[d];
+            a.send_pos[x] = kept ? p : -1;
+            if (p >= 0 && !kept)
+                stat_add(a.stats, ETP__EP_ST_TRANSPORT_DROPPED,
+                         etp__ep_slots_to(sd_s + t * k, k, d));
+        }
+    }
+    __syncthreads();
+}
+
 __global__ void __launch_bounds__(kThreads) ll_dispatch_kernel(etp__ep_ll_args_t a, int vec)
 {
     const etp__ep_nvl_t &n = a.nvl;
@@ -387,39 +433,22 @@ __global__ void __launch_bounds__(kThreads) ll_dispatch_kernel(etp__ep_ll_args_t
         __syncthreads();
         if (threadIdx.x == 0) signal_all(n, 0);
     }
-    if (!block_wait(n, 0, call_no, ETP__EP_NVL_LL_DISPATCH, ETP__EP_NVL_WAIT_ARRIVAL, t0)) return;
+    /* the clip needs every rank's counts, unless it cannot drop a token of
+     * this rank: then the stores need only each destination's release of
+     * the previous call's slab (signalled when its call ended), and the
+     * counts are waited for after them */
+    const bool early = etp__ep_never_clipped(me, tm, a.tok_cap);
+    if (early) {
+        if (threadIdx.x < R) acc_s[threadIdx.x] = cnt_s[threadIdx.x];
+        if (!block_wait(n, 2, call_no - 1, ETP__EP_NVL_LL_DISPATCH, ETP__EP_NVL_WAIT_RELEASE, t0))
+            return;
+    } else {
+        if (!block_wait(n, 0, call_no, ETP__EP_NVL_LL_DISPATCH, ETP__EP_NVL_WAIT_ARRIVAL, t0))
+            return;
+        clip(a, par, sd_s, pos_s, acc_s, rc_s, lead);
+    }
 
-    /* 2. the clip and the stores */
-    const int32_t *C = reinterpret_cast<const int32_t *>(n.peers[me] + a.cnt_off) +
-                       (int64_t)par * R * R;
-    if (threadIdx.x < R) {
-        const int d = threadIdx.x;
-        acc_s[d] = (int32_t)etp__ep_accepted(C, R, a.tok_cap, me, d);
-        rc_s[d] = (int32_t)etp__ep_accepted(C, R, a.tok_cap, d, me);
-        if (lead) {
-            if (acc_s[d] != C[(int64_t)me * R + d]) {
-                stat_max(a.stats, ETP__EP_ST_TRANSPORT_NEEDED, etp__ep_wanted_by(C, R, d));
-                stat_flag(a.stats, ETP__EP_F_TRANSPORT_FULL);
-            }
-            a.send_cnt[d] = acc_s[d];
-            a.send_base[d] = (int32_t)((int64_t)d * tm);
-            a.recv_cnt[d] = rc_s[d];
-            a.recv_base[d] = (int32_t)((int64_t)d * tm);
-        }
-    }
-    __syncthreads();
-    if (lead) {
-        for (int64_t x = threadIdx.x; x < tm * R; x += kThreads) {
-            const int64_t t = x / R;
-            const int d = (int)(x % R);
-            const int p = pos_s[x];
-            const bool kept = p >= 0 && p < acc_s[d];
-            a.send_pos[x] = kept ? p : -1;
-            if (p >= 0 && !kept)
-                stat_add(a.stats, ETP__EP_ST_TRANSPORT_DROPPED,
-                         etp__ep_slots_to(sd_s + t * k, k, d));
-        }
-    }
+    /* 2. the stores */
     const int64_t rb = n.tok_row_bytes;
     const int64_t in_rb = a.hidden * etp__ep_esize(a.dtype);
     const int64_t gw = (int64_t)blockIdx.x * kWarps + warp, nw = (int64_t)n.blocks * kWarps;
@@ -458,6 +487,11 @@ __global__ void __launch_bounds__(kThreads) ll_dispatch_kernel(etp__ep_ll_args_t
     }
     __syncthreads();
     if (threadIdx.x == 0) signal_all(n, 1);
+    if (early) {
+        if (!block_wait(n, 0, call_no, ETP__EP_NVL_LL_DISPATCH, ETP__EP_NVL_WAIT_ARRIVAL, t0))
+            return;
+        clip(a, par, sd_s, pos_s, acc_s, rc_s, lead);
+    }
     if (!block_wait(n, 1, etp__ep_nvl_mark(call_no, n.blocks), ETP__EP_NVL_LL_DISPATCH,
                     ETP__EP_NVL_WAIT_ARRIVAL, t0))
         return;
@@ -533,7 +567,8 @@ __global__ void __launch_bounds__(kThreads) ll_dispatch_kernel(etp__ep_ll_args_t
         }
     }
     /* the call is done when every block is; the last copies the counters
-     * (all counted: each block fenced its counts before its arrival) */
+     * (all counted: each block fenced its counts before its arrival) and
+     * releases this rank's slabs (every block has read what it needed) */
     __syncthreads();
     if (threadIdx.x == 0) {
         __threadfence();
@@ -549,6 +584,10 @@ __global__ void __launch_bounds__(kThreads) ll_dispatch_kernel(etp__ep_ll_args_t
                     a.mirror[x] = *static_cast<volatile const int64_t *>(a.stats + x);
             n.calls[1] = 0;
             n.calls[0] = call_no;
+            __threadfence_system();
+            for (int d = 0; d < R; d++)
+                atomicAdd_system(reinterpret_cast<unsigned long long *>(sig(n, d) + 2 * R + me),
+                                 1ull);
         }
     }
 }

@@ -386,20 +386,23 @@ typedef struct etp__ep_e2t_args {
  * layer's) and slabs of T_max rows (NVLINK's numbering: source s's token at
  * send position p is received row s * T_max + p).
  * The layer's window (nvl.peers, the same layout on every rank) holds:
- *   sig_off: 2R uint64 words, cnt[s] (rank s stored its counts here: one
- *     a call) and tok[s] (blocks of rank s that stored their rows here:
- *     nvl.blocks a call), counted from the layer's creation;
+ *   sig_off: 3R uint64 words, cnt[s] (rank s stored its counts here: one
+ *     a call), tok[s] (blocks of rank s that stored their rows here:
+ *     nvl.blocks a call) and rel[s] (rank s has read the rows stored into
+ *     its slabs: one a call, at its end), counted from the layer's
+ *     creation;
  *   cnt_off: 2 parities x R x R int32: call n's C[s*R + d] (the tokens s
  *     sends d, as route counts them), in parity n % 2, stored by s;
  *   small_off: R x T_max rows of k int32, the received metadata
  *     (etp__ep_meta_row); w_off: R x T_max rows of k FP32 (the slot
  *     weights, etp__ep_slot_weight) when carry;
  *   tok_off: R x T_max token rows of nvl.tok_row_bytes.
- * A rank stores a call's rows into rank d only after d's counts of the
- * same call arrived (d has started that call, so it is done with the
- * previous one's rows). nvl.calls is the kernel's own: [0] calls done, [1]
- * blocks done in the current one, [2] the rank's block barrier (blocks
- * arrived, counted from creation). Stats as route/clip/layout count them
+ * A rank stores a call's rows into rank d only after d released the
+ * previous call's (rel), or, where the clip needs the counts first, after
+ * d's counts of the same call arrived (d has begun that call, so it is
+ * done with the previous one's rows). nvl.calls is the kernel's own: [0]
+ * calls done, [1] blocks done in the current one, [2] the rank's block
+ * barrier (blocks arrived, counted from creation). Stats as route/clip/layout count them
  * (one prepare a call). */
 typedef struct etp__ep_ll_args {
     etp__ep_nvl_t nvl;

@@ -168,7 +168,7 @@ etp_status_t etp__ep_ll_create(const etp__ep_ll_env_t *env, int64_t t_max, etp__
         size_t off = 0;
         etp__ep_nvl_t *nv = &ll->nv;
         nv->sig_off = off;
-        off = up256(off + 2 * (size_t)R * sizeof(uint64_t));
+        off = up256(off + 3 * (size_t)R * sizeof(uint64_t));
         ll->cnt_off = off;
         off = up256(off + 2 * (size_t)R * R * 4);
         nv->small_off = off;

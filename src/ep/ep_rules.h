@@ -199,6 +199,14 @@ ETP__EP_HD int64_t etp__ep_accepted(const int32_t *C, int R, int64_t tok_cap, in
     return etp__ep_min(C[(int64_t)s * R + d], room);
 }
 
+/* The clip cannot drop a token of rank s, whatever the counts (each rank
+ * sends a rank at most t_max tokens): the ranks before s fill at most
+ * s * t_max of tok_cap, and s's own t_max still fit. */
+ETP__EP_HD int etp__ep_never_clipped(int s, int64_t t_max, int64_t tok_cap)
+{
+    return (int64_t)(s + 1) * t_max <= tok_cap;
+}
+
 /* EXACT's clip (NVLINK's too) of a token's copy to rank d, after the
  * counts are known: at or beyond what d accepts from this rank (acc =
  * etp__ep_accepted(C, R, tok_cap, me, d)) it loses its send position (*sp,
