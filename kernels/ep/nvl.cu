@@ -546,6 +546,31 @@ __device__ __forceinline__ void load_vals(const void *p, int dtype, int64_t e, f
     }
 }
 
+/* The FP32 values of groups base .. base + 31 of 8 (lane l holds group
+ * base + l's in x) stored as two runs of 512 bytes, a float4 a lane in
+ * each, instead of each lane's 32 bytes in two 16-byte stores: every store
+ * then writes whole 32-byte sectors, which the low-latency combine's
+ * stores into the peers measured faster at 4 ranks (docs/PERF.md). Groups
+ * at or past g_hi are not stored; all lanes take part. */
+__device__ __forceinline__ void store_f32_runs(char *dst, int64_t base, int64_t g_hi,
+                                               const float *x)
+{
+    const int lane = threadIdx.x & 31;
+    float4 *d = reinterpret_cast<float4 *>(reinterpret_cast<float *>(dst) + base * 8);
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        /* float4 h * 32 + lane of the 32 groups: half (lane & 1) of group
+         * h * 16 + lane / 2 */
+        const int src = h * 16 + (lane >> 1);
+        float y[8];
+#pragma unroll
+        for (int j = 0; j < 8; j++) y[j] = __shfl_sync(kFull, x[j], src);
+        const float4 lo = make_float4(y[0], y[1], y[2], y[3]),
+                     hi = make_float4(y[4], y[5], y[6], y[7]);
+        if (base + src < g_hi) d[h * 32 + lane] = (lane & 1) ? hi : lo;
+    }
+}
+
 /* The groups of V elements (V: 8 for BF16 rows, 4 for FP32) a row holds
  * with vec; without, one unit (the whole row). */
 __device__ __forceinline__ int64_t groups_of(const etp__ep_e2t_args_t &a, int vec)
@@ -565,8 +590,11 @@ __device__ void presum_row(const etp__ep_e2t_args_t &a, const int32_t *rows, con
     const int lane = threadIdx.x & 31;
     const int64_t ng = a.hidden / V;
     const uint4 *in = static_cast<const uint4 *>(a.in);
-    for (int64_t c0 = g_lo + lane; c0 < g_hi; c0 += 64) {
-        const bool two = c0 + 32 < g_hi;
+    /* warp-uniform trips (the FP32 stores below exchange values between
+     * lanes); a lane past g_hi loads nothing and sums zeros */
+    for (int64_t base = g_lo; base < g_hi; base += 64) {
+        const int64_t c0 = base + lane;
+        const bool one = c0 < g_hi, two = c0 + 32 < g_hi;
         float acc[2][V];
 #pragma unroll
         for (int q = 0; q < 2; q++)
@@ -578,7 +606,7 @@ __device__ void presum_row(const etp__ep_e2t_args_t &a, const int32_t *rows, con
             for (int u = 0; u < 4; u++) {
                 if (m0 + u >= nr) break;
                 const uint4 *row = in + (int64_t)rows[m0 + u] * ng;
-                v[0][u] = __ldg(row + c0);
+                if (one) v[0][u] = __ldg(row + c0);
                 if (two) v[1][u] = __ldg(row + c0 + 32);
             }
 #pragma unroll
@@ -586,7 +614,7 @@ __device__ void presum_row(const etp__ep_e2t_args_t &a, const int32_t *rows, con
                 if (m0 + u >= nr) break;
 #pragma unroll
                 for (int q = 0; q < 2; q++) {
-                    if (q == 1 && !two) break;
+                    if ((q == 0 && !one) || (q == 1 && !two)) continue;
                     float x[V];
                     unpack16<V>(v[q][u], x);
 #pragma unroll
@@ -595,8 +623,13 @@ __device__ void presum_row(const etp__ep_e2t_args_t &a, const int32_t *rows, con
                 }
             }
         }
-        store_vals<V>(dst, a.wire, c0 * V, acc[0]);
-        if (two) store_vals<V>(dst, a.wire, (c0 + 32) * V, acc[1]);
+        if (V == 8 && a.wire == ETP__EP_F32) {
+            store_f32_runs(dst, base, g_hi, acc[0]);
+            store_f32_runs(dst, base + 32, g_hi, acc[1]);
+        } else {
+            if (one) store_vals<V>(dst, a.wire, c0 * V, acc[0]);
+            if (two) store_vals<V>(dst, a.wire, (c0 + 32) * V, acc[1]);
+        }
     }
 }
 
