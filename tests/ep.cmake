@@ -1,4 +1,6 @@
 # The ep module's tests (included by tests/CMakeLists.txt).
+# The rules only the CUDA kernels use, against EXACT's clip
+etp_add_unit_test(test_ep_rules unit/test_ep_rules.c ep)
 if(ETP_WITH_MPI)
   etp_add_mpi_test(test_ep mpi/test_ep.c ep 2 3 4 8)
   # Low-latency layers against the reference and EXACT (and captured)
