@@ -584,10 +584,7 @@ __global__ void __launch_bounds__(kThreads) ll_dispatch_kernel(etp__ep_ll_args_t
                     a.mirror[x] = *static_cast<volatile const int64_t *>(a.stats + x);
             n.calls[1] = 0;
             n.calls[0] = call_no;
-            __threadfence_system();
-            for (int d = 0; d < R; d++)
-                atomicAdd_system(reinterpret_cast<unsigned long long *>(sig(n, d) + 2 * R + me),
-                                 1ull);
+            signal_all(n, 2);
         }
     }
 }

@@ -66,8 +66,9 @@ static __device__ bool wait_for(const etp__ep_nvl_t &n, const uint64_t *p, uint6
     return true;
 }
 
-/* Every rank's flag word `which` (0: arrived, 1: released) at this rank's
- * index, in each rank's window, gets one more: this block is done. */
+/* Every rank's flag word `which` at this rank's index, in each rank's
+ * window, gets one more (the NVLINK kernels' 0: arrived, 1: released; the
+ * low-latency dispatch's window has a third, ep_args.h). */
 static __device__ __forceinline__ void signal_all(const etp__ep_nvl_t &n, int which)
 {
     __threadfence_system();
