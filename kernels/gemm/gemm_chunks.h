@@ -22,10 +22,15 @@
 #define ETP__CHUNK_HD static inline
 #endif
 
-/* Rows a chunk: the smallest M tile of cuBLASLt's Hopper kernels, so a
- * chunk is whole tiles and the overlap of a block's last chunk averages
- * half a tile (2% of 2048-row experts). */
-#define ETP__GEMM_CHUNK_ROWS 128
+/* Rows a chunk: two of the 128-row token side of a 256 x 128 tile. A
+ * chunk is the tokens that share one read of their expert's weights, so
+ * it must be big enough for the matmul to be bound by its FLOPs, not by
+ * that read: on an H100, 32 experts of about 2048 rows by 4096 x 4096 ran
+ * at 0.88 of one dense GEMM of the same FLOPs in 128-row chunks and at 0.95
+ * in 256-row ones (despite the overlap of each block's last chunk: half a
+ * chunk on average, 6% of 2048 rows); 128-row chunks apart from the others
+ * ran at 0.43 (docs/PERF.md). */
+#define ETP__GEMM_CHUNK_ROWS 256
 /* The most experts one call's pointer kernel takes (its parameters); a
  * plan of more experts runs one matmul an expert. */
 #define ETP__GEMM_CHUNK_MAX_EXPERTS 1024

@@ -84,14 +84,15 @@ static void test_packed_larger(void **state)
 }
 
 /* PACKED forward and dgrad over counts at the edges of CUDA's chunked
- * matmul (128-row chunks; an expert below a chunk has its own matmul; a
+ * matmul (256-row chunks; an expert below a chunk has its own matmul; a
  * count not a multiple of it ends with a chunk overlapping the one before),
  * run directly and captured: every row of every block against the
  * reference, every row outside the blocks untouched. */
 static void test_packed_chunks(void **state)
 {
     (void)state;
-    static const int32_t counts[] = {0, 1, 127, 128, 129, 255, 256, 257, 300, 640, 131};
+    static const int32_t counts[] = {0,   1,   127, 128, 129, 255, 256,
+                                     257, 300, 511, 512, 513, 640, 131};
     etp_context_t *ctx = cuda_ctx();
     etp_stream_t *s0, *s1;
     ETP_OK(etp_stream_create(ctx, ETP_STREAM_PRIORITY_NORMAL, &s0));
