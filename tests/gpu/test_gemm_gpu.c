@@ -87,7 +87,8 @@ static void test_packed_larger(void **state)
  * matmul (256-row chunks; an expert below a chunk has its own matmul; a
  * count not a multiple of it ends with a chunk overlapping the one before),
  * run directly and captured: every row of every block against the
- * reference, every row outside the blocks untouched. */
+ * reference, every row outside the blocks untouched. The captured cases
+ * have n = k = 512, where the plan looks for a 256 x 128 tile. */
 static void test_packed_chunks(void **state)
 {
     (void)state;
@@ -104,6 +105,10 @@ static void test_packed_chunks(void **state)
             c.experts = (int64_t)(sizeof counts / sizeof counts[0]);
             c.counts = counts;
             c.graph = graph;
+            if (graph) {
+                c.n = c.k = 512;
+                c.ld = c.k + 8;
+            }
             print_message("packed chunks %s%s, n %lld, k %lld\n", op == 0 ? "forward" : "dgrad",
                           graph ? " (graph)" : "", (long long)c.n, (long long)c.k);
             g_run_checked(ctx, s0, s1, &c);
