@@ -55,6 +55,10 @@ constexpr int kFastL = ETP__EP_LAYOUT_FEW_L;
 constexpr int kBarriers = 3;
 /* chunks of 32 received rows at most: ETP__EP_LL_MAX_RANKS x kMaxTokens rows */
 constexpr int kMaxChunks = kMaxRanks * kMaxTokens / 32;
+/* the chunked layout's per (expert, chunk) prefixes that fit in each
+ * block's shared memory (then every block counts for itself: no block
+ * barrier) */
+constexpr int kOwnPrefixes = 4096;
 
 /* Every block of this rank reached barrier b of call call_no (blocks of a
  * rank are resident together, as the NVLINK kernels need): bounded like
@@ -196,6 +200,10 @@ __device__ __forceinline__ uint64_t row_mask(const etp__ep_ll_args_t &a, const i
  *     ascending experts: expert e's rows lie below e + 1's, and a row
  *     selects an expert at most once); then a warp per layout row that
  *     holds no token: zeros.
+ * Where the (expert, chunk) prefixes fit in shared memory (kOwnPrefixes),
+ * every block counts and scans them itself instead of (a): about a
+ * microsecond of ballots on the metadata against the count blocks' pass,
+ * their round trip through global memory and a block barrier.
  * The caller's last block writes the kept counts and offsets (block e's
  * totals are read by every block before that). false: a wait gave up. */
 __device__ bool layout_chunked(const etp__ep_ll_args_t &a, const int32_t *meta, const int32_t *rc,
@@ -204,25 +212,58 @@ __device__ bool layout_chunked(const etp__ep_ll_args_t &a, const int32_t *meta, 
                                int32_t *cnt_s, int32_t *off_s)
 {
     __shared__ int32_t cc_s[kMaxChunks];
+    /* with own: the prefix of expert e's rows before chunk c at e * nch + c
+     * (at most kMaxRanks * kMaxTokens) */
+    __shared__ uint16_t pre_s[kOwnPrefixes];
     const etp__ep_nvl_t &n = a.nvl;
     const int warp = threadIdx.x / 32, lane = threadIdx.x & 31, k = a.k;
     const int L = (int)a.local_experts;
     const int64_t nch = (nrecv + 31) / 32;
-    for (int e = blockIdx.x; e < L; e += n.blocks) {
+    const bool own = (int64_t)L * nch <= kOwnPrefixes;
+    if (own) {
         for (int64_t c = warp; c < nch; c += kWarps) {
             const uint64_t m = row_mask(a, meta, rc, nrecv, c * 32 + lane);
-            const unsigned b = __ballot_sync(kFull, (unsigned)(m >> e) & 1u);
-            if (lane == 0) cc_s[c] = __popc(b);
+            for (int e = 0; e < L; e++) {
+                const unsigned b = __ballot_sync(kFull, (unsigned)(m >> e) & 1u);
+                if (lane == (e & 31)) pre_s[(int64_t)e * nch + c] = (uint16_t)__popc(b);
+            }
         }
         __syncthreads();
-        int total = 0;
-        const int pre = block_excl_scan((int64_t)threadIdx.x < nch ? cc_s[threadIdx.x] : 0, &total);
-        if ((int64_t)threadIdx.x < nch) a.scratch[(int64_t)e * nch + threadIdx.x] = pre;
-        if (threadIdx.x == 0) a.counts[e] = total;
+        /* a warp per expert: the exclusive scan of its chunks' counts */
+        for (int e = warp; e < L; e += kWarps) {
+            int running = 0;
+            for (int64_t c0 = 0; c0 < nch; c0 += 32) {
+                const int64_t c = c0 + lane;
+                const int v = c < nch ? pre_s[(int64_t)e * nch + c] : 0;
+                int x = v;
+                for (int o = 1; o < 32; o <<= 1) {
+                    const int y = __shfl_up_sync(kFull, x, o);
+                    if (lane >= o) x += y;
+                }
+                if (c < nch) pre_s[(int64_t)e * nch + c] = (uint16_t)(running + x - v);
+                running += __shfl_sync(kFull, x, 31);
+            }
+            if (lane == 0) cnt_s[e] = running;
+        }
+        __syncthreads();
+    } else {
+        for (int e = blockIdx.x; e < L; e += n.blocks) {
+            for (int64_t c = warp; c < nch; c += kWarps) {
+                const uint64_t m = row_mask(a, meta, rc, nrecv, c * 32 + lane);
+                const unsigned b = __ballot_sync(kFull, (unsigned)(m >> e) & 1u);
+                if (lane == 0) cc_s[c] = __popc(b);
+            }
+            __syncthreads();
+            int total = 0;
+            const int pre =
+                block_excl_scan((int64_t)threadIdx.x < nch ? cc_s[threadIdx.x] : 0, &total);
+            if ((int64_t)threadIdx.x < nch) a.scratch[(int64_t)e * nch + threadIdx.x] = pre;
+            if (threadIdx.x == 0) a.counts[e] = total;
+        }
+        if (!block_barrier(n, call_no, 0, 1, t0)) return false;
+        for (int e = threadIdx.x; e < L; e += kThreads) cnt_s[e] = __ldcg(a.counts + e);
+        __syncthreads();
     }
-    if (!block_barrier(n, call_no, 0, 1, t0)) return false;
-    for (int e = threadIdx.x; e < L; e += kThreads) cnt_s[e] = __ldcg(a.counts + e);
-    __syncthreads();
     const etp__ep_layout_need_t need =
         block_layout_offsets(cnt_s, off_s, L, a.alignment, a.fixed_slots, a.rows_cap);
     if (blockIdx.x == 0 && threadIdx.x == 0) stat_layout(a.stats, need);
@@ -246,7 +287,9 @@ __device__ bool layout_chunked(const etp__ep_ll_args_t &a, const int32_t *meta, 
         }
         int32_t row = -1;
         if (ej >= 0) {
-            const int q = __ldcg(a.scratch + (int64_t)ej * nch + c) + below;
+            const int q = (own ? (int)pre_s[(int64_t)ej * nch + c]
+                               : __ldcg(a.scratch + (int64_t)ej * nch + c)) +
+                          below;
             row = q < cnt_s[ej] ? off_s[ej] + q : -1;
         }
         const bool kept = row >= 0;
@@ -569,23 +612,30 @@ __global__ void __launch_bounds__(kThreads) ll_dispatch_kernel(etp__ep_ll_args_t
     /* the call is done when every block is; the last copies the counters
      * (all counted: each block fenced its counts before its arrival) and
      * releases this rank's slabs (every block has read what it needed) */
+    __shared__ int last_s;
     __syncthreads();
     if (threadIdx.x == 0) {
         __threadfence();
-        if (atomicAdd(reinterpret_cast<unsigned long long *>(n.calls + 1), 1ull) ==
-            (unsigned long long)(n.blocks - 1)) {
-            __threadfence();
-            if (chunked) {
-                for (int e = 0; e < L; e++) a.counts[e] = kept_s[e];
-                for (int e = 0; e <= L; e++) a.offsets[e] = off_s[e];
-            }
-            if (a.mirror)
-                for (int x = 0; x < ETP__EP_ST_COUNT; x++)
-                    a.mirror[x] = *static_cast<volatile const int64_t *>(a.stats + x);
-            n.calls[1] = 0;
-            n.calls[0] = call_no;
-            signal_all(n, 2);
+        last_s = atomicAdd(reinterpret_cast<unsigned long long *>(n.calls + 1), 1ull) ==
+                 (unsigned long long)(n.blocks - 1);
+        __threadfence();
+    }
+    __syncthreads();
+    if (!last_s) return;
+    /* a thread each: a loop of dependent loads here is the call's last
+     * microseconds (the counters are read past L1, volatile) */
+    if (chunked)
+        for (int e = threadIdx.x; e <= L; e += kThreads) {
+            if (e < L) a.counts[e] = kept_s[e];
+            a.offsets[e] = off_s[e];
         }
+    if (a.mirror && threadIdx.x < ETP__EP_ST_COUNT)
+        a.mirror[threadIdx.x] = *static_cast<volatile const int64_t *>(a.stats + threadIdx.x);
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        n.calls[1] = 0;
+        n.calls[0] = call_no;
+        signal_all(n, 2);
     }
 }
 
