@@ -255,8 +255,8 @@ __device__ bool layout_chunked(const etp__ep_ll_args_t &a, const int32_t *meta, 
             }
             __syncthreads();
             int total = 0;
-            const int pre =
-                block_excl_scan((int64_t)threadIdx.x < nch ? cc_s[threadIdx.x] : 0, &total);
+            const int pre = block_excl_scan((int64_t)threadIdx.x < nch ? cc_s[threadIdx.x] : 0,
+                                            &total);
             if ((int64_t)threadIdx.x < nch) a.scratch[(int64_t)e * nch + threadIdx.x] = pre;
             if (threadIdx.x == 0) a.counts[e] = total;
         }
