@@ -197,22 +197,15 @@ static int bucket_of(int64_t m)
 
 /* The heuristic's pick for the layouts as they are into *algo; *found 0:
  * it has none. */
-static cublasStatus_t ask_for(cplan_t *p, cublasLtMatrixLayout_t la, cublasLtMatrixLayout_t lb,
-                              cublasLtMatrixLayout_t ld, cublasLtMatmulPreference_t pref,
-                              cublasLtMatmulAlgo_t *algo, int *found)
-{
-    cublasLtMatmulHeuristicResult_t h;
-    *found = 0;
-    cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(p->lt, p->desc, la, lb, ld, ld, pref, 1, &h,
-                                                       found);
-    if (st == CUBLAS_STATUS_SUCCESS && *found > 0) *algo = h.algo;
-    return st;
-}
-
 static cublasStatus_t ask(cplan_t *p, cublasLtMatmulPreference_t pref, cublasLtMatmulAlgo_t *algo,
                           int *found)
 {
-    return ask_for(p, p->la, p->lb, p->ld, pref, algo, found);
+    cublasLtMatmulHeuristicResult_t h;
+    *found = 0;
+    cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(p->lt, p->desc, p->la, p->lb, p->ld, p->ld,
+                                                       pref, 1, &h, found);
+    if (st == CUBLAS_STATUS_SUCCESS && *found > 0) *algo = h.algo;
+    return st;
 }
 
 /* The plan's algorithm: none is a shape cuBLASLt cannot do (refused). */
