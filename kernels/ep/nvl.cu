@@ -571,11 +571,18 @@ __device__ __forceinline__ void store_f32_runs(char *dst, int64_t base, int64_t 
     }
 }
 
-/* The groups of V elements (V: 8 for BF16 rows, 4 for FP32) a row holds
- * with vec; without, one unit (the whole row). */
-__device__ __forceinline__ int64_t groups_of(const etp__ep_e2t_args_t &a, int vec)
+/* The groups of V elements (V: 8 for BF16 rows, 4 for FP32) a row holds,
+ * the last one partial where V does not divide H (not with vec: there the
+ * units of work are [g_lo, g_hi) groups; without, the elements
+ * [g_lo * V, min(g_hi * V, H)), a lane each). */
+__device__ __forceinline__ int64_t vals_of(const etp__ep_e2t_args_t &a)
 {
-    return vec ? a.hidden / (a.dtype == ETP__EP_BF16 ? 8 : 4) : 1;
+    return a.dtype == ETP__EP_BF16 ? 8 : 4;
+}
+
+__device__ __forceinline__ int64_t groups_of(const etp__ep_e2t_args_t &a)
+{
+    return (a.hidden + vals_of(a) - 1) / vals_of(a);
 }
 
 /* The pre-sum of received token row i (its rows m < nr, ascending) into
@@ -672,9 +679,9 @@ __device__ void reduce_row(const etp__ep_e2t_args_t &a, const char *const *src, 
 }
 
 /* Received token row i's pre-sum into dst (H elements of the wire dtype),
- * a warp: with vec, the groups [g_lo, g_hi) of V elements only (a slice:
- * several warps share a long row); without, the whole row. rows_s, w_s:
- * the warp's shared scratch of kTopkMax entries. */
+ * a warp: the groups [g_lo, g_hi) of V elements only (groups_of; a slice:
+ * several warps may share a long row). rows_s, w_s: the warp's shared
+ * scratch of kTopkMax entries. */
 constexpr int kTopkMax = 64;
 
 __device__ void presum_token(const etp__ep_e2t_args_t &a, int64_t i, char *dst, int vec,
@@ -715,7 +722,9 @@ __device__ void presum_token(const etp__ep_e2t_args_t &a, int64_t i, char *dst, 
         pa.dtype = a.dtype;
         pa.wire = a.wire;
         pa.partial = dst;
-        for (int64_t h = lane; h < H; h += 32) etp__ep_store(dst, a.wire, h, etp__ep_presum_elem(&pa, i, h));
+        const int64_t h1 = etp__ep_min(g_hi * vals_of(a), H);
+        for (int64_t h = g_lo * vals_of(a) + lane; h < h1; h += 32)
+            etp__ep_store(dst, a.wire, h, etp__ep_presum_elem(&pa, i, h));
     }
 }
 
@@ -737,7 +746,7 @@ __device__ void send_wgrads(const etp__ep_e2t_args_t &a, int64_t i, int s, int64
 }
 
 /* Token t's sums from this rank's slabs, a warp: its output row (when `in`
- * is set; with vec, the groups [g_lo, g_hi) of V elements only) and, in
+ * is set; the groups [g_lo, g_hi) of V elements only, groups_of) and, in
  * the slice that starts at 0, its weight gradients (grad_topk). own: where
  * this rank's own partials are, when not in its slab (own_staged). src_s:
  * the warp's shared scratch. */
@@ -775,7 +784,8 @@ __device__ void sum_token(const etp__ep_e2t_args_t &a, const char *slab, const c
             ra.dtype = a.dtype;
             ra.wire = a.wire;
             ra.out = a.out;
-            for (int64_t h = lane; h < H; h += 32)
+            const int64_t h1 = etp__ep_min(g_hi * vals_of(a), H);
+            for (int64_t h = g_lo * vals_of(a) + lane; h < h1; h += 32)
                 etp__ep_store(a.out, a.dtype, t * H + h, etp__ep_reduce_elem(&ra, t, h));
         }
     }
@@ -848,7 +858,7 @@ __global__ void __launch_bounds__(kThreads) e2t_send(etp__ep_e2t_args_t a, int v
             const int64_t i = row_of(n, x, &s, &p);
             if (p < a.recv_cnt[s])
                 presum_token(a, i, static_cast<char *>(a.stage) + i * wb, vec, rows_s[warp], w_s[warp],
-                             0, groups_of(a, vec));
+                             0, groups_of(a));
             __syncwarp();
             if (lane == 0) {
                 __threadfence();
@@ -919,67 +929,132 @@ __global__ void __launch_bounds__(kThreads) e2t_recv(etp__ep_e2t_args_t a, int v
     __shared__ const char *src_s[kWarps][kMaxRanks];
     const int warp = threadIdx.x / 32;
     const int64_t gw = (int64_t)blockIdx.x * kWarps + warp, nw = (int64_t)gridDim.x * kWarps;
-    const int64_t T = tokens_of(a.t_dev, n.t_max), ng = groups_of(a, vec);
+    const int64_t T = tokens_of(a.t_dev, n.t_max), ng = groups_of(a);
     const char *slab = n.peers[n.me] + n.tok_off;
     const char *own = own_staged(a, vec) ? static_cast<const char *>(a.stage) : nullptr;
     for (int64_t t = gw; t < T; t += nw) sum_token(a, slab, own, t, vec, src_s[warp], 0, ng);
     wide_end(n, call_no);
 }
 
-/* The whole call in one kernel of n.blocks blocks (small batches, where
- * launches and latency, not bytes, cost): the pre-sums straight into the
- * peers' slabs, the arrival, the token sums, and with one slab (tok_half
- * 0) the release; with two (a low-latency layer's) neither the release
- * nor its wait at the start, which cost a call 3-4 us. No stage. A warp's
- * unit is a slice of kSliceGroups groups of a row or token (with
- * vec), so that a few hundred tokens still keep every warp busy: a whole
- * row a warp leaves most of the warps idle in the token sums, and each of
- * the others walking a 14 KB row alone. */
-constexpr int64_t kSliceGroups = 128;
+/* The low-latency combine in one kernel of n.blocks blocks (ep_args.h:
+ * PHASE_ALL), where launches and latency, not bytes, cost: the pre-sums
+ * straight into the token ranks' slabs; each block, once its pre-sums
+ * are in, sets its flag in every rank's window; and each token's slice is
+ * summed as soon as the blocks that pre-summed it on its sources have.
+ * No stage, and no barrier of all ranks: most sums overlap the stores of
+ * the blocks still pre-summing (the blocks end 4-17 us into a 2-rank
+ * call, a barrier held every sum until the last). A fence and a flag a
+ * block, not a warp: a fence for each warp's slice cost more than the
+ * overlap gained. A warp's unit is a slice of kSliceGroups groups of a row
+ * or token, so that a few hundred tokens still keep every warp busy; the
+ * units are the same on every rank (element ranges where a rank does not
+ * vectorize), since a token rank finds the block that pre-summed its
+ * slice from them. */
+constexpr int64_t kSliceGroups = ETP__EP_LL_SLICE_GROUPS;
+
+/* Call c's partial slab and flag slab in any rank's window. */
+__device__ __forceinline__ size_t ll_tok_off(const etp__ep_e2t_args_t &a, uint64_t c)
+{
+    return a.nvl.tok_off + (size_t)(c % 2) * a.tok_half;
+}
+
+__device__ __forceinline__ uint32_t *ll_flags(const etp__ep_e2t_args_t &a, int rank, uint64_t c)
+{
+    return reinterpret_cast<uint32_t *>(a.nvl.peers[rank] + a.flag_off) +
+           (c % 2) * (uint64_t)a.nvl.ranks * ETP__EP_LL_MAX_BLOCKS;
+}
+
+__device__ __forceinline__ uint32_t load_acquire_sys(const uint32_t *p)
+{
+    uint32_t v;
+    asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+
+/* Token t's slice sl is summable once, on every source d, the block that
+ * pre-summed it (unit (p * R + me) * nsl + sl of d's order, p: t's
+ * position at d) has flagged this call: lane d waits (bounded; the first
+ * to give up records d). false: a wait gave up. */
+__device__ bool ll_wait_slice(const etp__ep_e2t_args_t &a, const uint32_t *flags, uint32_t mark,
+                              int64_t t, int64_t sl, int64_t nsl, int64_t t0)
+{
+    const etp__ep_nvl_t &n = a.nvl;
+    const int lane = threadIdx.x & 31;
+    const int32_t p = lane < n.ranks ? a.send_pos[t * n.ranks + lane] : -1;
+    bool ok = true;
+    if (p >= 0) {
+        const int64_t x = ((int64_t)p * n.ranks + n.me) * nsl + sl;
+        const int b = (int)(x % ((int64_t)n.blocks * kWarps) / kWarps);
+        const uint32_t *f = flags + (int64_t)lane * ETP__EP_LL_MAX_BLOCKS + b;
+        while (load_acquire_sys(f) != mark) {
+            if (n.timeout_ns > 0 && now_ns() - t0 > n.timeout_ns) {
+                record_fault(n, lane, a.call, ETP__EP_NVL_WAIT_ARRIVAL);
+                ok = false;
+                break;
+            }
+            __nanosleep(32);
+        }
+    }
+    /* the lanes' acquires order the whole warp's loads that follow */
+    return __all_sync(kFull, ok);
+}
 
 __global__ void __launch_bounds__(kThreads) e2t_fused(etp__ep_e2t_args_t a, int vec)
 {
     __shared__ int32_t rows_s[kWarps][kTopkMax];
     __shared__ float w_s[kWarps][kTopkMax];
     __shared__ const char *src_s[kWarps][kMaxRanks];
+    __shared__ int failed;
+    /* the call's number and start, read again where needed: kept in
+     * registers across the pre-sums they spill */
+    __shared__ uint64_t call_s;
+    __shared__ int64_t t0_s;
     const etp__ep_nvl_t &n = a.nvl;
-    uint64_t call_no;
-    int64_t t0;
-    if (a.tok_half > 0) {
-        call_no = n.calls[0] + 1;
-        t0 = now_ns();
-    } else if (!call_begin(n, a.call, &call_no, &t0)) {
-        return;
+    if (threadIdx.x == 0) {
+        call_s = n.calls[0] + 1;
+        t0_s = now_ns();
+        failed = 0;
     }
-    const size_t tok_off = n.tok_off + (call_no % 2) * a.tok_half;
-    const int warp = threadIdx.x / 32;
+    __syncthreads();
+    const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
     const int64_t gw = (int64_t)blockIdx.x * kWarps + warp, nw = (int64_t)n.blocks * kWarps;
     const int64_t tm = n.t_max, wb = a.hidden * etp__ep_esize(a.wire);
-    const int64_t ng = groups_of(a, vec), nsl = vec ? (ng + kSliceGroups - 1) / kSliceGroups : 1;
-    const bool g_travels = a.g_pre != nullptr || a.grad_row_w != nullptr;
+    const int64_t ng = groups_of(a), nsl = (ng + kSliceGroups - 1) / kSliceGroups;
     for (int64_t x = gw; x < (int64_t)n.ranks * tm * nsl; x += nw) {
-        const int64_t y = x / nsl, sl = x % nsl;
-        const int s = (int)(y % n.ranks);
-        const int64_t p = y / n.ranks, i = (int64_t)s * tm + p;
+        const int64_t sl = x % nsl;
+        int s;
+        int64_t p;
+        const int64_t i = row_of(n, x / nsl, &s, &p);
         if (p >= a.recv_cnt[s]) continue;
         const int64_t back = etp__ep_nvl_row(n.me, tm, p);
         if (a.in)
-            presum_token(a, i, n.peers[s] + tok_off + back * wb, vec, rows_s[warp], w_s[warp],
-                         sl * kSliceGroups, etp__ep_min((sl + 1) * kSliceGroups, ng));
-        if (g_travels && sl == 0) send_wgrads(a, i, s, back);
+            presum_token(a, i, n.peers[s] + ll_tok_off(a, call_s) + back * wb, vec, rows_s[warp],
+                         w_s[warp], sl * kSliceGroups, etp__ep_min((sl + 1) * kSliceGroups, ng));
     }
     __syncthreads();
-    if (threadIdx.x == 0) signal_all(n, 0);
-    if (!block_wait(n, 0, etp__ep_nvl_mark(call_no, n.blocks), a.call, ETP__EP_NVL_WAIT_ARRIVAL, t0))
-        return;
+    if (threadIdx.x == 0) {
+        __threadfence_system();
+        for (int d = 0; d < n.ranks; d++) {
+            uint32_t *f = ll_flags(a, d, call_s) + (int64_t)n.me * ETP__EP_LL_MAX_BLOCKS + blockIdx.x;
+            asm volatile("st.relaxed.sys.global.u32 [%0], %1;" ::"l"(f), "r"((uint32_t)call_s) : "memory");
+        }
+    }
+    /* the sums: the last warps, which took one unit fewer, first */
     const int64_t T = tokens_of(a.t_dev, tm);
-    const char *slab = n.peers[n.me] + tok_off;
-    for (int64_t x = gw; x < T * nsl; x += nw) {
-        const int64_t sl = x % nsl;
-        sum_token(a, slab, nullptr, x / nsl, vec, src_s[warp], sl * kSliceGroups,
+    const char *slab = n.peers[n.me] + ll_tok_off(a, call_s);
+    const uint32_t *flags = ll_flags(a, n.me, call_s);
+    for (int64_t x = nw - 1 - gw; x < T * nsl; x += nw) {
+        const int64_t t = x / nsl, sl = x % nsl;
+        if (!ll_wait_slice(a, flags, (uint32_t)call_s, t, sl, nsl, t0_s)) {
+            if (lane == 0) failed = 1;
+            break;
+        }
+        sum_token(a, slab, nullptr, t, vec, src_s[warp], sl * kSliceGroups,
                   etp__ep_min((sl + 1) * kSliceGroups, ng));
     }
-    block_end(n, call_no, a.tok_half == 0);
+    __syncthreads();
+    if (failed) return;
+    block_end(n, call_s, false);
 }
 
 template <typename A>
@@ -1036,7 +1111,10 @@ extern "C" cudaError_t etp__cuda_nvl_e2t(cudaStream_t s, const etp__ep_e2t_args_
     const int vec = a->hidden % V == 0 && (a->hidden * es) % 16 == 0 && a->k <= kTopkMax &&
                     (a->in == nullptr || aligned16(a->in)) && (a->out == nullptr || aligned16(a->out)) &&
                     (a->stage == nullptr || aligned16(a->stage));
-    if (phase == ETP__EP_NVL_PHASE_ALL) return launch(e2t_fused, (unsigned)a->nvl.blocks, s, *a, vec);
+    if (phase == ETP__EP_NVL_PHASE_ALL) {
+        if (a->nvl.blocks > ETP__EP_LL_MAX_BLOCKS) return cudaErrorInvalidValue;
+        return launch(e2t_fused, (unsigned)a->nvl.blocks, s, *a, vec);
+    }
     if (phase == ETP__EP_NVL_PHASE_SEND) {
         /* senders, and pre-summing blocks on the rest of the device */
         const int pre = a->nvl.wide_blocks > a->nvl.blocks ? a->nvl.wide_blocks - a->nvl.blocks : 1;

@@ -346,17 +346,25 @@ typedef struct etp__ep_t2e_args {
  * the device pre-sums into row i of `stage`, counted in chunk_done), the
  * token side's sums (wide_blocks; where vectorized, the rank's own
  * partials are read from `stage`, at the rows its slab would hold, and
- * not copied: nvl.cu's own_staged); or, for small batches, one
- * (PHASE_ALL).
- * PHASE_ALL with tok_half > 0 (no weight gradients travel): two token
- * slabs, tok_half bytes apart, call n (counted on the device) using slab
- * n % 2. A rank stores call n + 2's partials into d's slab n % 2 only after
- * every rank, d included, arrived in call n + 1, which d started after its
+ * not copied: nvl.cu's own_staged); or, for a low-latency layer's
+ * combine, one (PHASE_ALL; no weight gradients travel; nvl.sig_off and
+ * small_off unused): two token slabs, tok_half bytes apart, call n
+ * (counted on the device) using slab n % 2, and two flag slabs at
+ * flag_off (the same parity), each R x ETP__EP_LL_MAX_BLOCKS uint32:
+ * word [s][b] is set to n (mod 2^32) by block b of rank s once its
+ * pre-sums of call n are in. A token's slice is summed once the blocks
+ * that pre-summed it have set theirs: no barrier of all ranks.
+ * A rank stores call n + 2's partials into d's slabs only after its own
+ * dispatch in between passed that dispatch's wait for every rank's
+ * stores (the layer refuses a third dispatch before a combine, and a
+ * group's calls run in one order on each rank), which d made after its
  * call n had read that slab: no release is waited for, or signalled. */
+#define ETP__EP_LL_SLICE_GROUPS 128
+#define ETP__EP_LL_MAX_BLOCKS 1024
 typedef struct etp__ep_e2t_args {
     etp__ep_nvl_t nvl;
     int call;
-    size_t tok_half;
+    size_t tok_half, flag_off;
     const void *in;
     const float *row_w;
     const int32_t *tok_rows, *recv_cnt, *recv_row;

@@ -51,6 +51,7 @@ struct etp__ep_ll {
     etp__ep_nvl_t nv, e2t;
     size_t cnt_off, w_off;
     size_t part_slab; /* bytes of one of combine's two partial slabs */
+    size_t flag_off;  /* combine's two flag slabs */
     void *win_local, *win_handle;
     size_t win_bytes;
     /* host order of the calls */
@@ -179,14 +180,12 @@ etp_status_t etp__ep_ll_create(const etp__ep_ll_env_t *env, int64_t t_max, etp__
         nv->tok_off = off;
         nv->tok_row_bytes = tok_row;
         off = up256(off + (size_t)nrecv * tok_row);
+        /* two flag slabs and two partial slabs, alternating between
+         * combines: no release to wait for, no barrier of all ranks
+         * (ep_args.h: etp__ep_e2t_args_t) */
         etp__ep_nvl_t *e2 = &ll->e2t;
-        e2->sig_off = off;
-        off = up256(off + 2 * (size_t)R * sizeof(uint64_t));
-        e2->small_off = off; /* combine carries no weight gradients: unused */
-        e2->small_row_bytes = (size_t)k * 4;
-        off = up256(off + (size_t)nrecv * k * 4);
-        /* two partial slabs, alternating between combines: no release to
-         * wait for (ep_args.h: etp__ep_e2t_args_t) */
+        ll->flag_off = off;
+        off = up256(off + 2 * (size_t)R * ETP__EP_LL_MAX_BLOCKS * sizeof(uint32_t));
         e2->tok_off = off;
         e2->tok_row_bytes = part_row;
         ll->part_slab = (size_t)nrecv * part_row;
@@ -203,6 +202,15 @@ etp_status_t etp__ep_ll_create(const etp__ep_ll_env_t *env, int64_t t_max, etp__
         if (st == ETP_SUCCESS) {
             ll->win_bytes = off;
             etp__mem_account(env->ctx, ETP_MEM_EP_BUFFERS, off, 1);
+            /* the combine's flags: a word a block (the group agrees on
+             * blocks, so every rank refuses alike) */
+            if (nv->blocks > ETP__EP_LL_MAX_BLOCKS)
+                st = etp__err(ETP_ERR_UNSUPPORTED,
+                              "%s: its kernels would run %d blocks (num_sms), more than the %d "
+                              "a low-latency layer takes",
+                              fn, nv->blocks, ETP__EP_LL_MAX_BLOCKS);
+        }
+        if (st == ETP_SUCCESS) {
             nv->t_max = T;
             nv->calls = ll->dcalls;
             const etp__ep_nvl_t base = *nv;
@@ -517,6 +525,7 @@ static etp_status_t ll_combine(etp_ep_layer_t *ly, const void *expert_out, etp_d
         etp__ep_e2t_args_t ea = {.nvl = ll->e2t,
                                  .call = ETP__EP_NVL_LL_COMBINE,
                                  .tok_half = ll->part_slab,
+                                 .flag_off = ll->flag_off,
                                  .in = expert_out,
                                  .row_w = row_w,
                                  .tok_rows = x->tok_rows,
