@@ -18,8 +18,8 @@
  * 3. once every block of every rank has stored, the blocks lay out the
  *    received rows (per local expert counts, offsets, rows in (source rank,
  *    token) order) and expand them into the half's rows: with at most
- *    kFastL local experts past one rank-local block barrier
- *    (layout_chunked), else the per-expert scans with three. The last
+ *    kFastL local experts each block counting for itself, with no block
+ *    barrier (layout_chunked), else the per-expert scans with three. The last
  *    block to finish writes the counters' host mirror and releases this
  *    rank's slab to every rank.
  *
@@ -47,18 +47,22 @@ constexpr unsigned kFull = 0xffffffffu;
 constexpr int kMaxTokens = 256; /* ETP_EP_LL_MAX_TOKENS */
 constexpr int kMaxTopk = ETP__EP_LL_MAX_TOPK;
 constexpr int kMaxRanks = ETP__EP_LL_MAX_RANKS;
-/* local experts the chunked layout takes: a bit each in a uint64, and a
- * count per chunk and expert in the half's scratch (ETP__EP_LAYOUT_SCRATCH) */
+/* local experts the chunked layout takes: a bit each in a uint64 */
 constexpr int kFastL = ETP__EP_LAYOUT_FEW_L;
-/* block barriers a call passes (counts, offsets, rows); with few local
- * experts (layout_chunked) one */
+/* block barriers a call passes with more local experts (counts, offsets,
+ * rows); the chunked layout passes none */
 constexpr int kBarriers = 3;
 /* chunks of 32 received rows at most: ETP__EP_LL_MAX_RANKS x kMaxTokens rows */
 constexpr int kMaxChunks = kMaxRanks * kMaxTokens / 32;
-/* the chunked layout's per (expert, chunk) prefixes that fit in each
- * block's shared memory (then every block counts for itself: no block
- * barrier) */
-constexpr int kOwnPrefixes = 4096;
+/* Shared memory of a block that the routing (each token's positions at
+ * each rank, its slots' destinations) and then the chunked layout (each
+ * expert's prefix per chunk) use in turn: the routing's last reads (the
+ * stores, the clip) come before the barrier of the arrival wait, and the
+ * layout's first writes after it. */
+constexpr int kPosBytes = kMaxTokens * kMaxRanks * 2, kSdBytes = kMaxTokens * kMaxTopk * 4;
+constexpr int kPrefixBytes = kFastL * kMaxChunks * 2;
+constexpr int kTurnBytes = kPosBytes + kSdBytes > kPrefixBytes ? kPosBytes + kSdBytes : kPrefixBytes;
+static_assert(kMaxRanks * kMaxTokens <= 65535, "a chunk prefix fits a uint16_t");
 
 /* Every block of this rank reached barrier b of call call_no (blocks of a
  * rank are resident together, as the NVLINK kernels need): bounded like
@@ -188,9 +192,12 @@ __device__ __forceinline__ uint64_t row_mask(const etp__ep_ll_args_t &a, const i
  * block barrier instead of three and without a sort: rows in (source,
  * token) order within each expert, the first counts[e] kept, as
  * layout_count / offsets / assign / sort of ep.cu lay them out.
- * (a) Blocks e < L count, per chunk of 32 received rows, the rows that
- *     select expert e (a ballot), scan the chunks' counts into
- *     scratch[e][chunk] and write the total.
+ * (a) Every block counts, per chunk of 32 received rows, the rows that
+ *     select each expert (a ballot each) and scans each expert's chunks
+ *     into pre_s (the prefix of expert e before chunk c at e * chunks + c)
+ *     and its total: about a microsecond of ballots on the metadata, where
+ *     blocks e counting expert e into global memory for all cost their
+ *     round trip and a block barrier.
  * (b) Every block computes the offsets and kept counts (cnt_s, off_s) from
  *     the totals itself (block_layout_offsets).
  * (c) A warp per (received row i, part of it): the row of each of i's
@@ -200,70 +207,43 @@ __device__ __forceinline__ uint64_t row_mask(const etp__ep_ll_args_t &a, const i
  *     ascending experts: expert e's rows lie below e + 1's, and a row
  *     selects an expert at most once); then a warp per layout row that
  *     holds no token: zeros.
- * Where the (expert, chunk) prefixes fit in shared memory (kOwnPrefixes),
- * every block counts and scans them itself instead of (a): about a
- * microsecond of ballots on the metadata against the count blocks' pass,
- * their round trip through global memory and a block barrier.
- * The caller's last block writes the kept counts and offsets (block e's
- * totals are read by every block before that). false: a wait gave up. */
-__device__ bool layout_chunked(const etp__ep_ll_args_t &a, const int32_t *meta, const int32_t *rc,
+ * The caller's last block writes the kept counts and offsets. pre_s:
+ * kPrefixBytes of shared memory (a prefix is at most kMaxRanks *
+ * kMaxTokens). */
+__device__ void layout_chunked(const etp__ep_ll_args_t &a, const int32_t *meta, const int32_t *rc,
                                int64_t nrecv, const char *slab, const float *recv_w, int64_t rb,
-                               int64_t in_rb, bool vec, uint64_t call_no, int64_t t0,
-                               int32_t *cnt_s, int32_t *off_s)
+                               int64_t in_rb, bool vec, uint16_t *pre_s, int32_t *cnt_s,
+                               int32_t *off_s)
 {
-    __shared__ int32_t cc_s[kMaxChunks];
-    /* with own: the prefix of expert e's rows before chunk c at e * nch + c
-     * (at most kMaxRanks * kMaxTokens) */
-    __shared__ uint16_t pre_s[kOwnPrefixes];
     const etp__ep_nvl_t &n = a.nvl;
     const int warp = threadIdx.x / 32, lane = threadIdx.x & 31, k = a.k;
     const int L = (int)a.local_experts;
     const int64_t nch = (nrecv + 31) / 32;
-    const bool own = (int64_t)L * nch <= kOwnPrefixes;
-    if (own) {
-        for (int64_t c = warp; c < nch; c += kWarps) {
-            const uint64_t m = row_mask(a, meta, rc, nrecv, c * 32 + lane);
-            for (int e = 0; e < L; e++) {
-                const unsigned b = __ballot_sync(kFull, (unsigned)(m >> e) & 1u);
-                if (lane == (e & 31)) pre_s[(int64_t)e * nch + c] = (uint16_t)__popc(b);
-            }
+    for (int64_t c = warp; c < nch; c += kWarps) {
+        const uint64_t m = row_mask(a, meta, rc, nrecv, c * 32 + lane);
+        for (int e = 0; e < L; e++) {
+            const unsigned b = __ballot_sync(kFull, (unsigned)(m >> e) & 1u);
+            if (lane == (e & 31)) pre_s[(int64_t)e * nch + c] = (uint16_t)__popc(b);
         }
-        __syncthreads();
-        /* a warp per expert: the exclusive scan of its chunks' counts */
-        for (int e = warp; e < L; e += kWarps) {
-            int running = 0;
-            for (int64_t c0 = 0; c0 < nch; c0 += 32) {
-                const int64_t c = c0 + lane;
-                const int v = c < nch ? pre_s[(int64_t)e * nch + c] : 0;
-                int x = v;
-                for (int o = 1; o < 32; o <<= 1) {
-                    const int y = __shfl_up_sync(kFull, x, o);
-                    if (lane >= o) x += y;
-                }
-                if (c < nch) pre_s[(int64_t)e * nch + c] = (uint16_t)(running + x - v);
-                running += __shfl_sync(kFull, x, 31);
-            }
-            if (lane == 0) cnt_s[e] = running;
-        }
-        __syncthreads();
-    } else {
-        for (int e = blockIdx.x; e < L; e += n.blocks) {
-            for (int64_t c = warp; c < nch; c += kWarps) {
-                const uint64_t m = row_mask(a, meta, rc, nrecv, c * 32 + lane);
-                const unsigned b = __ballot_sync(kFull, (unsigned)(m >> e) & 1u);
-                if (lane == 0) cc_s[c] = __popc(b);
-            }
-            __syncthreads();
-            int total = 0;
-            const int pre = block_excl_scan((int64_t)threadIdx.x < nch ? cc_s[threadIdx.x] : 0,
-                                            &total);
-            if ((int64_t)threadIdx.x < nch) a.scratch[(int64_t)e * nch + threadIdx.x] = pre;
-            if (threadIdx.x == 0) a.counts[e] = total;
-        }
-        if (!block_barrier(n, call_no, 0, 1, t0)) return false;
-        for (int e = threadIdx.x; e < L; e += kThreads) cnt_s[e] = __ldcg(a.counts + e);
-        __syncthreads();
     }
+    __syncthreads();
+    /* a warp per expert: the exclusive scan of its chunks' counts */
+    for (int e = warp; e < L; e += kWarps) {
+        int running = 0;
+        for (int64_t c0 = 0; c0 < nch; c0 += 32) {
+            const int64_t c = c0 + lane;
+            const int v = c < nch ? pre_s[(int64_t)e * nch + c] : 0;
+            int x = v;
+            for (int o = 1; o < 32; o <<= 1) {
+                const int y = __shfl_up_sync(kFull, x, o);
+                if (lane >= o) x += y;
+            }
+            if (c < nch) pre_s[(int64_t)e * nch + c] = (uint16_t)(running + x - v);
+            running += __shfl_sync(kFull, x, 31);
+        }
+        if (lane == 0) cnt_s[e] = running;
+    }
+    __syncthreads();
     const etp__ep_layout_need_t need =
         block_layout_offsets(cnt_s, off_s, L, a.alignment, a.fixed_slots, a.rows_cap);
     if (blockIdx.x == 0 && threadIdx.x == 0) stat_layout(a.stats, need);
@@ -287,9 +267,7 @@ __device__ bool layout_chunked(const etp__ep_ll_args_t &a, const int32_t *meta, 
         }
         int32_t row = -1;
         if (ej >= 0) {
-            const int q = (own ? (int)pre_s[(int64_t)ej * nch + c]
-                               : __ldcg(a.scratch + (int64_t)ej * nch + c)) +
-                          below;
+            const int q = (int)pre_s[(int64_t)ej * nch + c] + below;
             row = q < cnt_s[ej] ? off_s[ej] + q : -1;
         }
         const bool kept = row >= 0;
@@ -330,7 +308,6 @@ __device__ bool layout_chunked(const etp__ep_ll_args_t &a, const int32_t *meta, 
         }
         zero_bytes(static_cast<char *>(a.out) + r * in_rb, in_rb, vec);
     }
-    return true;
 }
 
 /* Token t's slots routed into sd_s (the rule, etp__ep_route_token); its
@@ -408,8 +385,10 @@ __global__ void __launch_bounds__(kThreads) ll_dispatch_kernel(etp__ep_ll_args_t
 {
     const etp__ep_nvl_t &n = a.nvl;
     __shared__ uint32_t mask_s[kMaxTokens];
-    __shared__ int16_t pos_s[kMaxTokens * kMaxRanks];
-    __shared__ int32_t sd_s[kMaxTokens * kMaxTopk];
+    /* the routing's arrays, and then the chunked layout's (kTurnBytes) */
+    __shared__ __align__(16) unsigned char turn_s[kTurnBytes];
+    int16_t *const pos_s = reinterpret_cast<int16_t *>(turn_s);
+    int32_t *const sd_s = reinterpret_cast<int32_t *>(turn_s + kPosBytes);
     __shared__ int32_t cnt_s[kMaxRanks], acc_s[kMaxRanks], rc_s[kMaxRanks];
     const int R = n.ranks, me = n.me, k = a.k;
     const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
@@ -548,9 +527,8 @@ __global__ void __launch_bounds__(kThreads) ll_dispatch_kernel(etp__ep_ll_args_t
     __shared__ int32_t kept_s[kFastL], off_s[kFastL + 1];
     const bool chunked = L <= kFastL;
     if (chunked) {
-        if (!layout_chunked(a, meta, rc_s, nrecv, slab, recv_w, rb, in_rb, vec != 0, call_no, t0,
-                            kept_s, off_s))
-            return;
+        layout_chunked(a, meta, rc_s, nrecv, slab, recv_w, rb, in_rb, vec != 0,
+                       reinterpret_cast<uint16_t *>(turn_s), kept_s, off_s);
     } else {
         const int64_t gt = (int64_t)blockIdx.x * kThreads + threadIdx.x,
                       nt = (int64_t)n.blocks * kThreads;

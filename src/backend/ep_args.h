@@ -425,7 +425,6 @@ typedef struct etp__ep_ll_args {
     /* the half's routing and layout, named as in the structs above */
     int32_t *t_dev, *slot_dest, *send_pos, *send_cnt, *send_base, *recv_cnt, *recv_base;
     int32_t *counts, *offsets, *recv_row, *tok_rows, *row_src;
-    int32_t *scratch; /* ETP__EP_LAYOUT_SCRATCH(local_experts, t_max * ranks) */
     void *out;    /* [rows_cap, H] */
     float *out_w; /* [rows_cap], when carry */
     int64_t *stats;

@@ -398,7 +398,6 @@ static etp_status_t dispatch_fused(const etp__ep_ll_env_t *env, etp__ep_ll_t *ll
                             .recv_row = x->recv_row,
                             .tok_rows = x->tok_rows,
                             .row_src = x->row_src,
-                            .scratch = x->scratch,
                             .out = x->rows,
                             .out_w = carry ? x->w : NULL,
                             .stats = env->stats,
