@@ -61,7 +61,8 @@ constexpr int kMaxChunks = kMaxRanks * kMaxTokens / 32;
  * layout's first writes after it. */
 constexpr int kPosBytes = kMaxTokens * kMaxRanks * 2, kSdBytes = kMaxTokens * kMaxTopk * 4;
 constexpr int kPrefixBytes = kFastL * kMaxChunks * 2;
-constexpr int kTurnBytes = kPosBytes + kSdBytes > kPrefixBytes ? kPosBytes + kSdBytes : kPrefixBytes;
+constexpr int kTurnBytes = kPosBytes + kSdBytes > kPrefixBytes ? kPosBytes + kSdBytes
+                                                               : kPrefixBytes;
 static_assert(kMaxRanks * kMaxTokens <= 65535, "a chunk prefix fits a uint16_t");
 
 /* Every block of this rank reached barrier b of call call_no (blocks of a

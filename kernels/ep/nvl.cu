@@ -857,8 +857,8 @@ __global__ void __launch_bounds__(kThreads) e2t_send(etp__ep_e2t_args_t a, int v
             int64_t p;
             const int64_t i = row_of(n, x, &s, &p);
             if (p < a.recv_cnt[s])
-                presum_token(a, i, static_cast<char *>(a.stage) + i * wb, vec, rows_s[warp], w_s[warp],
-                             0, groups_of(a));
+                presum_token(a, i, static_cast<char *>(a.stage) + i * wb, vec, rows_s[warp],
+                             w_s[warp], 0, groups_of(a));
             __syncwarp();
             if (lane == 0) {
                 __threadfence();
@@ -1035,8 +1035,10 @@ __global__ void __launch_bounds__(kThreads) e2t_fused(etp__ep_e2t_args_t a, int 
     if (threadIdx.x == 0) {
         __threadfence_system();
         for (int d = 0; d < n.ranks; d++) {
-            uint32_t *f = ll_flags(a, d, call_s) + (int64_t)n.me * ETP__EP_LL_MAX_BLOCKS + blockIdx.x;
-            asm volatile("st.relaxed.sys.global.u32 [%0], %1;" ::"l"(f), "r"((uint32_t)call_s) : "memory");
+            uint32_t *f = ll_flags(a, d, call_s) + (int64_t)n.me * ETP__EP_LL_MAX_BLOCKS +
+                          blockIdx.x;
+            asm volatile("st.relaxed.sys.global.u32 [%0], %1;" ::"l"(f), "r"((uint32_t)call_s)
+                         : "memory");
         }
     }
     /* the sums: the last warps, which took one unit fewer, first */
