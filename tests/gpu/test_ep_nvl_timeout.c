@@ -15,166 +15,128 @@
 #include "gpu_util.h"
 #include "mpi_util.h"
 
-static void test_missing_peer(void **state)
+enum { T = 64, K = 2, E = 8 };
+
+/* One case's objects: an nvlink group of E experts and top-K named `name`
+ * with a layer (low-latency or not), T tokens a rank of H elements
+ * (zeros) routed to experts t and t + 3, and the layer's rows. */
+typedef struct {
+    int rank;
+    int64_t H, rows;
+    etp_context_t *ctx;
+    etp_stream_t *s;
+    etp_ep_group_t *ep;
+    etp_ep_layer_t *ly;
+    void *idx, *tok, *w, *rowbuf, *out;
+} case_t;
+
+static void case_open(case_t *c, const char *name, int64_t H, int low_latency)
 {
-    (void)state;
-    int rank = 0;
-    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    memset(c, 0, sizeof *c);
+    MPI_Comm_rank(MPI_COMM_WORLD, &c->rank);
+    c->H = H;
     etp_context_config_t cfg = ETP_CONTEXT_CONFIG_INIT;
     cfg.backend = ETP_BACKEND_CUDA;
     cfg.timeout_s = 4.0;
-    etp_context_t *ctx = NULL;
     etp_group_t *world = NULL;
-    etp_stream_t *s = NULL;
-    ETP_OK(etp_context_create_mpi(MPI_COMM_WORLD, &cfg, &ctx));
-    ETP_OK(etp_context_world(ctx, &world));
-    ETP_OK(etp_stream_create(ctx, ETP_STREAM_PRIORITY_NORMAL, &s));
+    ETP_OK(etp_context_create_mpi(MPI_COMM_WORLD, &cfg, &c->ctx));
+    ETP_OK(etp_context_world(c->ctx, &world));
+    ETP_OK(etp_stream_create(c->ctx, ETP_STREAM_PRIORITY_NORMAL, &c->s));
     etp_ep_group_config_t gc = ETP_EP_GROUP_CONFIG_INIT;
-    gc.name = "lonely";
-    gc.num_experts = 8;
-    gc.hidden = 256;
-    gc.max_tokens_per_rank = 64;
-    gc.max_topk = 2;
+    gc.name = name;
+    gc.num_experts = E;
+    gc.hidden = H;
+    gc.max_tokens_per_rank = T;
+    gc.max_topk = K;
     gc.recv_capacity_per_rank = 512;
     gc.transport = ETP_EP_TRANSPORT_NVLINK;
-    etp_ep_group_t *ep = NULL;
-    ETP_OK(etp_ep_group_create(world, &gc, &ep));
+    ETP_OK(etp_ep_group_create(world, &gc, &c->ep));
     etp_ep_layer_config_t lc = ETP_EP_LAYER_CONFIG_INIT;
-    lc.topk = 2;
-    etp_ep_layer_t *ly = NULL;
-    ETP_OK(etp_ep_layer_create(ep, &lc, &ly));
-    int64_t rows = 0;
-    ETP_OK(etp_ep_layer_rows(ly, &rows));
-    const int64_t T = 64;
-    int64_t idx[64 * 2];
-    for (int64_t t = 0; t < T; t++) {
-        idx[2 * t] = t % 8;
-        idx[2 * t + 1] = (t + 3) % 8;
+    lc.topk = K;
+    if (low_latency) {
+        lc.weighted = 0;
+        lc.low_latency = 1;
+        lc.max_tokens_per_rank = T;
     }
-    void *didx = NULL, *dtok = NULL, *dw = NULL, *drecv = NULL;
-    ETP_OK(etp_mem_alloc(ctx, sizeof idx, ETP_MEM_USER, &didx));
-    ETP_OK(etp_mem_alloc(ctx, (size_t)(T * 256) * 2, ETP_MEM_USER, &dtok));
-    ETP_OK(etp_mem_alloc(ctx, (size_t)T * 2 * 4, ETP_MEM_USER, &dw));
-    ETP_OK(etp_mem_alloc(ctx, (size_t)(rows * 256) * 2, ETP_MEM_USER, &drecv));
-    ETP_OK(etp_memcpy_async(s, didx, idx, sizeof idx));
-    ETP_OK(etp_memset_async(s, dtok, 0, (size_t)(T * 256) * 2));
-    ETP_OK(etp_memset_async(s, dw, 0, (size_t)T * 2 * 4));
-    ETP_OK(etp_ep_prepare(ly, didx, ETP_DTYPE_I64, T, NULL, s));
-    ETP_OK(etp_stream_synchronize(s));
+    ETP_OK(etp_ep_layer_create(c->ep, &lc, &c->ly));
+    ETP_OK(etp_ep_layer_rows(c->ly, &c->rows));
+    int64_t idx[T * K];
+    for (int64_t t = 0; t < T; t++) {
+        idx[K * t] = t % E;
+        idx[K * t + 1] = (t + 3) % E;
+    }
+    ETP_OK(etp_mem_alloc(c->ctx, sizeof idx, ETP_MEM_USER, &c->idx));
+    ETP_OK(etp_mem_alloc(c->ctx, (size_t)(T * H) * 2, ETP_MEM_USER, &c->tok));
+    ETP_OK(etp_mem_alloc(c->ctx, (size_t)T * K * 4, ETP_MEM_USER, &c->w));
+    ETP_OK(etp_mem_alloc(c->ctx, (size_t)(c->rows * H) * 2, ETP_MEM_USER, &c->rowbuf));
+    ETP_OK(etp_mem_alloc(c->ctx, (size_t)(T * H) * 2, ETP_MEM_USER, &c->out));
+    ETP_OK(etp_memcpy_async(c->s, c->idx, idx, sizeof idx));
+    ETP_OK(etp_memset_async(c->s, c->tok, 0, (size_t)(T * H) * 2));
+    ETP_OK(etp_memset_async(c->s, c->w, 0, (size_t)T * K * 4));
+    ETP_OK(etp_memset_async(c->s, c->rowbuf, 0, (size_t)(c->rows * H) * 2));
+}
+
+/* Rank 0 has enqueued a call rank 1 skips: its stream wait fails with
+ * ETP_ERR_TIMEOUT naming the group, `call` and rank 1, and its context is
+ * aborted. Then rank 0 releases everything alone; rank 1's teardown would
+ * be collective with a peer that is gone (the window's deregistration): a
+ * job in this state ends, so rank 1 leaves its objects to the process's
+ * exit. */
+static void case_expect_timeout(case_t *c, const char *group, const char *call)
+{
     etp_status_t st = ETP_SUCCESS, st_check = ETP_SUCCESS;
     char msg[512] = "";
-    if (rank == 0) {
-        ETP_OK(etp_ep_dispatch(ly, dtok, ETP_DTYPE_BF16, dw, ETP_DTYPE_F32, drecv, NULL, rows, s));
-        st = etp_stream_synchronize(s);
+    if (c->rank == 0) {
+        st = etp_stream_synchronize(c->s);
         snprintf(msg, sizeof msg, "%s", etp_last_error());
-        st_check = etp_context_check(ctx);
+        st_check = etp_context_check(c->ctx);
         print_message("rank 0: %s\n", msg);
     }
     /* both ranks meet before any assertion can leave the test */
     MPI_Barrier(MPI_COMM_WORLD);
-    if (rank == 0) {
-        assert_int_equal(st, ETP_ERR_TIMEOUT);
-        assert_non_null(strstr(msg, "'lonely'"));
-        assert_non_null(strstr(msg, "rank 1"));
-        assert_non_null(strstr(msg, "dispatch"));
-        assert_int_not_equal(st_check, ETP_SUCCESS);
-    }
-    /* teardown: rank 0's context is aborted and releases everything alone.
-     * Rank 1's would be collective with a peer that is gone (the window's
-     * deregistration): a job in this state ends; rank 1 leaves its objects
-     * to the process's exit. */
-    if (rank == 1) return;
-    (void)etp_mem_free(ctx, didx);
-    (void)etp_mem_free(ctx, dtok);
-    (void)etp_mem_free(ctx, dw);
-    (void)etp_mem_free(ctx, drecv);
-    ETP_OK(etp_ep_layer_destroy(ly));
-    ETP_OK(etp_ep_group_destroy(ep));
-    ETP_OK(etp_stream_destroy(s));
-    ETP_OK(etp_context_destroy(ctx));
+    if (c->rank == 1) return;
+    char quoted[64];
+    snprintf(quoted, sizeof quoted, "'%s'", group);
+    assert_int_equal(st, ETP_ERR_TIMEOUT);
+    assert_non_null(strstr(msg, quoted));
+    assert_non_null(strstr(msg, "rank 1"));
+    assert_non_null(strstr(msg, call));
+    assert_int_not_equal(st_check, ETP_SUCCESS);
+    void *mem[] = {c->idx, c->tok, c->w, c->rowbuf, c->out};
+    for (size_t i = 0; i < sizeof mem / sizeof mem[0]; i++) (void)etp_mem_free(c->ctx, mem[i]);
+    ETP_OK(etp_ep_layer_destroy(c->ly));
+    ETP_OK(etp_ep_group_destroy(c->ep));
+    ETP_OK(etp_stream_destroy(c->s));
+    ETP_OK(etp_context_destroy(c->ctx));
+}
+
+static void test_missing_peer(void **state)
+{
+    (void)state;
+    case_t c;
+    case_open(&c, "lonely", 256, 0);
+    ETP_OK(etp_ep_prepare(c.ly, c.idx, ETP_DTYPE_I64, T, NULL, c.s));
+    ETP_OK(etp_stream_synchronize(c.s));
+    if (c.rank == 0)
+        ETP_OK(etp_ep_dispatch(c.ly, c.tok, ETP_DTYPE_BF16, c.w, ETP_DTYPE_F32, c.rowbuf, NULL,
+                               c.rows, c.s));
+    case_expect_timeout(&c, "lonely", "dispatch");
 }
 
 static void test_ll_missing_combine(void **state)
 {
     (void)state;
-    int rank = 0;
-    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-    etp_context_config_t cfg = ETP_CONTEXT_CONFIG_INIT;
-    cfg.backend = ETP_BACKEND_CUDA;
-    cfg.timeout_s = 4.0;
-    etp_context_t *ctx = NULL;
-    etp_group_t *world = NULL;
-    etp_stream_t *s = NULL;
-    ETP_OK(etp_context_create_mpi(MPI_COMM_WORLD, &cfg, &ctx));
-    ETP_OK(etp_context_world(ctx, &world));
-    ETP_OK(etp_stream_create(ctx, ETP_STREAM_PRIORITY_NORMAL, &s));
-    etp_ep_group_config_t gc = ETP_EP_GROUP_CONFIG_INIT;
-    gc.name = "lonely-ll";
-    gc.num_experts = 8;
-    gc.hidden = 2048; /* two slices of a row: flags per slice */
-    gc.max_tokens_per_rank = 64;
-    gc.max_topk = 2;
-    gc.recv_capacity_per_rank = 512;
-    gc.transport = ETP_EP_TRANSPORT_NVLINK;
-    etp_ep_group_t *ep = NULL;
-    ETP_OK(etp_ep_group_create(world, &gc, &ep));
-    etp_ep_layer_config_t lc = ETP_EP_LAYER_CONFIG_INIT;
-    lc.topk = 2;
-    lc.weighted = 0;
-    lc.low_latency = 1;
-    lc.max_tokens_per_rank = 64;
-    etp_ep_layer_t *ly = NULL;
-    ETP_OK(etp_ep_layer_create(ep, &lc, &ly));
-    int64_t rows = 0;
-    ETP_OK(etp_ep_layer_rows(ly, &rows));
-    const int64_t T = 64, H = 2048;
-    int64_t idx[64 * 2];
-    for (int64_t t = 0; t < T; t++) {
-        idx[2 * t] = t % 8;
-        idx[2 * t + 1] = (t + 3) % 8;
-    }
-    void *didx = NULL, *dtok = NULL, *dy = NULL, *dout = NULL;
-    ETP_OK(etp_mem_alloc(ctx, sizeof idx, ETP_MEM_USER, &didx));
-    ETP_OK(etp_mem_alloc(ctx, (size_t)(T * H) * 2, ETP_MEM_USER, &dtok));
-    ETP_OK(etp_mem_alloc(ctx, (size_t)(rows * H) * 2, ETP_MEM_USER, &dy));
-    ETP_OK(etp_mem_alloc(ctx, (size_t)(T * H) * 2, ETP_MEM_USER, &dout));
-    ETP_OK(etp_memcpy_async(s, didx, idx, sizeof idx));
-    ETP_OK(etp_memset_async(s, dtok, 0, (size_t)(T * H) * 2));
-    ETP_OK(etp_memset_async(s, dy, 0, (size_t)(rows * H) * 2));
+    case_t c;
+    case_open(&c, "lonely-ll", 2048, 1); /* two slices a row */
     etp_ep_ll_dispatch_args_t a = ETP_EP_LL_DISPATCH_ARGS_INIT;
-    a.topk_idx = didx;
+    a.topk_idx = c.idx;
     a.num_tokens = T;
-    a.tokens = dtok;
-    ETP_OK(etp_ep_ll_dispatch(ly, &a, NULL, s));
-    ETP_OK(etp_stream_synchronize(s));
+    a.tokens = c.tok;
+    ETP_OK(etp_ep_ll_dispatch(c.ly, &a, NULL, c.s));
+    ETP_OK(etp_stream_synchronize(c.s));
     MPI_Barrier(MPI_COMM_WORLD);
-    etp_status_t st = ETP_SUCCESS, st_check = ETP_SUCCESS;
-    char msg[512] = "";
-    if (rank == 0) {
-        ETP_OK(etp_ep_ll_combine(ly, dy, ETP_DTYPE_BF16, rows, dout, s));
-        st = etp_stream_synchronize(s);
-        snprintf(msg, sizeof msg, "%s", etp_last_error());
-        st_check = etp_context_check(ctx);
-        print_message("rank 0: %s\n", msg);
-    }
-    MPI_Barrier(MPI_COMM_WORLD);
-    if (rank == 0) {
-        assert_int_equal(st, ETP_ERR_TIMEOUT);
-        assert_non_null(strstr(msg, "'lonely-ll'"));
-        assert_non_null(strstr(msg, "rank 1"));
-        assert_non_null(strstr(msg, "low-latency combine"));
-        assert_int_not_equal(st_check, ETP_SUCCESS);
-    }
-    /* teardown as above */
-    if (rank == 1) return;
-    (void)etp_mem_free(ctx, didx);
-    (void)etp_mem_free(ctx, dtok);
-    (void)etp_mem_free(ctx, dy);
-    (void)etp_mem_free(ctx, dout);
-    ETP_OK(etp_ep_layer_destroy(ly));
-    ETP_OK(etp_ep_group_destroy(ep));
-    ETP_OK(etp_stream_destroy(s));
-    ETP_OK(etp_context_destroy(ctx));
+    if (c.rank == 0) ETP_OK(etp_ep_ll_combine(c.ly, c.rowbuf, ETP_DTYPE_BF16, c.rows, c.out, c.s));
+    case_expect_timeout(&c, "lonely-ll", "low-latency combine");
 }
 
 int main(int argc, char **argv)
