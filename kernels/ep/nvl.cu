@@ -995,8 +995,9 @@ __device__ bool ll_wait_slice(const etp__ep_e2t_args_t &a, const uint32_t *flags
             __nanosleep(32);
         }
     }
-    /* the lanes' acquires order the whole warp's loads that follow */
-    return __all_sync(kFull, ok);
+    const bool all = __all_sync(kFull, ok);
+    __syncwarp(); /* the lanes' acquires order the whole warp's loads that follow */
+    return all;
 }
 
 __global__ void __launch_bounds__(kThreads) e2t_fused(etp__ep_e2t_args_t a, int vec)
