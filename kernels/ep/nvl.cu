@@ -10,7 +10,9 @@
  * this rank's slabs (the expand, or the token sums) and releases them to
  * their writers. dispatch's sending kernel expands the rank's own tokens
  * on its other blocks, and combine's pre-sums there;
- * prepare's exchange and the small-batch combine are one kernel each.
+ * prepare's exchange is one kernel, and so is a low-latency layer's
+ * combine, whose token sums wait for the blocks that pre-summed each
+ * token rather than for all (its flags, ep_args.h).
  * Every wait is bounded by nvl.timeout_ns: a kernel that gives up records
  * the rank it waited for in host-mapped memory (nvl_sync.cuh), which the
  * backend's waits report (cuda_ep.c), and leaves.

@@ -253,8 +253,9 @@ enum {
 enum {
     ETP__EP_NVL_PHASE_SEND = 1,
     ETP__EP_NVL_PHASE_RECV = 2,
-    /* e2t only: the whole call in one kernel of `blocks` blocks, the
-     * pre-sums stored straight into the peers (no stage): for small batches */
+    /* e2t only, a low-latency layer's combine: the whole call in one kernel
+     * of `blocks` blocks, the pre-sums stored straight into the peers (no
+     * stage) */
     ETP__EP_NVL_PHASE_ALL = 3
 };
 /* nvl_open's num_sms for half the device's SMs (kernels_ep.h) */
