@@ -960,17 +960,9 @@ __device__ __forceinline__ size_t ll_tok_off(const etp__ep_e2t_args_t &a, uint64
     return a.nvl.tok_off + (size_t)(c % 2) * a.tok_half;
 }
 
-__device__ __forceinline__ uint32_t *ll_flags(const etp__ep_e2t_args_t &a, int rank, uint64_t c)
+__device__ __forceinline__ size_t ll_flag_off(const etp__ep_e2t_args_t &a, uint64_t c)
 {
-    return reinterpret_cast<uint32_t *>(a.nvl.peers[rank] + a.flag_off) +
-           (c % 2) * (uint64_t)a.nvl.ranks * ETP__EP_LL_MAX_BLOCKS;
-}
-
-__device__ __forceinline__ uint32_t load_acquire_sys(const uint32_t *p)
-{
-    uint32_t v;
-    asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-    return v;
+    return a.flag_off + (size_t)(c % 2) * a.nvl.ranks * ETP__EP_LL_MAX_BLOCKS * sizeof(uint32_t);
 }
 
 /* Token t's slice sl is summable once, on every source d, the block that
@@ -988,7 +980,7 @@ __device__ bool ll_wait_slice(const etp__ep_e2t_args_t &a, const uint32_t *flags
         const int64_t x = ((int64_t)p * n.ranks + n.me) * nsl + sl;
         const int b = (int)(x % ((int64_t)n.blocks * kWarps) / kWarps);
         const uint32_t *f = flags + (int64_t)lane * ETP__EP_LL_MAX_BLOCKS + b;
-        while (load_acquire_sys(f) != mark) {
+        while (load_acquire32(f) != mark) {
             if (n.timeout_ns > 0 && now_ns() - t0 > n.timeout_ns) {
                 record_fault(n, lane, a.call, ETP__EP_NVL_WAIT_ARRIVAL);
                 ok = false;
@@ -1035,19 +1027,14 @@ __global__ void __launch_bounds__(kThreads) e2t_fused(etp__ep_e2t_args_t a, int 
                          w_s[warp], sl * kSliceGroups, etp__ep_min((sl + 1) * kSliceGroups, ng));
     }
     __syncthreads();
-    if (threadIdx.x == 0) {
-        __threadfence_system();
-        for (int d = 0; d < n.ranks; d++) {
-            uint32_t *f = ll_flags(a, d, call_s) + (int64_t)n.me * ETP__EP_LL_MAX_BLOCKS +
-                          blockIdx.x;
-            asm volatile("st.relaxed.sys.global.u32 [%0], %1;" ::"l"(f), "r"((uint32_t)call_s)
-                         : "memory");
-        }
-    }
+    if (threadIdx.x == 0)
+        flag_all(n, ll_flag_off(a, call_s), (int64_t)n.me * ETP__EP_LL_MAX_BLOCKS + blockIdx.x,
+                 (uint32_t)call_s);
     /* the sums: the last warps, which took one unit fewer, first */
     const int64_t T = tokens_of(a.t_dev, tm);
     const char *slab = n.peers[n.me] + ll_tok_off(a, call_s);
-    const uint32_t *flags = ll_flags(a, n.me, call_s);
+    const uint32_t *flags = reinterpret_cast<const uint32_t *>(n.peers[n.me] +
+                                                               ll_flag_off(a, call_s));
     for (int64_t x = nw - 1 - gw; x < T * nsl; x += nw) {
         const int64_t t = x / nsl, sl = x % nsl;
         if (!ll_wait_slice(a, flags, (uint32_t)call_s, t, sl, nsl, t0_s)) {

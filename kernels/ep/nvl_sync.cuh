@@ -23,6 +23,13 @@ static __device__ __forceinline__ uint64_t load_acquire(const uint64_t *p)
     return v;
 }
 
+static __device__ __forceinline__ uint32_t load_acquire32(const uint32_t *p)
+{
+    uint32_t v;
+    asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+
 static __device__ __forceinline__ int64_t now_ns()
 {
     uint64_t t;
@@ -75,6 +82,20 @@ static __device__ __forceinline__ void signal_all(const etp__ep_nvl_t &n, int wh
     for (int d = 0; d < n.ranks; d++)
         atomicAdd_system(reinterpret_cast<unsigned long long *>(sig(n, d) + which * n.ranks + n.me),
                          1ull);
+}
+
+/* Word `slot` of the uint32 flags at byte `off` of every rank's window
+ * set to `mark`, after what this thread stored (and, past a block barrier,
+ * its block): a flag a waiter polls with load_acquire32 for a value, where
+ * signal_all's counters count arrivals. */
+static __device__ __forceinline__ void flag_all(const etp__ep_nvl_t &n, size_t off, int64_t slot,
+                                                uint32_t mark)
+{
+    __threadfence_system();
+    for (int d = 0; d < n.ranks; d++) {
+        uint32_t *f = reinterpret_cast<uint32_t *>(n.peers[d] + off) + slot;
+        asm volatile("st.relaxed.sys.global.u32 [%0], %1;" ::"l"(f), "r"(mark) : "memory");
+    }
 }
 
 /* Phase boundaries of a block: threads r < R wait on this rank's word
